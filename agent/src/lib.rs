@@ -1,0 +1,8 @@
+//! laya-edge: the Laya decision model on edge NPUs.
+//!
+//! Data flows one way: `bus -> prompt -> engine -> decide -> bus`. See ARCHITECTURE.md.
+
+pub mod bundle;
+pub mod decide;
+pub mod lines;
+pub mod prompt;

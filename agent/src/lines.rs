@@ -1,0 +1,76 @@
+//! The JSON-lines front end of `laya-edge layout` and `laya-edge predict`: one request per line
+//! in, one result per line out. A line that is not a request is answered with an error line and
+//! the stream goes on.
+
+use laya_topics::json::{self, ParseOptions, Style};
+use laya_topics::{Map, Request, Value};
+
+use crate::bundle::HostBundle;
+use crate::prompt::{self, Limits};
+
+/// Nesting allowed in a request line (the same default as the MQTT front end).
+pub const MAX_DEPTH: usize = 64;
+
+/// `{"id"?, "error": {"code", "message"}}` for a line that could not be handled.
+pub fn error_line(id: Option<Value>, code: &str, message: &str) -> String {
+    let mut err = Map::new();
+    err.insert("code".into(), code.into());
+    err.insert("message".into(), message.into());
+    let mut m = Map::new();
+    if let Some(id) = id {
+        m.insert("id".into(), id);
+    }
+    m.insert("error".into(), Value::Object(err));
+    json::to_string(&Value::Object(m), Style::COMPACT)
+}
+
+/// Decodes one line into a request, or the error line to print instead.
+pub fn read_request(line: &str) -> Result<Request, String> {
+    let value = json::parse_str(line, ParseOptions { max_depth: MAX_DEPTH })
+        .map_err(|e| error_line(None, "bad_request", &format!("not valid JSON: {e}")))?;
+    let id = value.get("id").cloned();
+    Request::from_value(value).map_err(|e| error_line(id, "bad_request", &e.to_string()))
+}
+
+/// The request's budget: its overrides over the checkpoint's.
+pub fn limits_for(request: &Request, checkpoint: Limits) -> Limits {
+    Limits {
+        max_len: request.max_len.unwrap_or(checkpoint.max_len),
+        head_max_len: request.head_max_len.unwrap_or(checkpoint.head_max_len),
+    }
+}
+
+fn ids_value(ids: &[u32]) -> Value {
+    Value::Array(ids.iter().map(|&i| Value::int(i64::from(i))).collect())
+}
+
+/// `laya-edge layout` for one line: each question's token ids, marker positions and type.
+pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
+    let request = match read_request(line) {
+        Ok(r) => r,
+        Err(error_line) => return error_line,
+    };
+    let limits = limits_for(&request, bundle.config.limits);
+    let prepared = match prompt::prepare(&bundle.tokenizer, &request, limits) {
+        Ok(p) => p,
+        Err(e) => return error_line(request.id, "internal", &e.to_string()),
+    };
+    let mut questions = Map::new();
+    for p in prepared {
+        let v = match p.outcome {
+            Ok((_, row)) => {
+                let mut m = Map::new();
+                m.insert("input_ids".into(), ids_value(&row.input_ids));
+                m.insert("marker_pos".into(), ids_value(&row.marker_pos));
+                m.insert("qtype".into(), Value::int(row.qtype.index() as i64));
+                Value::Object(m)
+            }
+            Err(e) => laya_topics::AnswerError { code: e.code().to_owned(), message: e.message }.to_value(),
+        };
+        questions.insert(p.qid, v);
+    }
+    let mut out = Map::new();
+    out.insert("id".into(), request.id.unwrap_or(Value::Null));
+    out.insert("questions".into(), Value::Object(questions));
+    json::to_string(&Value::Object(out), Style::COMPACT)
+}

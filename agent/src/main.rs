@@ -1,0 +1,65 @@
+//! The `laya-edge` command line.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use laya_edge::bundle::HostBundle;
+use laya_edge::lines;
+
+#[derive(Parser)]
+#[command(name = "laya-edge", version, about = "Laya typed decisions on edge NPUs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print each question's token layout for JSON-lines requests read from stdin.
+    Layout {
+        /// A laya checkpoint directory (rl_agent_config.json, tokenizer/, ...).
+        #[arg(long)]
+        model: PathBuf,
+    },
+}
+
+/// Runs `handle` on every non-blank stdin line and prints its answer line.
+fn for_each_line(mut handle: impl FnMut(&str) -> String) -> std::io::Result<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for line in stdin.lock().lines() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                writeln!(out, "{}", lines::error_line(None, "bad_request", "the line is not valid UTF-8"))?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        writeln!(out, "{}", handle(&line))?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Layout { model } => match HostBundle::load(&model) {
+            Ok(bundle) => for_each_line(|line| lines::layout_line(&bundle, line)).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("laya-edge: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

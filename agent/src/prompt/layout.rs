@@ -1,0 +1,157 @@
+//! The token layout: laya's `build_sequence`.
+//!
+//! `[CLS] "<type> question: <instructions>" [SEP] ([MASK] " <option>")* [SEP] <state> [SEP]`,
+//! with laya's budget rules: options capped at 48 tokens, cut further when they leave fewer than
+//! 16 tokens of `head_max_len` for the instructions, the state cut to what is left of `max_len`
+//! (from the left for a conversation list, so the newest turns stay), and the mask token's text
+//! replaced by a space in everything the caller wrote.
+
+use laya_topics::{Value, json};
+
+use super::pyrepr::repr_str;
+use super::question::{QType, Question, QuestionError, QuestionErrorKind};
+use super::render::render_options;
+use super::tokenizer::{Tokenizer, TokenizerError};
+
+/// An option's text is cut to this many tokens before anything else.
+pub const OPTION_TOKEN_CAP: usize = 48;
+
+/// The token budget of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest sequence, all parts included.
+    pub max_len: i64,
+    /// Budget of the head: the instructions and all options together.
+    pub head_max_len: i64,
+}
+
+impl Default for Limits {
+    /// laya's defaults when a checkpoint's config names none.
+    fn default() -> Self {
+        Limits { max_len: 512, head_max_len: 192 }
+    }
+}
+
+/// One question's row: what the model is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub input_ids: Vec<u32>,
+    /// Index of each option's `[MASK]` in `input_ids`, in option order.
+    pub marker_pos: Vec<u32>,
+    pub qtype: QType,
+}
+
+/// The state, tokenized once for all questions of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedState {
+    pub ids: Vec<u32>,
+    /// A conversation (list) state loses its oldest tokens when cut, other states their newest.
+    pub truncate_left: bool,
+}
+
+/// laya's `serialize_state`: strings as they are, anything else as `json.dumps(ensure_ascii=False)`.
+pub fn serialize_state(state: &Value) -> String {
+    match state {
+        Value::Str(s) => s.clone(),
+        other => json::to_string(other, json::Style::PYTHON),
+    }
+}
+
+/// Tokenizes the state once (mask token text replaced by a space).
+pub fn encode_state(tok: &Tokenizer, state: &Value) -> Result<EncodedState, TokenizerError> {
+    let text = serialize_state(state).replace(&tok.mask.text, " ");
+    Ok(EncodedState { ids: tok.encode(&text)?, truncate_left: matches!(state, Value::Array(_)) })
+}
+
+/// Python's `seq[:end]` length for a sequence of `len` items.
+fn py_slice_end(len: usize, end: i64) -> usize {
+    if end < 0 {
+        len.saturating_sub(end.unsigned_abs() as usize)
+    } else {
+        len.min(end as usize)
+    }
+}
+
+/// laya's `build_sequence` for one question, plus `_encode_state`'s check that every option's
+/// marker fits.
+pub fn build_row(
+    tok: &Tokenizer,
+    qid: &str,
+    q: &Question,
+    state: &EncodedState,
+    limits: Limits,
+) -> Result<Row, LayoutError> {
+    let mask = tok.mask.text.as_str();
+    let options = render_options(q);
+    let instructions = q.instructions.replace(mask, " ");
+    let mut head_ids = tok.encode(&format!("{} question: {instructions}", q.qtype.name()))?;
+
+    let mut option_ids: Vec<Vec<u32>> = Vec::with_capacity(options.len());
+    for option in &options {
+        let mut ids = vec![tok.mask.id];
+        let mut text_ids = tok.encode(&format!(" {}", option.replace(mask, " ")))?;
+        text_ids.truncate(OPTION_TOKEN_CAP);
+        ids.extend(text_ids);
+        option_ids.push(ids);
+    }
+    let option_tokens = |o: &[Vec<u32>]| o.iter().map(Vec::len).sum::<usize>() as i64;
+    let mut budget = limits.head_max_len - option_tokens(&option_ids);
+    if budget < 16 {
+        let n = option_ids.len().max(1) as i64;
+        let per = (limits.head_max_len - 16).div_euclid(n).max(4) as usize;
+        for o in &mut option_ids {
+            o.truncate(per);
+        }
+        budget = limits.head_max_len - option_tokens(&option_ids);
+    }
+    head_ids.truncate(budget.max(8) as usize);
+
+    let mut ids = Vec::with_capacity(limits.max_len.clamp(0, 1 << 16) as usize);
+    ids.push(tok.cls.id);
+    ids.extend_from_slice(&head_ids);
+    ids.push(tok.sep.id);
+    let mut markers = Vec::with_capacity(option_ids.len());
+    for o in &option_ids {
+        markers.push(ids.len());
+        ids.extend_from_slice(o);
+    }
+    ids.push(tok.sep.id);
+    let room = (limits.max_len - ids.len() as i64 - 1).max(0) as usize;
+    let st = &state.ids;
+    let kept = if state.truncate_left { &st[st.len().saturating_sub(room)..] } else { &st[..room.min(st.len())] };
+    ids.extend_from_slice(kept);
+    ids.push(tok.sep.id);
+    ids.truncate(py_slice_end(ids.len(), limits.max_len));
+    let marker_pos: Vec<u32> =
+        markers.into_iter().filter(|&m| (m as i64) < limits.max_len).map(|m| m as u32).collect();
+    if marker_pos.len() != options.len() {
+        return Err(LayoutError::Question(QuestionError {
+            kind: QuestionErrorKind::DoesNotFit,
+            message: format!("question {} options exceed head_max_len={}", repr_str(qid), limits.head_max_len),
+        }));
+    }
+    Ok(Row { input_ids: ids, marker_pos, qtype: q.qtype })
+}
+
+/// Why a row could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Question(#[from] QuestionError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_slices_count_negative_ends_from_the_back() {
+        assert_eq!(py_slice_end(10, 4), 4);
+        assert_eq!(py_slice_end(10, 40), 10);
+        assert_eq!(py_slice_end(10, -3), 7);
+        assert_eq!(py_slice_end(2, -3), 0);
+        assert_eq!(py_slice_end(10, 0), 0);
+    }
+}

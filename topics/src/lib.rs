@@ -1,0 +1,15 @@
+//! `laya-topics`: the wire contract of laya-edge.
+//!
+//! Everything a fleet-side client needs to talk to an agent lives here and nowhere else: the
+//! document model ([`Value`]) with Python's JSON semantics, the JSON codec, and the request and
+//! answer types. The agent depends on this crate; nothing here depends on the agent.
+
+pub mod answer;
+pub mod json;
+pub mod pyfloat;
+pub mod request;
+pub mod value;
+
+pub use answer::{Action, Answer, AnswerError, PredictResult, Usage};
+pub use request::{Request, RequestError};
+pub use value::{Integer, Map, Value};

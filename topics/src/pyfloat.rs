@@ -1,0 +1,139 @@
+//! Python's float formatting and rounding, digit for digit.
+//!
+//! laya serialises states with `json.dumps`, which writes floats with `repr()`: the shortest
+//! digits that round-trip, in fixed notation when the decimal point lands within 16 digits and
+//! as `1e-07` / `1e+20` otherwise, always with a `.0` on integral values. Its answers go through
+//! `round(x, 4)`, which rounds the exact binary value half-to-even. Both are reproduced here so
+//! that a prompt and a reply compare equal to laya's byte for byte.
+
+/// `repr(x)` for a Python float (also what `json.dumps` writes, with `allow_nan` spellings for
+/// the non-finite values: `NaN`, `Infinity`, `-Infinity`).
+pub fn json_repr(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".to_owned();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "Infinity" } else { "-Infinity" }.to_owned();
+    }
+    repr(x)
+}
+
+/// `repr(x)` for a finite Python float (`nan`, `inf`, `-inf` for the others).
+pub fn repr(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".to_owned();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.to_owned();
+    }
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    if x == 0.0 {
+        return format!("{sign}0.0");
+    }
+    // `{:e}` without a precision prints the shortest digits that round-trip, like Python's repr.
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let n = digits.len() as i32;
+    // Python's decpt: the value is 0.DIGITS x 10^decpt.
+    let decpt = exp + 1;
+    let body = if decpt <= -4 || decpt > 16 {
+        let (first, rest) = digits.split_at(1);
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let e = decpt - 1;
+        let esign = if e < 0 { '-' } else { '+' };
+        format!("{first}{frac}e{esign}{:02}", e.abs())
+    } else if decpt <= 0 {
+        format!("0.{}{digits}", "0".repeat((-decpt) as usize))
+    } else if decpt >= n {
+        format!("{digits}{}.0", "0".repeat((decpt - n) as usize))
+    } else {
+        let (int, frac) = digits.split_at(decpt as usize);
+        format!("{int}.{frac}")
+    };
+    format!("{sign}{body}")
+}
+
+/// Python's `round(x, ndigits)` for a float: the exact binary value rounded half-to-even to
+/// `ndigits` decimals, converted back to the nearest float.
+pub fn round(x: f64, ndigits: usize) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    // Exact decimal expansion far enough to see past the rounding digit. A tie can only occur
+    // when the expansion terminates right after it, which a long expansion shows exactly.
+    let exact = format!("{:.*}", ndigits + 40, x.abs());
+    let (int_part, frac_part) = exact.split_once('.').unwrap_or((&exact, ""));
+    let (keep, rest) = frac_part.split_at(ndigits.min(frac_part.len()));
+    let mut digits: Vec<u8> = int_part.bytes().chain(keep.bytes()).map(|b| b - b'0').collect();
+    let first_rest = rest.as_bytes().first().map_or(0, |b| b - b'0');
+    let beyond_nonzero = rest.bytes().skip(1).any(|b| b != b'0');
+    let last_odd = digits.last().is_some_and(|d| d % 2 == 1);
+    let round_up = first_rest > 5 || (first_rest == 5 && (beyond_nonzero || last_odd));
+    if round_up {
+        let mut i = digits.len();
+        loop {
+            if i == 0 {
+                digits.insert(0, 1);
+                break;
+            }
+            i -= 1;
+            if digits[i] == 9 {
+                digits[i] = 0;
+            } else {
+                digits[i] += 1;
+                break;
+            }
+        }
+    }
+    let split = digits.len() - keep.len();
+    let text: String = digits.iter().map(|d| char::from(b'0' + d)).collect();
+    let (i, f) = text.split_at(split);
+    let magnitude: f64 = format!("{i}.{f}0").parse().unwrap_or(x.abs());
+    if x < 0.0 { -magnitude } else { magnitude }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repr_matches_python_for_the_documented_forms() {
+        let cases = [
+            (1e-7, "1e-07"),
+            (1e20, "1e+20"),
+            (100.0, "100.0"),
+            (-0.0, "-0.0"),
+            (0.1, "0.1"),
+            (1.0 / 3.0, "0.3333333333333333"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (123456789012345678.0, "1.2345678901234568e+17"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (5e-324, "5e-324"),
+            (f64::MAX, "1.7976931348623157e+308"),
+            (1.5e-5, "1.5e-05"),
+            (-2.5, "-2.5"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(repr(x), want, "repr({x:e})");
+        }
+        assert_eq!(json_repr(f64::NAN), "NaN");
+        assert_eq!(json_repr(f64::NEG_INFINITY), "-Infinity");
+    }
+
+    #[test]
+    fn round_is_half_even_on_the_exact_binary_value() {
+        assert_eq!(round(2.5, 0), 2.0);
+        assert_eq!(round(0.125, 2), 0.12);
+        assert_eq!(round(0.375, 2), 0.38);
+        // 0.12345 is stored as 0.123450000000000004174..., so it rounds up.
+        assert_eq!(round(0.12345, 4), 0.1235);
+        assert_eq!(round(0.99995, 4), 1.0); // stored just above the tie
+        assert_eq!(round(9.99996, 4), 10.0);
+        assert_eq!(round(-0.00001, 4), -0.0);
+        assert!(round(-0.00001, 4).is_sign_negative());
+    }
+}
