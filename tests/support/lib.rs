@@ -1,1 +1,97 @@
-//! placeholder
+//! Shared helpers of the integration tests: where the fixtures are and how to read them.
+//!
+//! The fixtures in `tests/fixtures/laya-0.3.20` were recorded by `tools/fixtures/generate.py`
+//! from laya's own code; nothing here computes an expected value.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use laya_edge::bundle::HostBundle;
+use laya_topics::Value;
+use laya_topics::json::{self, ParseOptions};
+
+/// `tests/fixtures/laya-0.3.20`.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("laya-0.3.20")
+}
+
+/// A fixture checkpoint directory by name (`bpe-t5`, `wp-t4`, `bpe-small`).
+pub fn model_dir(name: &str) -> PathBuf {
+    fixtures_dir().join("models").join(name)
+}
+
+/// Reads a JSON file with Python's semantics.
+pub fn read_json(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    json::parse(&bytes, ParseOptions { max_depth: 10_000 })
+        .unwrap_or_else(|e| panic!("cannot parse {}: {e}", path.display()))
+}
+
+/// One recorded case: a request and what laya did with it.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub id: String,
+    pub model: String,
+    pub record: Value,
+}
+
+impl Case {
+    /// A field of the record (panics with the case id if absent: the fixture is malformed).
+    pub fn field(&self, key: &str) -> &Value {
+        self.record.get(key).unwrap_or_else(|| panic!("case {} has no {key:?}", self.id))
+    }
+}
+
+/// Every case of `cases.jsonl`, in file order.
+pub fn cases() -> &'static [Case] {
+    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
+    CASES.get_or_init(|| {
+        let path = fixtures_dir().join("cases.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|line| {
+                let record = json::parse_str(line, ParseOptions { max_depth: 10_000 }).expect("a fixture line parses");
+                let id = record.get("id").and_then(Value::as_str).expect("case id").to_owned();
+                let model = record.get("model").and_then(Value::as_str).expect("case model").to_owned();
+                Case { id, model, record }
+            })
+            .collect()
+    })
+}
+
+/// The host bundle of a fixture model, loaded once per test binary.
+pub fn bundle(name: &str) -> Arc<HostBundle> {
+    static BUNDLES: OnceLock<Mutex<HashMap<String, Arc<HostBundle>>>> = OnceLock::new();
+    let map = BUNDLES.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(name.to_owned())
+        .or_insert_with(|| {
+            Arc::new(HostBundle::load(&model_dir(name)).unwrap_or_else(|e| panic!("cannot load model {name}: {e}")))
+        })
+        .clone()
+}
+
+/// A JSON array of numbers as `f32` (the recorded values are float32 widened to double).
+pub fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| match x {
+            Value::Float(f) => *f as f32,
+            Value::Int(i) => i.to_f64() as f32,
+            other => panic!("not a number: {other:?}"),
+        })
+        .collect()
+}
+
+/// A JSON array of integers.
+pub fn ints(v: &Value) -> Vec<i64> {
+    v.as_array().expect("an array").iter().map(|x| x.as_i64().expect("an integer")).collect()
+}
+
+/// Compact JSON text, for exact comparisons with readable failures.
+pub fn text(v: &Value) -> String {
+    json::to_string(v, json::Style::COMPACT)
+}

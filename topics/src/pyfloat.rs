@@ -31,10 +31,7 @@ pub fn repr(x: f64) -> String {
         return format!("{sign}0.0");
     }
     // `{:e}` without a precision prints the shortest digits that round-trip, like Python's repr.
-    let sci = format!("{:e}", x.abs());
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let (digits, exp) = shortest_digits(x.abs());
     let n = digits.len() as i32;
     // Python's decpt: the value is 0.DIGITS x 10^decpt.
     let decpt = exp + 1;
@@ -53,6 +50,61 @@ pub fn repr(x: f64) -> String {
         format!("{int}.{frac}")
     };
     format!("{sign}{body}")
+}
+
+/// Significant digits and decimal exponent (`d.ddd x 10^exp`) of a positive finite `x`, chosen
+/// as Python's `repr` chooses them: the fewest digits that read back as `x`, and among those the
+/// nearest to `x`, an exact tie going to the even digit.
+fn shortest_digits(x: f64) -> (String, i32) {
+    // `{:e}` prints the shortest round-tripping digits, but may break a tie between two equally
+    // near candidates the other way. Ties need more precision than a double has below 16 digits.
+    let (digits, exp) = split_sci(&format!("{x:e}"));
+    if digits.len() < 16 {
+        return (digits, exp);
+    }
+    // Round the exact binary value (at most 767 significant digits) half-to-even instead.
+    let (exact, exact_exp) = split_sci(&format!("{x:.800e}"));
+    let n = digits.len();
+    let exact = format!("{exact:0<width$}", width = n + 1);
+    let (keep, rest) = exact.split_at(n);
+    let mut d: Vec<u8> = keep.bytes().map(|b| b - b'0').collect();
+    let first = rest.as_bytes()[0] - b'0';
+    let beyond = rest.bytes().skip(1).any(|b| b != b'0');
+    let mut e = exact_exp;
+    if first > 5 || (first == 5 && (beyond || d[n - 1] % 2 == 1)) {
+        let mut i = n;
+        loop {
+            if i == 0 {
+                d.insert(0, 1);
+                d.pop();
+                e += 1;
+                break;
+            }
+            i -= 1;
+            if d[i] == 9 {
+                d[i] = 0;
+            } else {
+                d[i] += 1;
+                break;
+            }
+        }
+    }
+    let nearest: String = d.iter().map(|v| char::from(b'0' + v)).collect();
+    let candidate = format!("{}.{}e{e}", &nearest[..1], &nearest[1..]);
+    if candidate.parse::<f64>().ok() == Some(x) {
+        (nearest.trim_end_matches('0').to_owned(), e)
+    } else {
+        (digits, exp)
+    }
+}
+
+/// `"d.ddde-7"` into (`"dddd"` without trailing zeros, `-7`).
+fn split_sci(sci: &str) -> (String, i32) {
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci, "0"));
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let digits = digits.trim_end_matches('0');
+    let digits = if digits.is_empty() { "0".to_owned() } else { digits.to_owned() };
+    (digits, exp.parse().unwrap_or(0))
 }
 
 /// Python's `round(x, ndigits)` for a float: the exact binary value rounded half-to-even to
@@ -116,6 +168,8 @@ mod tests {
             (f64::MAX, "1.7976931348623157e+308"),
             (1.5e-5, "1.5e-05"),
             (-2.5, "-2.5"),
+            // An exact tie at 17 digits goes to the even digit, as in Python.
+            (-1185280097986668.25, "-1185280097986668.2"),
         ];
         for (x, want) in cases {
             assert_eq!(repr(x), want, "repr({x:e})");

@@ -1,0 +1,58 @@
+//! The `laya-edge` binary end to end.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use laya_topics::Value;
+use laya_topics::json::{ParseOptions, parse_str};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20")
+}
+
+fn run(args: &[&str], stdin: &str) -> (String, String, bool) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    let out = child.wait_with_output().expect("the binary exits");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+}
+
+#[test]
+fn layout_prints_lavas_rows_and_goes_on_after_a_bad_line() {
+    let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
+    let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
+    let request = laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
+    let input = format!("{request}\nnot json\n\n{{\"state\": 1, \"questions\": {{\"q\": {{\"type\": \"bogus\"}}}}}}\n{request}\n");
+    let model = fixtures().join("models/bpe-t5");
+    let (stdout, stderr, ok) = run(&["layout", "--model", model.to_str().expect("utf-8 path")], &input);
+    assert!(ok, "stderr: {stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| parse_str(l, ParseOptions::default()).expect("json line")).collect();
+    assert_eq!(lines.len(), 4, "one line per non-blank input line: {stdout}");
+    let want = first.get("layout").expect("layout");
+    for qid in ["refund", "dept", "urgency"] {
+        let got = lines[0].get("questions").and_then(|q| q.get(qid)).expect("question row");
+        assert_eq!(got.get("input_ids"), want.get(qid).and_then(|w| w.get("input_ids")));
+        assert_eq!(got.get("marker_pos"), want.get(qid).and_then(|w| w.get("marker_pos")));
+    }
+    assert_eq!(lines[1].get("error").and_then(|e| e.get("code")), Some(&Value::from("bad_request")));
+    let bogus = lines[2].get("questions").and_then(|q| q.get("q")).and_then(|q| q.get("error")).expect("error in place");
+    assert_eq!(
+        bogus.get("message"),
+        Some(&Value::from("question 'q': unknown type 'bogus'; use one of ['choice', 'noul', 'score']"))
+    );
+    assert_eq!(lines[3], lines[0]);
+}
+
+#[test]
+fn a_missing_model_directory_is_a_clear_error() {
+    let (_, stderr, ok) = run(&["layout", "--model", "/nonexistent/model"], "");
+    assert!(!ok);
+    assert!(stderr.contains("/nonexistent/model"), "{stderr}");
+}
