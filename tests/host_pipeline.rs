@@ -235,3 +235,19 @@ fn json_dumps_and_repr_match_python() {
         assert_eq!(prompt::pyrepr::repr(value), want.as_str().unwrap(), "repr({value:?})");
     }
 }
+
+#[test]
+fn a_cbor_request_lays_out_exactly_like_its_json_twin() {
+    for case in cases() {
+        let json_request = case.field("request");
+        let cbor = laya_topics::cbor::encode(json_request);
+        let decoded = laya_topics::cbor::decode(&cbor, 1000).unwrap_or_else(|e| panic!("{}: {e}", case.id));
+        assert_eq!(text(&decoded), text(json_request), "{}", case.id);
+        let b = bundle(&case.model);
+        let request = Request::from_value(decoded).unwrap();
+        let from_cbor = prompt::prepare(&b.tokenizer, &request, limits_for(&request, b.config.limits)).unwrap();
+        for (p, q) in from_cbor.iter().zip(prepared_of(case)) {
+            assert_eq!(p.outcome.as_ref().map(|(_, r)| r), q.outcome.as_ref().map(|(_, r)| r), "{} {}", case.id, p.qid);
+        }
+    }
+}

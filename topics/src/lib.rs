@@ -5,6 +5,7 @@
 //! answer types. The agent depends on this crate; nothing here depends on the agent.
 
 pub mod answer;
+pub mod cbor;
 pub mod json;
 pub mod pyfloat;
 pub mod request;
