@@ -5,4 +5,5 @@
 pub mod bundle;
 pub mod decide;
 pub mod lines;
+pub mod model;
 pub mod prompt;

@@ -1,0 +1,203 @@
+//! The ModernBERT encoder, as transformers 5.17 computes it, in two stages:
+//! [`Encoder::embed`] (the token-embedding lookup, which stays on the host even when an NPU runs
+//! the rest) and [`Encoder::encode`] (embedding norm, layers, final norm: what the QNN graph
+//! computes from `inputs_embeds`, `gmask` and `smask`).
+//!
+//! Each layer: `h += Wo(attn(norm(h)))` with no norm before layer 0's attention, fused `Wqkv`,
+//! rotary embeddings with the theta of the layer's type, then `h += Wo(act(a) * g)` where
+//! `a, g = Wi(norm(h)).chunk(2)`.
+
+use candle_core::{D, Device, Module, Tensor};
+use candle_nn::{LayerNorm, Linear};
+
+use super::config::{Activation, EncoderConfig, LayerType};
+use super::weights::{Expected, Weights};
+use super::ModelError;
+
+fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64, d: usize) -> Result<LayerNorm, ModelError> {
+    let weight = w.get(&format!("{prefix}.weight"))?;
+    let bias = if bias { w.get(&format!("{prefix}.bias"))? } else { Tensor::zeros(d, candle_core::DType::F32, &Device::Cpu)? };
+    Ok(LayerNorm::new(weight, bias, eps))
+}
+
+fn linear(w: &Weights, prefix: &str, bias: bool) -> Result<Linear, ModelError> {
+    let weight = w.get(&format!("{prefix}.weight"))?;
+    let bias = if bias { Some(w.get(&format!("{prefix}.bias"))?) } else { None };
+    Ok(Linear::new(weight, bias))
+}
+
+struct Layer {
+    kind: LayerType,
+    attn_norm: Option<LayerNorm>,
+    wqkv: Linear,
+    wo: Linear,
+    mlp_norm: LayerNorm,
+    wi: Linear,
+    mlp_wo: Linear,
+}
+
+/// Cos/sin tables of one RoPE theta.
+struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    fn new(theta: f64, head_dim: usize) -> Rope {
+        // As transformers: inv_freq = 1 / theta^(arange(0, dim, 2) / dim), in f32.
+        let inv_freq =
+            (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+        Rope { inv_freq }
+    }
+
+    /// `[L, head_dim / 2]` cos and sin tables for positions `0..l`.
+    fn tables(&self, l: usize) -> Result<(Tensor, Tensor), ModelError> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(l * half);
+        let mut sin = Vec::with_capacity(l * half);
+        for pos in 0..l {
+            for &f in &self.inv_freq {
+                let angle = pos as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        Ok((Tensor::from_vec(cos, (l, half), &Device::Cpu)?, Tensor::from_vec(sin, (l, half), &Device::Cpu)?))
+    }
+}
+
+/// The encoder's weights and configuration.
+pub struct Encoder {
+    pub config: EncoderConfig,
+    tok_embeddings: Tensor,
+    emb_norm: LayerNorm,
+    layers: Vec<Layer>,
+    final_norm: LayerNorm,
+    rope_global: Rope,
+    rope_local: Rope,
+}
+
+impl Encoder {
+    /// The tensors the encoder needs, with their shapes.
+    pub fn expected(cfg: &EncoderConfig, out: &mut Expected) {
+        let (d, i2, v) = (cfg.hidden_size, 2 * cfg.intermediate_size, cfg.vocab_size);
+        let mut put = |name: String, shape: Vec<usize>| {
+            out.insert(name, shape);
+        };
+        put("encoder.embeddings.tok_embeddings.weight".into(), vec![v, d]);
+        let norm = |put: &mut dyn FnMut(String, Vec<usize>), p: &str| {
+            put(format!("{p}.weight"), vec![d]);
+            if cfg.norm_bias {
+                put(format!("{p}.bias"), vec![d]);
+            }
+        };
+        norm(&mut put, "encoder.embeddings.norm");
+        norm(&mut put, "encoder.final_norm");
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("encoder.layers.{l}");
+            if l > 0 {
+                norm(&mut put, &format!("{p}.attn_norm"));
+            }
+            norm(&mut put, &format!("{p}.mlp_norm"));
+            put(format!("{p}.attn.Wqkv.weight"), vec![3 * d, d]);
+            put(format!("{p}.attn.Wo.weight"), vec![d, d]);
+            if cfg.attention_bias {
+                put(format!("{p}.attn.Wqkv.bias"), vec![3 * d]);
+                put(format!("{p}.attn.Wo.bias"), vec![d]);
+            }
+            put(format!("{p}.mlp.Wi.weight"), vec![i2, d]);
+            put(format!("{p}.mlp.Wo.weight"), vec![d, cfg.intermediate_size]);
+            if cfg.mlp_bias {
+                put(format!("{p}.mlp.Wi.bias"), vec![i2]);
+                put(format!("{p}.mlp.Wo.bias"), vec![d]);
+            }
+        }
+    }
+
+    /// Loads the encoder's tensors (already verified).
+    pub fn load(cfg: EncoderConfig, w: &Weights) -> Result<Encoder, ModelError> {
+        let (d, eps, nb) = (cfg.hidden_size, cfg.norm_eps, cfg.norm_bias);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for (l, &kind) in cfg.layer_types.iter().enumerate() {
+            let p = format!("encoder.layers.{l}");
+            layers.push(Layer {
+                kind,
+                // Layer 0 has no attention norm: the embedding norm just ran.
+                attn_norm: if l == 0 { None } else { Some(layer_norm(w, &format!("{p}.attn_norm"), nb, eps, d)?) },
+                wqkv: linear(w, &format!("{p}.attn.Wqkv"), cfg.attention_bias)?,
+                wo: linear(w, &format!("{p}.attn.Wo"), cfg.attention_bias)?,
+                mlp_norm: layer_norm(w, &format!("{p}.mlp_norm"), nb, eps, d)?,
+                wi: linear(w, &format!("{p}.mlp.Wi"), cfg.mlp_bias)?,
+                mlp_wo: linear(w, &format!("{p}.mlp.Wo"), cfg.mlp_bias)?,
+            });
+        }
+        Ok(Encoder {
+            tok_embeddings: w.get("encoder.embeddings.tok_embeddings.weight")?,
+            emb_norm: layer_norm(w, "encoder.embeddings.norm", nb, eps, d)?,
+            final_norm: layer_norm(w, "encoder.final_norm", nb, eps, d)?,
+            rope_global: Rope::new(cfg.global_rope_theta, cfg.head_dim()),
+            rope_local: Rope::new(cfg.local_rope_theta, cfg.head_dim()),
+            layers,
+            config: cfg,
+        })
+    }
+
+    /// The token-embedding table `[vocab, d]` (the QNN host step gathers rows from it).
+    pub fn embedding_table(&self) -> &Tensor {
+        &self.tok_embeddings
+    }
+
+    /// Stage 1: `[B, L]` token ids -> `[B, L, d]` raw token embeddings.
+    pub fn embed(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
+        let (b, l) = ids.dims2()?;
+        let flat = self.tok_embeddings.index_select(&ids.flatten_all()?, 0)?;
+        Ok(flat.reshape((b, l, self.config.hidden_size))?)
+    }
+
+    /// Stage 2: `[B, L, d]` embeddings with `[B, 1, L, L]` additive global and sliding-window
+    /// biases -> `[B, L, d]` final hidden states.
+    pub fn encode(&self, embeds: &Tensor, global_bias: &Tensor, sliding_bias: &Tensor) -> Result<Tensor, ModelError> {
+        let (_, l, _) = embeds.dims3()?;
+        let (cos_g, sin_g) = self.rope_global.tables(l)?;
+        let (cos_l, sin_l) = self.rope_local.tables(l)?;
+        let mut h = self.emb_norm.forward(&embeds.contiguous()?)?;
+        for layer in &self.layers {
+            let (bias, cos, sin) = match layer.kind {
+                LayerType::Global => (global_bias, &cos_g, &sin_g),
+                LayerType::Sliding => (sliding_bias, &cos_l, &sin_l),
+            };
+            let x = match &layer.attn_norm {
+                Some(norm) => norm.forward(&h)?,
+                None => h.clone(),
+            };
+            let attn = self.attention(layer, &x, bias, cos, sin)?;
+            h = (h + layer.wo.forward(&attn)?)?;
+            let x = layer.mlp_norm.forward(&h)?;
+            let wi = layer.wi.forward(&x)?;
+            let i = self.config.intermediate_size;
+            let input = wi.narrow(D::Minus1, 0, i)?;
+            let gate = wi.narrow(D::Minus1, i, i)?;
+            let act = match self.config.hidden_activation {
+                Activation::Gelu => input.gelu_erf()?,
+                Activation::GeluTanh => input.gelu()?,
+                Activation::Relu => input.relu()?,
+                Activation::Silu => input.silu()?,
+            };
+            h = (h + layer.mlp_wo.forward(&(act * gate)?)?)?;
+        }
+        Ok(self.final_norm.forward(&h)?)
+    }
+
+    fn attention(&self, layer: &Layer, x: &Tensor, bias: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
+        let (b, l, d) = x.dims3()?;
+        let heads = self.config.num_attention_heads;
+        let hd = self.config.head_dim();
+        let qkv = layer.wqkv.forward(x)?.reshape((b, l, 3, heads, hd))?;
+        let part = |i: usize| -> candle_core::Result<Tensor> { qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous() };
+        let q = candle_nn::rotary_emb::rope(&part(0)?, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope(&part(1)?, cos, sin)?;
+        let v = part(2)?;
+        let scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?.broadcast_add(bias)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        Ok(probs.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?)
+    }
+}

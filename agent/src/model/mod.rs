@@ -1,0 +1,103 @@
+//! The CPU reference: the whole Laya model in Rust on candle, loaded from a laya checkpoint
+//! directory exactly as `laya.Agent` loads it.
+//!
+//! It is split into the stages the NPU backends share: [`Encoder::embed`] (host gather),
+//! [`Encoder::encode`] (what an NPU graph runs) and [`Head::forward`] (host, float). A batch is
+//! padded to its longest row, never to a fixed length.
+
+pub mod config;
+pub mod encoder;
+pub mod head;
+pub mod masks;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+pub use config::EncoderConfig;
+pub use encoder::Encoder;
+pub use head::{Head, HeadOutput};
+use weights::{Expected, Weights};
+
+use crate::bundle::{AgentConfig, BundleError};
+use crate::prompt::Row;
+
+/// Why the model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("incompatible model: 'model.safetensors' not found at {0}")]
+    NoWeights(PathBuf),
+    #[error("incompatible encoder config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Weights { path: PathBuf, message: String },
+    #[error("tensor computation failed: {0}")]
+    Tensor(#[from] candle_core::Error),
+    #[error("row {row}: token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { row: usize, id: u32, vocab: usize },
+    #[error("row {row}: a marker at {pos} is past the row's {len} tokens")]
+    MarkerOutOfRange { row: usize, pos: u32, len: usize },
+    #[error("row {row} is empty")]
+    EmptyRow { row: usize },
+}
+
+/// The Laya model on the CPU.
+pub struct CpuModel {
+    pub encoder: Encoder,
+    pub head: Head,
+}
+
+impl CpuModel {
+    /// Loads `dir/encoder/config.json` and `dir/model.safetensors` (f32, f16 or bf16,
+    /// memory-mapped), checking every tensor against the architecture first.
+    pub fn load(dir: &Path, agent: &AgentConfig) -> Result<CpuModel, ModelError> {
+        let enc_cfg = EncoderConfig::load(&dir.join("encoder").join("config.json"))?;
+        let weights = Weights::open(&dir.join("model.safetensors"))?;
+        let mut expected = Expected::new();
+        Encoder::expected(&enc_cfg, &mut expected);
+        Head::expected(enc_cfg.hidden_size, agent.head_layers, agent.n_act, &mut expected);
+        weights.verify(&expected)?;
+        let d = enc_cfg.hidden_size;
+        Ok(CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? })
+    }
+
+    /// Runs a batch of question rows (padded to the longest with `pad_id`) through all three
+    /// stages and returns each row's option logits and act logits.
+    pub fn forward(&self, rows: &[&Row], pad_id: u32) -> Result<Vec<HeadOutput>, ModelError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let vocab = self.encoder.config.vocab_size;
+        for (r, row) in rows.iter().enumerate() {
+            if row.input_ids.is_empty() {
+                return Err(ModelError::EmptyRow { row: r });
+            }
+            if let Some(&id) = row.input_ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(ModelError::TokenOutOfRange { row: r, id, vocab });
+            }
+            if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= row.input_ids.len()) {
+                return Err(ModelError::MarkerOutOfRange { row: r, pos, len: row.input_ids.len() });
+            }
+        }
+        let b = rows.len();
+        let lengths: Vec<usize> = rows.iter().map(|r| r.input_ids.len()).collect();
+        let l = lengths.iter().copied().max().unwrap_or(1);
+        let mut ids = vec![pad_id; b * l];
+        for (r, row) in rows.iter().enumerate() {
+            ids[r * l..r * l + row.input_ids.len()].copy_from_slice(&row.input_ids);
+        }
+        let dev = Device::Cpu;
+        let ids = Tensor::from_vec(ids, (b, l), &dev)?;
+        let global = Tensor::from_vec(masks::attention_biases(&lengths, l, None), (b, 1, l, l), &dev)?;
+        let window = Some(self.encoder.config.sliding_window());
+        let sliding = Tensor::from_vec(masks::attention_biases(&lengths, l, window), (b, 1, l, l), &dev)?;
+        let embeds = self.encoder.embed(&ids)?;
+        let hidden = self.encoder.encode(&embeds, &global, &sliding)?;
+        let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index() as u32).collect();
+        let markers: Vec<&[u32]> = rows.iter().map(|r| r.marker_pos.as_slice()).collect();
+        self.head.forward(&hidden, &lengths, &qtypes, &markers)
+    }
+}
