@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use laya_edge::decide;
-use laya_edge::lines::limits_for;
+use laya_edge::pipeline::limits_for;
 use laya_edge::model::{CpuModel, ModelError};
 use laya_edge::prompt::{self, Row};
 use laya_edge_tests::{bundle, cases, f32s, model_dir};
@@ -86,3 +86,65 @@ fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
     }
 }
 
+
+/// Compares our answer with laya's: every number within `tol`, the same choice wherever laya's
+/// top two probabilities differ by more than 1e-3.
+fn assert_close(case: &str, qid: &str, ours: &laya_topics::Value, laya: &laya_topics::Value, tol: f64) {
+    use laya_topics::Value;
+    match (ours, laya) {
+        (Value::Object(a), Value::Object(b)) => {
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{case} {qid}");
+            for (k, v) in a {
+                if k == "choice" {
+                    let probs: Vec<f64> = b
+                        .get("probabilities")
+                        .and_then(Value::as_object)
+                        .map(|m| m.values().filter_map(|p| if let Value::Float(f) = p { Some(*f) } else { None }).collect())
+                        .unwrap_or_default();
+                    let mut sorted = probs.clone();
+                    sorted.sort_by(|x, y| y.total_cmp(x));
+                    if sorted.len() < 2 || sorted[0] - sorted[1] > 1e-3 {
+                        assert_eq!(v, &b[k], "{case} {qid}: choice");
+                    }
+                    continue;
+                }
+                let t = if k == "score" { tol * b.get("probabilities").and_then(Value::as_object).map_or(1, |m| m.len()) as f64 } else { tol };
+                assert_close(case, qid, v, &b[k], t);
+            }
+        }
+        (Value::Float(a), Value::Float(b)) => assert!((a - b).abs() <= tol, "{case} {qid}: {a} vs laya {b}"),
+        (a, b) => assert_eq!(a, b, "{case} {qid}"),
+    }
+}
+
+#[test]
+fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
+    use laya_edge::engine::cpu::CpuBackend;
+    use laya_edge::pipeline;
+    let mut backends: HashMap<String, CpuBackend> = HashMap::new();
+    let mut compared = 0;
+    for case in cases() {
+        let laya = case.field("result");
+        if laya.get("error").is_some() {
+            continue;
+        }
+        let b = bundle(&case.model);
+        let backend = backends.entry(case.model.clone()).or_insert_with(|| {
+            CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap()
+        });
+        let request = Request::from_value(case.field("request").clone()).unwrap();
+        let ours = pipeline::answer(&b, backend, &request).unwrap_or_else(|e| panic!("{}: {e}", case.id)).to_value();
+        let laya_answers = laya.get("answers").and_then(|a| a.as_object()).unwrap();
+        let ours_answers = ours.get("answers").and_then(|a| a.as_object()).unwrap();
+        for (qid, a) in ours_answers {
+            match laya_answers.get(qid) {
+                Some(want) => assert_close(&case.id, qid, a, want, 1e-3),
+                // laya answered only the valid questions; the fixture's check/layout has the error.
+                None => assert!(a.get("error").is_some(), "{} {qid}: laya had no answer", case.id),
+            }
+        }
+        assert_eq!(ours.get("usage"), laya.get("usage"), "{}", case.id);
+        compared += 1;
+    }
+    assert!(compared >= 400);
+}

@@ -2,7 +2,7 @@
 //! layout and decoded answers must be exactly what laya produced (tests/fixtures/laya-0.3.20).
 
 use laya_edge::decide::{self, RowOutput, answer::probabilities, numpy};
-use laya_edge::lines::limits_for;
+use laya_edge::pipeline::limits_for;
 use laya_edge::prompt::{self, QuestionErrorKind};
 use laya_edge_tests::{Case, bundle, cases, f32s, fixtures_dir, ints, read_json, text};
 use laya_topics::json::{self, ParseOptions, Style};

@@ -4,6 +4,8 @@
 
 pub mod bundle;
 pub mod decide;
+pub mod engine;
 pub mod lines;
 pub mod model;
+pub mod pipeline;
 pub mod prompt;

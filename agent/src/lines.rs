@@ -6,7 +6,8 @@ use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::{Map, Request, Value};
 
 use crate::bundle::HostBundle;
-use crate::prompt::{self, Limits};
+use crate::pipeline::limits_for;
+use crate::prompt;
 
 /// Nesting allowed in a request line (the same default as the MQTT front end).
 pub const MAX_DEPTH: usize = 64;
@@ -30,14 +31,6 @@ pub fn read_request(line: &str) -> Result<Request, String> {
         .map_err(|e| error_line(None, "bad_request", &format!("not valid JSON: {e}")))?;
     let id = value.get("id").cloned();
     Request::from_value(value).map_err(|e| error_line(id, "bad_request", &e.to_string()))
-}
-
-/// The request's budget: its overrides over the checkpoint's.
-pub fn limits_for(request: &Request, checkpoint: Limits) -> Limits {
-    Limits {
-        max_len: request.max_len.unwrap_or(checkpoint.max_len),
-        head_max_len: request.head_max_len.unwrap_or(checkpoint.head_max_len),
-    }
 }
 
 fn ids_value(ids: &[u32]) -> Value {
@@ -73,4 +66,23 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
     out.insert("id".into(), request.id.unwrap_or(Value::Null));
     out.insert("questions".into(), Value::Object(questions));
     json::to_string(&Value::Object(out), Style::COMPACT)
+}
+
+/// `laya-edge predict` for one line: laya's result `{"id", "model", "answers", "usage"}`.
+pub fn predict_line(bundle: &HostBundle, backend: &mut dyn crate::engine::Backend, line: &str) -> String {
+    let request = match read_request(line) {
+        Ok(r) => r,
+        Err(error_line) => return error_line,
+    };
+    match crate::pipeline::answer(bundle, backend, &request) {
+        Ok(result) => {
+            let mut out = Map::new();
+            out.insert("id".into(), request.id.unwrap_or(Value::Null));
+            if let Value::Object(m) = result.to_value() {
+                out.extend(m);
+            }
+            json::to_string(&Value::Object(out), Style::COMPACT)
+        }
+        Err(e) => error_line(request.id, "internal", &e.to_string()),
+    }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use laya_edge::bundle::HostBundle;
+use laya_edge::engine::cpu::CpuBackend;
 use laya_edge::lines;
 
 #[derive(Parser)]
@@ -23,6 +24,40 @@ enum Command {
         #[arg(long)]
         model: PathBuf,
     },
+    /// Answer JSON-lines requests read from stdin, one result line per request.
+    Predict {
+        /// A laya checkpoint directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// Which backend runs the model.
+        #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+        backend: BackendKind,
+        /// Threads for the tensor math (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendKind {
+    /// The CPU reference model.
+    Cpu,
+}
+
+fn predict(model: &std::path::Path, backend: BackendKind, threads: Option<usize>) -> Result<(), String> {
+    if let Some(n) = threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+            .map_err(|e| format!("cannot set up {n} threads: {e}"))?;
+    }
+    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let mut backend: Box<dyn laya_edge::engine::Backend> = match backend {
+        BackendKind::Cpu => Box::new(
+            CpuBackend::load(model, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?,
+        ),
+    };
+    for_each_line(|line| lines::predict_line(&bundle, backend.as_mut(), line)).map_err(|e| e.to_string())
 }
 
 /// Runs `handle` on every non-blank stdin line and prints its answer line.
@@ -54,6 +89,7 @@ fn main() -> ExitCode {
             Ok(bundle) => for_each_line(|line| lines::layout_line(&bundle, line)).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         },
+        Command::Predict { model, backend, threads } => predict(&model, backend, threads),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

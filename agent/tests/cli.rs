@@ -56,3 +56,29 @@ fn a_missing_model_directory_is_a_clear_error() {
     assert!(!ok);
     assert!(stderr.contains("/nonexistent/model"), "{stderr}");
 }
+
+#[test]
+fn predict_answers_each_line_and_reports_bad_lines() {
+    let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
+    let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
+    let request = laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
+    let input = format!("{request}\n[1, 2]\n{{\"id\": 7, \"state\": \"x\", \"questions\": {{\"ok\": {{\"type\": \"noul\", \"instructions\": \"fine?\"}}, \"bad\": {{\"type\": \"score\", \"instructions\": \"?\", \"criteria\": []}}}}}}\n");
+    let model = fixtures().join("models/bpe-t5");
+    let (stdout, stderr, ok) = run(&["predict", "--model", model.to_str().expect("utf-8 path"), "--threads", "1"], &input);
+    assert!(ok, "stderr: {stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| parse_str(l, ParseOptions::default()).expect("json line")).collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    let want = first.get("result").expect("laya's result");
+    assert_eq!(lines[0].get("id"), first.get("request").and_then(|r| r.get("id")));
+    assert_eq!(lines[0].get("model"), want.get("model"));
+    assert_eq!(lines[0].get("usage"), want.get("usage"));
+    let choice = |v: &Value| v.get("answers").and_then(|a| a.get("dept")).and_then(|d| d.get("choice")).cloned();
+    assert_eq!(choice(&lines[0]), choice(want));
+    assert_eq!(lines[1].get("error").and_then(|e| e.get("code")), Some(&Value::from("bad_request")));
+    let answers = lines[2].get("answers").expect("answers");
+    assert_eq!(answers.get("ok").and_then(|a| a.get("type")), Some(&Value::from("noul")));
+    assert_eq!(
+        answers.get("bad").and_then(|a| a.get("error")).and_then(|e| e.get("message")),
+        Some(&Value::from("question 'bad': a score question needs at least one level"))
+    );
+}

@@ -1,0 +1,37 @@
+//! The CPU reference backend: the whole model on candle in this process.
+
+use std::path::Path;
+
+use super::{Backend, BackendError, RowResult};
+use crate::bundle::AgentConfig;
+use crate::model::{CpuModel, ModelError};
+use crate::prompt::Row;
+
+/// The Laya model on the CPU.
+pub struct CpuBackend {
+    model: CpuModel,
+    pad_id: u32,
+}
+
+impl CpuBackend {
+    /// Loads the checkpoint in `dir`; `pad_id` is the tokenizer's padding token.
+    pub fn load(dir: &Path, config: &AgentConfig, pad_id: u32) -> Result<CpuBackend, ModelError> {
+        Ok(CpuBackend { model: CpuModel::load(dir, config)?, pad_id })
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
+        let out = self.model.forward(rows, self.pad_id).map_err(|e| match e {
+            e @ (ModelError::TokenOutOfRange { .. } | ModelError::MarkerOutOfRange { .. } | ModelError::EmptyRow { .. }) => {
+                BackendError::Input(e.to_string())
+            }
+            other => BackendError::Failed(other.to_string()),
+        })?;
+        Ok(out.into_iter().map(|o| RowResult { logits: o.logits, act_logits: o.act_logits }).collect())
+    }
+}
