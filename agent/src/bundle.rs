@@ -1,9 +1,11 @@
-//! A model directory as `laya.Agent` loads it: `rl_agent_config.json`, `tokenizer/`,
-//! `encoder/config.json`, `model.safetensors`.
+//! Model directories: what the host pipeline needs from them.
 //!
-//! This module reads what the host pipeline needs (token budget, temperatures, tokenizer, head
-//! sizes). laya-edge also reads an optional `lang_temperatures.json` beside the config: laya takes
-//! per-language temperatures as a constructor argument, a file is how a board gets them.
+//! Two kinds exist. A **laya checkpoint** is what `laya.Agent` loads: `rl_agent_config.json`,
+//! `tokenizer/`, `encoder/config.json`, `model.safetensors`; laya-edge also reads an optional
+//! `lang_temperatures.json` beside the config (laya takes per-language temperatures as a
+//! constructor argument, a file is how a board gets them). An **NPU bundle** is a directory with
+//! a `laya-bundle.json` manifest naming its backend, graph files, tokenizer, temperatures and
+//! token budget, and optionally a checkpoint (for the CPU fallback and the host-side head).
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +13,11 @@ use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 
 use crate::decide::{TemperatureError, Temperatures};
+use crate::prompt::tokenizer::SpecialTokenNames;
 use crate::prompt::{Limits, Tokenizer, TokenizerError};
+
+/// The manifest file that marks an NPU bundle.
+pub const MANIFEST: &str = "laya-bundle.json";
 
 /// The `model` laya reports in every result.
 pub const MODEL_NAME: &str = "laya-rl-agent";
@@ -104,19 +110,192 @@ impl AgentConfig {
     }
 }
 
+/// One compiled graph of an NPU bundle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphSpec {
+    /// The graph file (absolute: resolved against the bundle directory).
+    pub file: PathBuf,
+    /// The sequence length it was compiled for.
+    pub seq_len: usize,
+    /// Option marker slots (RKNN graphs); 0 where the graph has none.
+    pub marker_slots: usize,
+    /// How its activations were calibrated (`min-max`, `sqnr`), where that matters.
+    pub calibration: Option<String>,
+    /// The graph's entry as written, for backend-specific fields.
+    pub raw: Value,
+}
+
+/// `laya-bundle.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// The backend the graphs are for (`rknn`, `qnn`).
+    pub backend: String,
+    /// A laya checkpoint directory inside or beside the bundle, if it ships one.
+    pub checkpoint: Option<PathBuf>,
+    pub graphs: Vec<GraphSpec>,
+    /// Runtime versions the graphs are known to work with (empty: any).
+    pub runtime_allowlist: Vec<String>,
+    /// The whole manifest, for backend-specific sections.
+    pub raw: Value,
+}
+
+impl Manifest {
+    fn load(dir: &Path) -> Result<Manifest, BundleError> {
+        let path = dir.join(MANIFEST);
+        let raw = read_json(&path)?;
+        let bad = |message: String| BundleError::Config { path: path.clone(), message };
+        let backend = raw
+            .get("backend")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("'backend' must name the backend the graphs are for".into()))?
+            .to_owned();
+        let checkpoint = match raw.get("checkpoint") {
+            None | Some(Value::Null) => None,
+            Some(Value::Str(p)) => Some(dir.join(p)),
+            Some(_) => return Err(bad("'checkpoint' must be a path".into())),
+        };
+        let mut graphs = Vec::new();
+        for g in raw.get("graphs").and_then(Value::as_array).unwrap_or_default() {
+            let file = g.get("file").and_then(Value::as_str).ok_or_else(|| bad("every graph needs a 'file'".into()))?;
+            let uint = |k: &str| g.get(k).and_then(Value::as_i64).and_then(|v| usize::try_from(v).ok());
+            graphs.push(GraphSpec {
+                file: dir.join(file),
+                seq_len: uint("seq_len").ok_or_else(|| bad(format!("graph {file}: 'seq_len' must be a positive integer")))?,
+                marker_slots: uint("marker_slots").unwrap_or(0),
+                calibration: g.get("calibration").and_then(Value::as_str).map(str::to_owned),
+                raw: g.clone(),
+            });
+        }
+        let runtime_allowlist = raw
+            .get("runtime_allowlist")
+            .and_then(Value::as_array)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
+        Ok(Manifest { backend, checkpoint, graphs, runtime_allowlist, raw })
+    }
+}
+
+/// `temperature.json`: `{"choice": t, "score": t, "noul": t}` or `[choice, score, noul]`,
+/// optionally with `temperature_by_options` beside a per-type map.
+fn temperatures_file(path: &Path) -> Result<Temperatures, BundleError> {
+    let v = read_json(path)?;
+    let per_type = match &v {
+        Value::Array(_) => v.clone(),
+        Value::Object(m) => Value::Array(
+            ["choice", "score", "noul"]
+                .iter()
+                .map(|k| m.get(*k).cloned().unwrap_or(Value::Float(1.0)))
+                .collect(),
+        ),
+        _ => {
+            return Err(BundleError::Config { path: path.to_owned(), message: "expected a list or an object".into() });
+        }
+    };
+    Ok(Temperatures::from_config(Some(&per_type), v.get("temperature_by_options"), None)?)
+}
+
 /// What the host side of the pipeline needs from a model directory.
 #[derive(Debug)]
 pub struct HostBundle {
     pub dir: PathBuf,
     pub config: AgentConfig,
     pub tokenizer: Tokenizer,
+    /// The laya checkpoint the CPU reference can load, if there is one.
+    pub checkpoint: Option<PathBuf>,
+    /// The NPU manifest, for an NPU bundle.
+    pub manifest: Option<Manifest>,
 }
 
 impl HostBundle {
-    /// Loads the config and `dir/tokenizer/`.
+    /// Loads a laya checkpoint directory or an NPU bundle (a directory with `laya-bundle.json`).
     pub fn load(dir: &Path) -> Result<HostBundle, BundleError> {
-        let config = AgentConfig::load(dir)?;
-        let tokenizer = Tokenizer::load(&dir.join("tokenizer"))?;
-        Ok(HostBundle { dir: dir.to_owned(), config, tokenizer })
+        if !dir.join(MANIFEST).is_file() {
+            let config = AgentConfig::load(dir)?;
+            let tokenizer = Tokenizer::load(&dir.join("tokenizer"))?;
+            return Ok(HostBundle { dir: dir.to_owned(), config, tokenizer, checkpoint: Some(dir.to_owned()), manifest: None });
+        }
+        let manifest = Manifest::load(dir)?;
+        let raw = &manifest.raw;
+        let path = dir.join(MANIFEST);
+        let bad = |message: String| BundleError::Config { path: path.clone(), message };
+        let mut config = match &manifest.checkpoint {
+            Some(ckpt) => AgentConfig::load(ckpt)?,
+            None => AgentConfig {
+                encoder: String::new(),
+                head_layers: 0,
+                n_act: 2,
+                limits: Limits::default(),
+                temperatures: Temperatures::default(),
+            },
+        };
+        if let Some(t) = raw.get("temperature").and_then(Value::as_str) {
+            config.temperatures = temperatures_file(&dir.join(t))?;
+        }
+        for (key, slot) in [("max_len", &mut config.limits.max_len), ("head_max_len", &mut config.limits.head_max_len)] {
+            if let Some(v) = raw.get(key) {
+                *slot = v.as_i64().ok_or_else(|| bad(format!("'{key}' must be an integer")))?;
+            }
+        }
+        let tokenizer_path = match raw.get("tokenizer").and_then(Value::as_str) {
+            Some(t) if dir.join(t).is_dir() => dir.join(t).join("tokenizer.json"),
+            Some(t) => dir.join(t),
+            None => match &manifest.checkpoint {
+                Some(ckpt) => ckpt.join("tokenizer").join("tokenizer.json"),
+                None => dir.join("tokenizer.json"),
+            },
+        };
+        let names = raw.get("special_tokens").map(|s| {
+            let get = |k: &str| s.get(k).and_then(Value::as_str).map(str::to_owned);
+            SpecialTokenNames { cls: get("cls"), sep: get("sep"), mask: get("mask"), pad: get("pad") }
+        });
+        let tokenizer = Tokenizer::load_file(&tokenizer_path, names.as_ref())?;
+        Ok(HostBundle { dir: dir.to_owned(), config, tokenizer, checkpoint: manifest.checkpoint.clone(), manifest: Some(manifest) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::QType;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models").join(name)
+    }
+
+    #[test]
+    fn an_npu_bundle_takes_its_manifest_over_the_checkpoint() {
+        let dir = std::env::temp_dir().join(format!("laya-bundle-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt = fixture("bpe-t5");
+        std::fs::write(dir.join("temperature.json"), r#"{"choice": 2.0, "score": 0.1, "noul": 1.5}"#).unwrap();
+        std::fs::write(
+            dir.join(MANIFEST),
+            format!(
+                r#"{{"backend": "rknn", "checkpoint": {:?}, "temperature": "temperature.json", "max_len": 256,
+                   "graphs": [{{"file": "g512.rknn", "seq_len": 512, "marker_slots": 64}}], "runtime_allowlist": ["2.3.2"]}}"#,
+                ckpt.to_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let b = HostBundle::load(&dir).unwrap();
+        let m = b.manifest.as_ref().unwrap();
+        assert_eq!(m.backend, "rknn");
+        assert_eq!(m.graphs[0].file, dir.join("g512.rknn"));
+        assert_eq!((m.graphs[0].seq_len, m.graphs[0].marker_slots), (512, 64));
+        assert_eq!(m.runtime_allowlist, ["2.3.2"]);
+        assert_eq!(b.config.limits, Limits { max_len: 256, head_max_len: 192 });
+        assert_eq!(b.config.temperatures.for_question(QType::Choice, 3, None), 2.0);
+        assert_eq!(b.config.temperatures.for_question(QType::Score, 3, None), 0.5);
+        assert_eq!(b.tokenizer.mask.text, "[MASK]");
+        assert_eq!(b.checkpoint.as_deref(), Some(ckpt.as_path()));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_directory_without_config_or_manifest_is_named_in_the_error() {
+        let err = HostBundle::load(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap_err();
+        assert!(err.to_string().contains("rl_agent_config.json"), "{err}");
     }
 }

@@ -30,7 +30,7 @@ impl Backend for CpuBackend {
             e @ (ModelError::TokenOutOfRange { .. } | ModelError::MarkerOutOfRange { .. } | ModelError::EmptyRow { .. }) => {
                 BackendError::Input(e.to_string())
             }
-            other => BackendError::Failed(other.to_string()),
+            other => BackendError::Fatal { code: None, message: other.to_string() },
         })?;
         Ok(out.into_iter().map(|o| RowResult { logits: o.logits, act_logits: o.act_logits }).collect())
     }

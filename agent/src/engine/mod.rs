@@ -16,13 +16,19 @@ pub struct RowResult {
     pub act_logits: Vec<f32>,
 }
 
-/// Why a backend could not answer.
-#[derive(Debug, thiserror::Error)]
+/// Why a backend could not answer. The variant decides what the supervisor does.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BackendError {
+    /// The rows were unacceptable (the request's fault): answer with an error, change nothing.
     #[error("the model rejected the input: {0}")]
     Input(String),
-    #[error("the backend failed: {0}")]
-    Failed(String),
+    /// A failure the runtime recovers from by itself (e.g. a DSP subsystem restart): retry once.
+    #[error("the backend failed and may recover: {0}")]
+    Transient(String),
+    /// The runtime is broken or hung (driver timeout, fatal error code, constant output): the
+    /// worker process is killed and restarted.
+    #[error("the backend failed fatally{}: {message}", code.map(|c| format!(" (code {c})")).unwrap_or_default())]
+    Fatal { code: Option<i64>, message: String },
 }
 
 /// Turns a batch of question rows into their outputs, one per row, in order.

@@ -16,7 +16,7 @@ pub enum TokenizerError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("cannot parse {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("the tokenizer in {dir} names no {name} (looked in special_tokens_map.json and tokenizer_config.json)")]
+    #[error("the tokenizer in {dir} names no {name} (looked in the bundle manifest, special_tokens_map.json and tokenizer_config.json)")]
     MissingSpecial { dir: PathBuf, name: &'static str },
     #[error("the tokenizer's {name} {token:?} is not in its vocabulary")]
     UnknownSpecial { name: &'static str, token: String },
@@ -29,6 +29,16 @@ pub enum TokenizerError {
 pub struct SpecialToken {
     pub text: String,
     pub id: u32,
+}
+
+/// Special token texts named explicitly (by an NPU bundle's manifest); `None` falls back to the
+/// tokenizer's own config files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokenNames {
+    pub cls: Option<String>,
+    pub sep: Option<String>,
+    pub mask: Option<String>,
+    pub pad: Option<String>,
 }
 
 /// A checkpoint's tokenizer with its CLS, SEP, MASK and PAD tokens resolved.
@@ -75,7 +85,14 @@ impl Tokenizer {
     /// Loads `dir/tokenizer.json` and the special tokens named in `dir/special_tokens_map.json`
     /// (which takes precedence, as in transformers) or `dir/tokenizer_config.json`.
     pub fn load(dir: &Path) -> Result<Tokenizer, TokenizerError> {
-        let path = dir.join("tokenizer.json");
+        Self::load_file(&dir.join("tokenizer.json"), None)
+    }
+
+    /// Loads a `tokenizer.json` file. The special tokens come from `names` when given (an NPU
+    /// bundle's manifest), else from `special_tokens_map.json` / `tokenizer_config.json` beside it.
+    pub fn load_file(path: &Path, names: Option<&SpecialTokenNames>) -> Result<Tokenizer, TokenizerError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let path = path.to_owned();
         let bytes = std::fs::read(&path).map_err(|source| TokenizerError::Read { path: path.clone(), source })?;
         let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| TokenizerError::Parse { path: path.clone(), message: e.to_string() })?;
@@ -85,10 +102,14 @@ impl Tokenizer {
         let special_map = read_json(&dir.join("special_tokens_map.json"))?;
         let config = read_json(&dir.join("tokenizer_config.json"))?;
         let resolve = |key: &'static str, name: &'static str| -> Result<SpecialToken, TokenizerError> {
-            let text = [&special_map, &config]
-                .into_iter()
-                .flatten()
-                .find_map(|doc| doc.get(key).and_then(token_text))
+            let given = names.and_then(|n| match key {
+                "cls_token" => n.cls.clone(),
+                "sep_token" => n.sep.clone(),
+                "mask_token" => n.mask.clone(),
+                _ => n.pad.clone(),
+            });
+            let text = given
+                .or_else(|| [&special_map, &config].into_iter().flatten().find_map(|doc| doc.get(key).and_then(token_text)))
                 .ok_or_else(|| TokenizerError::MissingSpecial { dir: dir.to_owned(), name })?;
             let id = inner
                 .token_to_id(&text)
