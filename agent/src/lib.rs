@@ -9,3 +9,4 @@ pub mod lines;
 pub mod model;
 pub mod pipeline;
 pub mod prompt;
+pub mod systemd;

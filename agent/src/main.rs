@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use laya_edge::bundle::HostBundle;
+use laya_edge::engine::Backend;
 use laya_edge::engine::cpu::CpuBackend;
 use laya_edge::lines;
 
@@ -36,12 +37,40 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Host one backend for a supervising agent, speaking frames on stdin/stdout (not for humans).
+    #[command(hide = true)]
+    Worker {
+        #[arg(long, value_enum)]
+        backend: BackendKind,
+        #[arg(long)]
+        model: PathBuf,
+        /// Faults to inject (null backend), e.g. `hang@3`.
+        #[arg(long)]
+        faults: Option<String>,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BackendKind {
     /// The CPU reference model.
     Cpu,
+    /// Deterministic logits from the input, no model (tests and benchmarks).
+    Null,
+}
+
+/// Loads the backend a worker (or `predict`) runs.
+fn load_backend(kind: BackendKind, model: &std::path::Path, faults: Option<&str>) -> Result<Box<dyn Backend>, String> {
+    match kind {
+        BackendKind::Cpu => {
+            let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+            let ckpt = bundle.checkpoint.clone().ok_or("this bundle has no checkpoint for the CPU backend")?;
+            Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?))
+        }
+        BackendKind::Null => {
+            let faults = laya_edge::engine::null::parse_faults(faults.unwrap_or(""))?;
+            Ok(Box::new(laya_edge::engine::null::NullBackend::new(faults)?))
+        }
+    }
 }
 
 fn predict(model: &std::path::Path, backend: BackendKind, threads: Option<usize>) -> Result<(), String> {
@@ -52,11 +81,7 @@ fn predict(model: &std::path::Path, backend: BackendKind, threads: Option<usize>
             .map_err(|e| format!("cannot set up {n} threads: {e}"))?;
     }
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
-    let mut backend: Box<dyn laya_edge::engine::Backend> = match backend {
-        BackendKind::Cpu => Box::new(
-            CpuBackend::load(model, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?,
-        ),
-    };
+    let mut backend = load_backend(backend, model, None)?;
     for_each_line(|line| lines::predict_line(&bundle, backend.as_mut(), line)).map_err(|e| e.to_string())
 }
 
@@ -90,6 +115,12 @@ fn main() -> ExitCode {
             Err(e) => Err(e.to_string()),
         },
         Command::Predict { model, backend, threads } => predict(&model, backend, threads),
+        Command::Worker { backend, model, faults } => laya_edge::engine::worker::serve(
+            || load_backend(backend, &model, faults.as_deref()),
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        )
+        .map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

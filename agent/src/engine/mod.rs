@@ -4,6 +4,11 @@
 //! the CPU reference ([`cpu::CpuBackend`]) runs the whole model in this process.
 
 pub mod cpu;
+pub mod null;
+pub mod process;
+pub mod protocol;
+pub mod supervisor;
+pub mod worker;
 
 use crate::prompt::Row;
 
@@ -17,7 +22,7 @@ pub struct RowResult {
 }
 
 /// Why a backend could not answer. The variant decides what the supervisor does.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// The rows were unacceptable (the request's fault): answer with an error, change nothing.
     #[error("the model rejected the input: {0}")]

@@ -1,0 +1,165 @@
+//! The `null` backend: deterministic logits derived from the input at almost no cost, and faults
+//! on demand. It exercises everything around a model (protocol, supervision, the MQTT service)
+//! without one, in tests and benchmarks.
+//!
+//! Faults are given as a spec, e.g. `sleep=200`, `hang@3`, `abort@2`, `exit@2`,
+//! `error=fatal@1`, `error=transient@1`, `error=input`, `load-fail`; several are joined with
+//! commas. `@N` applies the fault to the N-th call only (counting from 1 in this process), no
+//! `@` applies it to every call. `once=PATH` makes the faults apply in one process only: the
+//! first worker that loads creates PATH, later workers (after a restart) find it and run clean.
+
+use std::time::Duration;
+
+use super::{Backend, BackendError, RowResult};
+use crate::prompt::Row;
+
+/// One injected fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Sleep this long before answering.
+    Sleep(Duration),
+    /// Never answer.
+    Hang,
+    /// `abort()` the process.
+    Abort,
+    /// Exit with status 3.
+    Exit,
+    /// Return this error.
+    Error(BackendError),
+    /// Fail to load.
+    LoadFail,
+    /// Apply the other faults only if this marker file does not exist yet (then create it).
+    Once(std::path::PathBuf),
+}
+
+/// A fault and the call it applies to (`None`: every call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultRule {
+    pub fault: Fault,
+    pub on_call: Option<u64>,
+}
+
+/// Parses a fault spec (see the module docs).
+pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
+    let mut rules = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (what, on_call) = match part.rsplit_once('@') {
+            Some((w, n)) => (w, Some(n.parse::<u64>().map_err(|_| format!("bad call number in {part:?}"))?)),
+            None => (part, None),
+        };
+        let fault = match what.split_once('=') {
+            Some(("sleep", ms)) => Fault::Sleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad sleep in {part:?}"))?)),
+            Some(("error", "fatal")) => Fault::Error(BackendError::Fatal { code: Some(-1), message: "injected fatal error".into() }),
+            Some(("error", "transient")) => Fault::Error(BackendError::Transient("injected transient error".into())),
+            Some(("error", "input")) => Fault::Error(BackendError::Input("injected input error".into())),
+            None if what == "hang" => Fault::Hang,
+            None if what == "abort" => Fault::Abort,
+            None if what == "exit" => Fault::Exit,
+            None if what == "load-fail" => Fault::LoadFail,
+            Some(("once", path)) => Fault::Once(path.into()),
+            _ => return Err(format!("unknown fault {part:?}")),
+        };
+        rules.push(FaultRule { fault, on_call });
+    }
+    Ok(rules)
+}
+
+/// The null backend.
+#[derive(Debug, Default)]
+pub struct NullBackend {
+    faults: Vec<FaultRule>,
+    calls: u64,
+}
+
+impl NullBackend {
+    /// A null backend with these faults; fails if one of them is `load-fail`.
+    pub fn new(mut faults: Vec<FaultRule>) -> Result<NullBackend, String> {
+        if let Some(marker) = faults.iter().find_map(|f| match &f.fault {
+            Fault::Once(p) => Some(p.clone()),
+            _ => None,
+        }) {
+            // create_new: exactly one process wins the marker and gets the faults.
+            if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_err() {
+                faults.clear();
+            }
+        }
+        if faults.iter().any(|f| f.fault == Fault::LoadFail) {
+            return Err("injected load failure".into());
+        }
+        Ok(NullBackend { faults, calls: 0 })
+    }
+
+    /// The logits the null backend gives a row: a hash of its tokens, in [-4, 4).
+    pub fn logits_for(row: &Row) -> RowResult {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &id in &row.input_ids {
+            h = (h ^ u64::from(id)).wrapping_mul(0x0100_0000_01b3);
+        }
+        let value = |seed: u64| {
+            let x = (h ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            ((x >> 40) % 8000) as f32 / 1000.0 - 4.0
+        };
+        RowResult {
+            logits: (0..row.marker_pos.len() as u64).map(value).collect(),
+            act_logits: vec![value(1000), value(1001)],
+        }
+    }
+}
+
+impl Backend for NullBackend {
+    fn name(&self) -> &'static str {
+        "null"
+    }
+
+    fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
+        self.calls += 1;
+        let call = self.calls;
+        for rule in self.faults.iter().filter(|r| r.on_call.is_none_or(|n| n == call)) {
+            match &rule.fault {
+                Fault::Sleep(d) => std::thread::sleep(*d),
+                Fault::Hang => loop {
+                    std::thread::park();
+                },
+                Fault::Abort => std::process::abort(),
+                Fault::Exit => std::process::exit(3),
+                Fault::Error(e) => return Err(e.clone()),
+                Fault::LoadFail | Fault::Once(_) => {}
+            }
+        }
+        Ok(rows.iter().map(|r| Self::logits_for(r)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::QType;
+
+    #[test]
+    fn fault_specs_parse() {
+        let f = parse_faults("sleep=20, hang@3,error=fatal@1").unwrap();
+        assert_eq!(f[0], FaultRule { fault: Fault::Sleep(Duration::from_millis(20)), on_call: None });
+        assert_eq!(f[1], FaultRule { fault: Fault::Hang, on_call: Some(3) });
+        assert!(matches!(f[2].fault, Fault::Error(BackendError::Fatal { .. })));
+        assert!(parse_faults("explode").is_err());
+        assert!(parse_faults("hang@x").is_err());
+    }
+
+    #[test]
+    fn logits_are_deterministic_and_depend_on_the_input() {
+        let a = Row { input_ids: vec![1, 2, 3], marker_pos: vec![1, 2], qtype: QType::Choice };
+        let b = Row { input_ids: vec![1, 2, 4], ..a.clone() };
+        assert_eq!(NullBackend::logits_for(&a), NullBackend::logits_for(&a));
+        assert_ne!(NullBackend::logits_for(&a).logits, NullBackend::logits_for(&b).logits);
+        assert_eq!(NullBackend::logits_for(&a).logits.len(), 2);
+    }
+
+    #[test]
+    fn a_fault_on_the_nth_call_hits_only_that_call() {
+        let mut n = NullBackend::new(parse_faults("error=transient@2").unwrap()).unwrap();
+        let row = Row { input_ids: vec![1], marker_pos: vec![0], qtype: QType::Noul };
+        assert!(n.run(&[&row]).is_ok());
+        assert!(matches!(n.run(&[&row]), Err(BackendError::Transient(_))));
+        assert!(n.run(&[&row]).is_ok());
+    }
+}
