@@ -3,6 +3,8 @@
 //! Data flows one way: `bus -> prompt -> engine -> decide -> bus`. See ARCHITECTURE.md.
 
 pub mod bundle;
+pub mod bus;
+pub mod config;
 pub mod decide;
 pub mod engine;
 pub mod lines;

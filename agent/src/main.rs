@@ -1,14 +1,23 @@
 //! The `laya-edge` command line.
 
+use std::ffi::OsString;
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use laya_edge::bundle::HostBundle;
+use laya_edge::bus;
+use laya_edge::config::Config;
 use laya_edge::engine::Backend;
 use laya_edge::engine::cpu::CpuBackend;
+use laya_edge::engine::process::{Engine, EngineConfig, WorkerSpec};
+use laya_edge::engine::supervisor::Policy;
 use laya_edge::lines;
+use laya_topics::topic::Schema;
+use laya_topics::wire::Encoding;
 
 #[derive(Parser)]
 #[command(name = "laya-edge", version, about = "Laya typed decisions on edge NPUs")]
@@ -37,6 +46,53 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Serve questions over MQTT (the board's service).
+    Serve {
+        /// The configuration file (TOML); without it every key has its default.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Overrides mqtt.broker.
+        #[arg(long)]
+        broker: Option<String>,
+        /// Overrides mqtt.device.
+        #[arg(long)]
+        device: Option<String>,
+        /// Overrides model.dir.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Overrides engine.backend.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// Start an in-process broker and the bundled demo model, ask the example questions,
+        /// print the answers, keep serving.
+        #[arg(long)]
+        demo: bool,
+    },
+    /// Check a configuration file and print the effective configuration.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Ask one question request over MQTT and print the reply.
+    Ask {
+        #[arg(long, default_value = "mqtt://localhost:1883")]
+        broker: String,
+        /// The device to ask.
+        #[arg(long, required_unless_present = "fleet")]
+        device: Option<String>,
+        /// Ask a fleet (any of its devices) instead.
+        #[arg(long)]
+        fleet: Option<String>,
+        #[arg(long, default_value = laya_topics::topic::DEFAULT_PREFIX)]
+        prefix: String,
+        /// Send CBOR instead of JSON.
+        #[arg(long)]
+        cbor: bool,
+        #[arg(long, default_value_t = 30)]
+        timeout_s: u64,
+        /// The request, as JSON.
+        request: String,
+    },
     /// Host one backend for a supervising agent, speaking frames on stdin/stdout (not for humans).
     #[command(hide = true)]
     Worker {
@@ -47,6 +103,8 @@ enum Command {
         /// Faults to inject (null backend), e.g. `hang@3`.
         #[arg(long)]
         faults: Option<String>,
+        #[arg(long)]
+        threads: Option<usize>,
     },
 }
 
@@ -58,8 +116,25 @@ enum BackendKind {
     Null,
 }
 
+impl BackendKind {
+    fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Null => "null",
+        }
+    }
+
+    fn parse(name: &str) -> Result<BackendKind, String> {
+        match name {
+            "cpu" => Ok(BackendKind::Cpu),
+            "null" => Ok(BackendKind::Null),
+            other => Err(format!("backend {other:?} is not built into this binary")),
+        }
+    }
+}
+
 /// Loads the backend a worker (or `predict`) runs.
-fn load_backend(kind: BackendKind, model: &std::path::Path, faults: Option<&str>) -> Result<Box<dyn Backend>, String> {
+fn load_backend(kind: BackendKind, model: &Path, faults: Option<&str>) -> Result<Box<dyn Backend>, String> {
     match kind {
         BackendKind::Cpu => {
             let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
@@ -73,16 +148,11 @@ fn load_backend(kind: BackendKind, model: &std::path::Path, faults: Option<&str>
     }
 }
 
-fn predict(model: &std::path::Path, backend: BackendKind, threads: Option<usize>) -> Result<(), String> {
-    if let Some(n) = threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global()
-            .map_err(|e| format!("cannot set up {n} threads: {e}"))?;
+fn set_threads(threads: Option<usize>) -> Result<(), String> {
+    if let Some(n) = threads.filter(|n| *n > 0) {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| format!("cannot set up {n} threads: {e}"))?;
     }
-    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
-    let mut backend = load_backend(backend, model, None)?;
-    for_each_line(|line| lines::predict_line(&bundle, backend.as_mut(), line)).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// Runs `handle` on every non-blank stdin line and prints its answer line.
@@ -107,6 +177,158 @@ fn for_each_line(mut handle: impl FnMut(&str) -> String) -> std::io::Result<()> 
     Ok(())
 }
 
+fn predict(model: &Path, backend: BackendKind, threads: Option<usize>) -> Result<(), String> {
+    set_threads(threads)?;
+    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let mut backend = load_backend(backend, model, None)?;
+    for_each_line(|line| lines::predict_line(&bundle, backend.as_mut(), line)).map_err(|e| e.to_string())
+}
+
+/// The worker command line for a backend.
+fn worker_spec(backend: &str, model: &Path, config: &Config) -> Result<WorkerSpec, String> {
+    let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut args: Vec<OsString> =
+        vec!["worker".into(), "--backend".into(), backend.into(), "--model".into(), model.as_os_str().to_owned()];
+    if backend == "null" && !config.engine.null_faults.is_empty() {
+        args.push("--faults".into());
+        args.push(config.engine.null_faults.clone().into());
+    }
+    if config.engine.threads > 0 {
+        args.push("--threads".into());
+        args.push(config.engine.threads.to_string().into());
+    }
+    let mut env = Vec::new();
+    if !config.rknn.library.is_empty() {
+        env.push(("RKNN_LIB".into(), config.rknn.library.clone().into()));
+    }
+    if !config.qnn.adsp_library_path.is_empty() {
+        env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
+    }
+    Ok(WorkerSpec { program, args, env })
+}
+
+fn policy(config: &Config, has_fallback: bool) -> Policy {
+    let e = &config.engine;
+    Policy {
+        fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
+        load_allowance: Duration::from_millis(e.load_allowance_ms),
+        max_restarts: e.max_restarts,
+        restart_window: Duration::from_secs(e.restart_window_s),
+        fallback: has_fallback,
+        primary_retry: Duration::from_secs(e.retry_primary_s),
+        ..Policy::default()
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config, String> {
+    match path {
+        Some(p) => Config::load(p).map_err(|e| e.to_string()),
+        None => Ok(Config::default()),
+    }
+}
+
+/// The demo model bundled in the repository (a tiny random checkpoint from the fixtures).
+fn demo_model() -> PathBuf {
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models/bpe-t5");
+    if built_in.is_dir() { built_in } else { PathBuf::from("tests/fixtures/laya-0.3.20/models/bpe-t5") }
+}
+
+const DEMO_REQUESTS: &str = include_str!("../../config/demo-requests.jsonl");
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    config_path: Option<PathBuf>,
+    broker: Option<String>,
+    device: Option<String>,
+    model: Option<PathBuf>,
+    backend: Option<BackendKind>,
+    demo: bool,
+) -> Result<(), String> {
+    let mut config = load_config(config_path.as_deref())?;
+    if demo {
+        let port = bus::demo::start_broker()?;
+        config.mqtt.broker = format!("mqtt://127.0.0.1:{port}");
+        config.mqtt.device = "demo".into();
+        config.model.dir = demo_model().display().to_string();
+        config.engine.backend = "cpu".into();
+        println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
+    }
+    if let Some(b) = broker {
+        config.mqtt.broker = b;
+    }
+    if let Some(d) = device {
+        config.mqtt.device = d;
+    }
+    if let Some(m) = model {
+        config.model.dir = m.display().to_string();
+    }
+    if let Some(b) = backend {
+        config.engine.backend = b.name().into();
+    }
+    config.check().map_err(|e| e.to_string())?;
+    BackendKind::parse(&config.engine.backend)?;
+    let model_dir = PathBuf::from(&config.model.dir);
+    let bundle = Arc::new(HostBundle::load(&model_dir).map_err(|e| e.to_string())?);
+    let fallback = (config.engine.fallback == "cpu" && config.engine.backend != "cpu" && bundle.checkpoint.is_some())
+        .then(|| worker_spec("cpu", &model_dir, &config))
+        .transpose()?;
+    let engine = Engine::start(EngineConfig {
+        policy: policy(&config, fallback.is_some()),
+        primary: worker_spec(&config.engine.backend, &model_dir, &config)?,
+        fallback,
+    });
+    if demo {
+        let target = bus::ask::Target { schema: Schema::new(&config.mqtt.prefix).map_err(|e| e.to_string())?, device: Some("demo".into()), fleet: None };
+        let broker = config.mqtt.broker.clone();
+        tokio::spawn(async move {
+            for (i, line) in DEMO_REQUESTS.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+                let Ok(request) = laya_topics::json::parse_str(line, Default::default()) else { continue };
+                let Ok((host, port, _)) = bus::connection::parse_broker(&broker) else { return };
+                let options = rumqttc::v5::MqttOptions::new(format!("demo-asker-{i}"), host, port);
+                match bus::ask::ask(options, &target, &request, Encoding::Json, Duration::from_secs(120)).await {
+                    Ok(reply) => println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::PYTHON)),
+                    Err(e) => eprintln!("demo question {i}: {e}"),
+                }
+            }
+            println!("demo: answered the example questions; still serving (Ctrl-C to stop)");
+        });
+    }
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    bus::server::run(config, engine, bundle, shutdown).await.map_err(|e| e.to_string())
+}
+
+async fn ask_command(
+    broker: &str,
+    device: Option<String>,
+    fleet: Option<String>,
+    prefix: &str,
+    cbor: bool,
+    timeout_s: u64,
+    request: &str,
+) -> Result<(), String> {
+    let request = laya_topics::json::parse_str(request, Default::default()).map_err(|e| format!("the request is not JSON: {e}"))?;
+    let (host, port, tls) = bus::connection::parse_broker(broker).map_err(|e| e.to_string())?;
+    if tls {
+        return Err("ask supports mqtt:// only".into());
+    }
+    let options = rumqttc::v5::MqttOptions::new(format!("laya-ask-{}", std::process::id()), host, port);
+    let target = bus::ask::Target { schema: Schema::new(prefix).map_err(|e| e.to_string())?, device, fleet };
+    let encoding = if cbor { Encoding::Cbor } else { Encoding::Json };
+    let reply = bus::ask::ask(options, &target, &request, encoding, Duration::from_secs(timeout_s)).await.map_err(|e| e.to_string())?;
+    println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::COMPACT));
+    Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -115,12 +337,23 @@ fn main() -> ExitCode {
             Err(e) => Err(e.to_string()),
         },
         Command::Predict { model, backend, threads } => predict(&model, backend, threads),
-        Command::Worker { backend, model, faults } => laya_edge::engine::worker::serve(
-            || load_backend(backend, &model, faults.as_deref()),
-            std::io::stdin().lock(),
-            std::io::stdout().lock(),
-        )
-        .map_err(|e| e.to_string()),
+        Command::Serve { config, broker, device, model, backend, demo } => {
+            runtime().and_then(|rt| rt.block_on(serve(config, broker, device, model, backend, demo)))
+        }
+        Command::CheckConfig { config } => load_config(config.as_deref()).map(|c| {
+            println!("{c:#?}");
+            println!("device: {}\nclient id: {}", c.device(), c.client_id());
+        }),
+        Command::Ask { broker, device, fleet, prefix, cbor, timeout_s, request } => runtime()
+            .and_then(|rt| rt.block_on(ask_command(&broker, device, fleet, &prefix, cbor, timeout_s, &request))),
+        Command::Worker { backend, model, faults, threads } => set_threads(threads).and_then(|()| {
+            laya_edge::engine::worker::serve(
+                || load_backend(backend, &model, faults.as_deref()),
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            )
+            .map_err(|e| e.to_string())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

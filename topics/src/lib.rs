@@ -9,7 +9,9 @@ pub mod cbor;
 pub mod json;
 pub mod pyfloat;
 pub mod request;
+pub mod topic;
 pub mod value;
+pub mod wire;
 
 pub use answer::{Action, Answer, AnswerError, PredictResult, Usage};
 pub use request::{Request, RequestError};

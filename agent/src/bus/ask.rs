@@ -1,0 +1,89 @@
+//! A minimal MQTT 5 client for `laya-edge ask` and the demo: publish one request with a response
+//! topic and correlation data, wait for the reply.
+
+use std::time::Duration;
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+use laya_topics::Value;
+use laya_topics::topic::{Channel, Schema};
+use laya_topics::wire::Encoding;
+
+/// Why asking failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    #[error("broker: {0}")]
+    Connection(String),
+    #[error("the reply could not be decoded: {0}")]
+    Decode(String),
+    #[error(transparent)]
+    Topic(#[from] laya_topics::topic::TopicError),
+}
+
+/// Where to ask.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub schema: Schema,
+    /// A device id, or `None` with `fleet` set to ask the fleet.
+    pub device: Option<String>,
+    pub fleet: Option<String>,
+}
+
+/// Sends `request` and waits for its reply (decoded, whatever its encoding).
+pub async fn ask(
+    options: MqttOptions,
+    target: &Target,
+    request: &Value,
+    encoding: Encoding,
+    timeout: Duration,
+) -> Result<Value, AskError> {
+    let asker = format!("ask-{}-{}", std::process::id(), options.client_id().replace(['/', '+', '#'], "-"));
+    let correlation = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    let reply_topic = target.schema.topic(&asker, Channel::Reply(correlation.clone()))?.to_string();
+    let ask_topic = match (&target.device, &target.fleet) {
+        (Some(d), _) => target.schema.topic(d, Channel::Ask)?.to_string(),
+        (None, Some(f)) => target.schema.fleet_ask(f)?,
+        (None, None) => return Err(AskError::Connection("name a device or a fleet".into())),
+    };
+    let (client, mut eventloop) = AsyncClient::new(options, 16);
+    let work = async {
+        let mut sent = false;
+        loop {
+            let event = eventloop.poll().await.map_err(|e| AskError::Connection(e.to_string()))?;
+            match event {
+                Event::Incoming(Packet::ConnAck(_)) => {
+                    client
+                        .subscribe(reply_topic.clone(), QoS::AtLeastOnce)
+                        .await
+                        .map_err(|e| AskError::Connection(e.to_string()))?;
+                }
+                Event::Incoming(Packet::SubAck(_)) if !sent => {
+                    sent = true;
+                    let props = PublishProperties {
+                        response_topic: Some(reply_topic.clone()),
+                        correlation_data: Some(correlation.clone().into_bytes().into()),
+                        content_type: Some(encoding.content_type().into()),
+                        ..PublishProperties::default()
+                    };
+                    client
+                        .publish_with_properties(ask_topic.clone(), QoS::AtLeastOnce, false, encoding.encode(request), props)
+                        .await
+                        .map_err(|e| AskError::Connection(e.to_string()))?;
+                }
+                Event::Incoming(Packet::Publish(p)) if p.topic.as_ref() == reply_topic.as_bytes() => {
+                    let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
+                    let enc = Encoding::detect(ct.as_deref(), &p.payload);
+                    let v = enc.decode(&p.payload, 256).map_err(|e| AskError::Decode(e.to_string()))?;
+                    let _ = client.disconnect().await;
+                    return Ok(v);
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| AskError::Timeout(timeout))?
+}

@@ -1,0 +1,10 @@
+//! The MQTT front door: `laya-edge serve`.
+//!
+//! `admission` decides what to do with a message (pure), `connection` builds the broker options,
+//! `server` runs the service loop.
+
+pub mod admission;
+pub mod connection;
+pub mod server;
+pub mod ask;
+pub mod demo;

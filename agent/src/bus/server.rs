@@ -1,0 +1,448 @@
+//! `laya-edge serve`: questions in over MQTT, typed decisions out.
+//!
+//! One task polls rumqttc's event loop and does nothing else, so the connection is never starved;
+//! each admitted question is handled by its own task (tokenize in a blocking thread, the engine's
+//! worker for the model, decode, publish the reply, then acknowledge the question). A question is
+//! acknowledged only after its reply or error reply has been handed to the client, so a crash at
+//! any point leaves it unacknowledged and the broker delivers it again to this persistent session.
+//! While a task waits for the engine, others are tokenizing: the worker is never idle for host work.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event};
+use tokio::sync::{Semaphore, mpsc};
+
+use laya_topics::topic::{Channel, Schema};
+use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Status, Timing};
+use laya_topics::{Map, Value};
+
+use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo};
+use super::connection;
+use crate::bundle::HostBundle;
+use crate::config::Config;
+use crate::decide::{self, RowOutput};
+use crate::engine::process::{Engine, EngineError};
+use crate::pipeline::limits_for;
+use crate::prompt::{self, Row};
+use crate::systemd::Notifier;
+
+/// Why the service stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Bundle(#[from] crate::bundle::BundleError),
+    #[error(transparent)]
+    Connection(#[from] connection::ConnectionError),
+    #[error(transparent)]
+    Topic(#[from] laya_topics::topic::TopicError),
+    #[error("the MQTT client stopped: {0}")]
+    Client(String),
+}
+
+/// Counters for telemetry.
+#[derive(Debug, Default)]
+struct Counters {
+    answered: AtomicU64,
+    refused: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    dropped: AtomicU64,
+    resent: AtomicU64,
+}
+
+struct Shared {
+    client: AsyncClient,
+    admission: Admission,
+    bundle: Arc<HostBundle>,
+    engine: Engine,
+    replies: Mutex<ReplyCache>,
+    permits: Arc<Semaphore>,
+    device: String,
+    backend: String,
+    counters: Counters,
+    stopping: AtomicBool,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn reply_properties(to: &ReplyTo) -> PublishProperties {
+    PublishProperties {
+        payload_format_indicator: Some(u8::from(to.encoding == Encoding::Json)),
+        content_type: Some(to.encoding.content_type().to_owned()),
+        correlation_data: to.correlation.clone().map(Into::into),
+        ..PublishProperties::default()
+    }
+}
+
+impl Shared {
+    async fn publish(&self, to: &ReplyTo, payload: Vec<u8>) -> Result<(), rumqttc::v5::ClientError> {
+        self.client.publish_with_properties(to.topic.clone(), QoS::AtLeastOnce, false, payload, reply_properties(to)).await
+    }
+
+    fn count_refusal(&self, code: ErrorCode) {
+        if let Ok(mut m) = self.counters.refused.lock() {
+            *m.entry(code.as_str()).or_default() += 1;
+        }
+    }
+
+    async fn refuse(&self, to: &ReplyTo, error: ErrorReply) {
+        self.count_refusal(error.code);
+        let _ = self.publish(to, to.encoding.encode(&error.to_value())).await;
+    }
+
+    /// Handles one question end to end; the caller acknowledges it afterwards.
+    async fn handle(self: &Arc<Self>, publish: &Publish, received: Instant) {
+        let props = publish.properties.as_ref();
+        let incoming = Incoming {
+            payload: &publish.payload,
+            content_type: props.and_then(|p| p.content_type.as_deref()),
+            response_topic: props.and_then(|p| p.response_topic.as_deref()),
+            correlation: props.and_then(|p| p.correlation_data.as_deref()),
+            message_expiry_s: props.and_then(|p| p.message_expiry_interval),
+        };
+        let decision = {
+            let replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+            self.admission.decide(&incoming, received, &replies)
+        };
+        match decision {
+            Decision::Drop { reason } => {
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                eprintln!("laya-edge: dropped a message on {}: {reason}", String::from_utf8_lossy(&publish.topic));
+            }
+            Decision::Refuse { error, reply_to } => self.refuse(&reply_to, error).await,
+            Decision::Resend { reply_to, payload } => {
+                self.counters.resent.fetch_add(1, Ordering::Relaxed);
+                let _ = self.publish(&reply_to, payload).await;
+            }
+            Decision::Answer { request, reply_to, deadline } => {
+                let id = request.id.clone();
+                let payload = self.answer(request, &reply_to, deadline, received).await;
+                if let (Some(id), Some(bytes)) = (id.as_ref(), payload.as_ref())
+                    && let Ok(mut cache) = self.replies.lock()
+                {
+                    cache.put(id, &reply_to.topic, bytes.clone());
+                }
+            }
+        }
+    }
+
+    /// Answers an admitted request; returns the reply payload it published, if it was a result.
+    async fn answer(
+        self: &Arc<Self>,
+        request: laya_topics::Request,
+        to: &ReplyTo,
+        deadline: Option<Instant>,
+        received: Instant,
+    ) -> Option<Vec<u8>> {
+        let id = request.id.clone();
+        let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
+        let bundle = self.bundle.clone();
+        let t0 = Instant::now();
+        let request = Arc::new(request);
+        let req = request.clone();
+        let prepared = tokio::task::spawn_blocking(move || {
+            prompt::prepare(&bundle.tokenizer, &req, limits_for(&req, bundle.config.limits))
+        })
+        .await;
+        let prepared = match prepared {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                self.refuse(to, error(ErrorCode::Internal, e.to_string())).await;
+                return None;
+            }
+            Err(e) => {
+                self.refuse(to, error(ErrorCode::Internal, format!("tokenizer task failed: {e}"))).await;
+                return None;
+            }
+        };
+        let tokenized = Instant::now();
+        if deadline.is_some_and(|d| tokenized >= d) {
+            self.refuse(to, error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into())).await;
+            return None;
+        }
+        let rows: Vec<Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r.clone())).collect();
+        let (outputs, infer_ms) = if rows.is_empty() {
+            (Vec::new(), 0.0)
+        } else {
+            let run = self.engine.run(rows);
+            let result = match deadline {
+                Some(d) => match tokio::time::timeout_at(d.into(), run).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.refuse(to, error(ErrorCode::DeadlineExceeded, "the deadline passed during inference".into()))
+                            .await;
+                        return None;
+                    }
+                },
+                None => run.await,
+            };
+            match result {
+                Ok(out) => (out.rows, out.elapsed.as_secs_f64() * 1000.0),
+                Err(EngineError::Input(m)) => {
+                    self.refuse(to, error(ErrorCode::BadRequest, m)).await;
+                    return None;
+                }
+                Err(e @ (EngineError::Unavailable(_) | EngineError::Stopped)) => {
+                    self.refuse(to, error(ErrorCode::BackendUnavailable, e.to_string())).await;
+                    return None;
+                }
+            }
+        };
+        let inferred = Instant::now();
+        let outputs: Vec<RowOutput> = outputs
+            .into_iter()
+            .map(|r| RowOutput { act_probs: decide::act_probabilities(&r.act_logits), logits: r.logits })
+            .collect();
+        let result = match decide::assemble(&prepared, &outputs, &self.bundle.config.temperatures, request.lang.as_deref()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refuse(to, error(ErrorCode::Internal, e.to_string())).await;
+                return None;
+            }
+        };
+        let done = Instant::now();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let timing = Timing {
+            queue: ms(t0 - received) + (ms(inferred - tokenized) - infer_ms).max(0.0),
+            tokenize: ms(tokenized - t0),
+            infer: infer_ms,
+            decode: ms(done - inferred),
+            total: ms(done - received),
+        };
+        let reply = Reply { id, device: self.device.clone(), backend: self.backend.clone(), result, timing };
+        let payload = to.encoding.encode(&reply.to_value());
+        if self.publish(to, payload.clone()).await.is_ok() {
+            self.counters.answered.fetch_add(1, Ordering::Relaxed);
+            Some(payload)
+        } else {
+            None
+        }
+    }
+
+    fn status(&self, online: bool, started_at: u64) -> Vec<u8> {
+        let s = Status {
+            online,
+            version: env!("CARGO_PKG_VERSION").into(),
+            backend: self.backend.clone(),
+            model: self.bundle.dir.display().to_string(),
+            started_at,
+            degraded: self.engine.status().degraded,
+        };
+        Encoding::Json.encode(&s.to_value())
+    }
+
+    fn telemetry(&self, started: Instant) -> Vec<u8> {
+        let es = self.engine.status();
+        let mut m = Map::new();
+        m.insert("device".into(), self.device.as_str().into());
+        m.insert("uptime_s".into(), Value::Int(started.elapsed().as_secs().into()));
+        m.insert("answered".into(), Value::Int(self.counters.answered.load(Ordering::Relaxed).into()));
+        m.insert("resent".into(), Value::Int(self.counters.resent.load(Ordering::Relaxed).into()));
+        m.insert("dropped".into(), Value::Int(self.counters.dropped.load(Ordering::Relaxed).into()));
+        let refused: Map = self
+            .counters
+            .refused
+            .lock()
+            .map(|r| r.iter().map(|(k, v)| ((*k).to_owned(), Value::Int((*v).into()))).collect())
+            .unwrap_or_default();
+        m.insert("refused".into(), Value::Object(refused));
+        m.insert("in_flight".into(), Value::int((self.admission.limits.queue - self.permits.available_permits()) as i64));
+        m.insert("backend".into(), self.backend.as_str().into());
+        m.insert("serving".into(), if es.role == crate::engine::supervisor::Role::Primary { "primary" } else { "fallback" }.into());
+        m.insert("degraded".into(), Value::Bool(es.degraded));
+        let restarts: Map = es.restarts.iter().map(|(k, v)| (k.clone(), Value::Int((*v).into()))).collect();
+        m.insert("restarts".into(), Value::Object(restarts));
+        Encoding::Json.encode(&Value::Object(m))
+    }
+}
+
+/// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
+/// flight, publishes `offline` and disconnects.
+pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdown: impl Future) -> Result<(), ServeError> {
+    let schema = Schema::new(&config.mqtt.prefix)?;
+    let device = config.device();
+    let status_topic = schema.topic(&device, Channel::Status)?.to_string();
+    let telemetry_topic = schema.topic(&device, Channel::Telemetry)?.to_string();
+    let events_topic = schema.topic(&device, Channel::Events)?.to_string();
+    let ask_topic = schema.topic(&device, Channel::Ask)?.to_string();
+    let fleet_filter = if config.mqtt.fleet.is_empty() {
+        None
+    } else {
+        Some(schema.fleet_subscription(&config.mqtt.share_group, &config.mqtt.fleet)?)
+    };
+    let started_at = now_unix();
+    let started = Instant::now();
+    let backend = config.engine.backend.clone();
+    let offline = Encoding::Json.encode(
+        &Status {
+            online: false,
+            version: env!("CARGO_PKG_VERSION").into(),
+            backend: backend.clone(),
+            model: bundle.dir.display().to_string(),
+            started_at,
+            degraded: false,
+        }
+        .to_value(),
+    );
+    let options = connection::options(&config, &status_topic, offline)?;
+    let (client, mut eventloop) = AsyncClient::new(options, 256);
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        admission: Admission::new(schema.clone(), device.clone(), &config),
+        bundle,
+        engine,
+        replies: Mutex::new(ReplyCache::new(config.limits.remember_replies)),
+        permits: Arc::new(Semaphore::new(config.limits.queue)),
+        device: device.clone(),
+        backend,
+        counters: Counters::default(),
+        stopping: AtomicBool::new(false),
+    });
+
+    // The event loop's own task: poll, forward, reconnect with backoff and jitter.
+    enum Net {
+        Connected { session_present: bool },
+        Question(Publish),
+        Closed,
+    }
+    let (net_tx, mut net_rx) = mpsc::channel::<Net>(1024);
+    let (min_backoff, max_backoff) =
+        (Duration::from_millis(config.mqtt.reconnect_min_ms.max(1)), Duration::from_millis(config.mqtt.reconnect_max_ms.max(1)));
+    let poller = tokio::spawn(async move {
+        let mut backoff = min_backoff;
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                    backoff = min_backoff;
+                    if net_tx.send(Net::Connected { session_present: ack.session_present }).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if net_tx.send(Net::Question(p)).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => {
+                    let _ = net_tx.send(Net::Closed).await;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("laya-edge: broker connection: {e}; retrying in {backoff:?}");
+                    let jitter = Duration::from_millis(u64::from(std::process::id() ^ now_unix() as u32) % 250);
+                    tokio::time::sleep(backoff + jitter).await;
+                    backoff = (backoff * 2).min(max_backoff);
+                }
+            }
+        }
+    });
+
+    let notifier = Notifier::from_env();
+    let mut watchdog = tokio::time::interval(notifier.watchdog_interval().unwrap_or(Duration::from_secs(3600)));
+    let telemetry_every = Duration::from_secs(config.mqtt.telemetry_interval_s.max(1));
+    let mut telemetry = tokio::time::interval(telemetry_every);
+    telemetry.tick().await;
+    let mut ready = false;
+    let mut restarts_reported = 0usize;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            msg = net_rx.recv() => match msg {
+                Some(Net::Connected { session_present }) => {
+                    if !session_present {
+                        let _ = client.subscribe(ask_topic.clone(), QoS::AtLeastOnce).await;
+                        if let Some(f) = &fleet_filter {
+                            let _ = client.subscribe(f.clone(), QoS::AtLeastOnce).await;
+                        }
+                    }
+                    let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
+                    if !ready {
+                        ready = true;
+                        // READY once the broker is connected and the worker answered a warm-up row.
+                        let engine = shared.engine.clone();
+                        let device = device.clone();
+                        let n = Notifier::from_env();
+                        tokio::spawn(async move {
+                            let warm = Row { input_ids: vec![0, 0], marker_pos: vec![0], qtype: prompt::QType::Noul };
+                            let ok = engine.run(vec![warm]).await.is_ok();
+                            n.ready(&format!("serving as {device}{}", if ok { "" } else { " (warm-up failed)" }));
+                        });
+                    }
+                }
+                Some(Net::Question(p)) => {
+                    if shared.stopping.load(Ordering::Relaxed) {
+                        continue; // not acknowledged: the broker delivers it again later
+                    }
+                    let received = Instant::now();
+                    let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
+                        // Over the queue: a retryable error, then the ack (not redelivered forever).
+                        let s = shared.clone();
+                        tokio::spawn(async move {
+                            let to = overloaded_reply_to(&s, &p);
+                            if let Some((to, id)) = to {
+                                s.refuse(&to, ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() }).await;
+                            }
+                            let _ = s.client.ack(&p).await;
+                        });
+                        continue;
+                    };
+                    let s = shared.clone();
+                    tokio::spawn(async move {
+                        s.handle(&p, received).await;
+                        let _ = s.client.ack(&p).await;
+                        drop(permit);
+                    });
+                }
+                Some(Net::Closed) | None => break,
+            },
+            _ = watchdog.tick() => notifier.watchdog(),
+            _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {
+                let _ = client.publish(telemetry_topic.clone(), QoS::AtMostOnce, false, shared.telemetry(started)).await;
+                let restarts = shared.engine.restarts();
+                for r in restarts.iter().skip(restarts_reported) {
+                    let mut m = Map::new();
+                    m.insert("event".into(), "backend_restart".into());
+                    m.insert("reason".into(), r.reason.label().into());
+                    m.insert("detail".into(), format!("{:?}", r.reason).into());
+                    let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&Value::Object(m))).await;
+                }
+                restarts_reported = restarts.len();
+                notifier.status(&format!("{} answered, backend {}{}", shared.counters.answered.load(Ordering::Relaxed), shared.backend, if shared.engine.status().degraded { " (degraded)" } else { "" }));
+            }
+        }
+    }
+
+    // Stop taking questions, let those in flight finish, say goodbye.
+    notifier.stopping();
+    shared.stopping.store(true, Ordering::Relaxed);
+    let _ = tokio::time::timeout(Duration::from_secs(30), shared.permits.acquire_many(config.limits.queue as u32)).await;
+    let _ = client.publish(status_topic, QoS::AtLeastOnce, true, shared.status(false, started_at)).await;
+    let _ = client.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
+    Ok(())
+}
+
+/// Where an `overloaded` reply goes (decoding just enough to find the id).
+fn overloaded_reply_to(s: &Shared, p: &Publish) -> Option<(ReplyTo, Option<Value>)> {
+    let props = p.properties.as_ref();
+    let incoming = Incoming {
+        payload: &p.payload,
+        content_type: props.and_then(|x| x.content_type.as_deref()),
+        response_topic: props.and_then(|x| x.response_topic.as_deref()),
+        correlation: props.and_then(|x| x.correlation_data.as_deref()),
+        message_expiry_s: None,
+    };
+    match s.admission.decide(&incoming, Instant::now(), &ReplyCache::new(0)) {
+        Decision::Answer { request, reply_to, .. } => Some((reply_to, request.id)),
+        Decision::Refuse { error, reply_to } => Some((reply_to, error.id)),
+        Decision::Resend { reply_to, .. } => Some((reply_to, None)),
+        Decision::Drop { .. } => None,
+    }
+}

@@ -1,0 +1,277 @@
+//! The agent's configuration file (TOML). Every key has a default; `laya-edge check-config`
+//! prints the effective configuration. docs/config.md is the reference, and
+//! `config/laya-edge.example.toml` a complete example.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub mqtt: Mqtt,
+    pub limits: Limits,
+    pub model: Model,
+    pub engine: Engine,
+    pub rknn: Rknn,
+    pub qnn: Qnn,
+}
+
+/// `[mqtt]`: the broker connection and the topic tree.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Mqtt {
+    /// `mqtt://host:port` or `mqtts://host:port`.
+    pub broker: String,
+    /// This device's id; empty means the hostname.
+    pub device: String,
+    /// MQTT client id; empty means `laya-edge-{device}` (stable, so the session persists).
+    pub client_id: String,
+    pub prefix: String,
+    /// Fleet name; with `share_group`, also take questions from `$share/{group}/{prefix}/fleet/{fleet}/ask`.
+    pub fleet: String,
+    pub share_group: String,
+    /// How long the broker keeps this device's session (and its unacknowledged questions).
+    pub session_expiry_s: u32,
+    pub keep_alive_s: u64,
+    pub username: String,
+    /// A file holding the password (never the password itself in this file).
+    pub password_file: String,
+    /// CA certificates (PEM) to verify the broker for `mqtts://` (required with mqtts).
+    pub ca_file: String,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub client_cert: String,
+    pub client_key: String,
+    /// Topic filters a request's response topic must match; `{prefix}` is substituted.
+    pub response_topics: Vec<String>,
+    /// Largest request payload in bytes; larger ones get `too_large`.
+    pub max_payload: usize,
+    pub reconnect_min_ms: u64,
+    pub reconnect_max_ms: u64,
+    /// Seconds between telemetry messages (0: none).
+    pub telemetry_interval_s: u64,
+}
+
+impl Default for Mqtt {
+    fn default() -> Self {
+        Mqtt {
+            broker: "mqtt://localhost:1883".into(),
+            device: String::new(),
+            client_id: String::new(),
+            prefix: laya_topics::topic::DEFAULT_PREFIX.into(),
+            fleet: String::new(),
+            share_group: String::new(),
+            session_expiry_s: 3600,
+            keep_alive_s: 30,
+            username: String::new(),
+            password_file: String::new(),
+            ca_file: String::new(),
+            client_cert: String::new(),
+            client_key: String::new(),
+            response_topics: vec!["{prefix}/+/reply/#".into()],
+            max_payload: 256 * 1024,
+            reconnect_min_ms: 500,
+            reconnect_max_ms: 30_000,
+            telemetry_interval_s: 60,
+        }
+    }
+}
+
+/// `[limits]`: what one request may ask and how much may wait.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Requests admitted but not yet answered; beyond this, `overloaded`.
+    pub queue: usize,
+    pub questions_per_request: usize,
+    pub options_per_question: usize,
+    pub nesting_depth: usize,
+    /// Recent request ids remembered to re-send the same reply on redelivery.
+    pub remember_replies: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { queue: 64, questions_per_request: 64, options_per_question: 255, nesting_depth: 64, remember_replies: 1024 }
+    }
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Model {
+    /// A laya checkpoint directory or an NPU bundle (with `laya-bundle.json`).
+    pub dir: String,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model { dir: "/usr/share/laya/models/laya".into() }
+    }
+}
+
+/// `[engine]`: the backend and its supervision.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Engine {
+    /// `cpu`, `null`, `rknn` or `qnn`.
+    pub backend: String,
+    /// Fixed per-call deadline; 0 derives it from recent calls (4 x p99 within 1-30 s).
+    pub deadline_ms: u64,
+    /// `cpu` to serve from a CPU worker while the backend is degraded; empty for none.
+    pub fallback: String,
+    /// Restarts within `restart_window_s` before the backend counts as degraded.
+    pub max_restarts: usize,
+    pub restart_window_s: u64,
+    /// How often a degraded backend is tried again.
+    pub retry_primary_s: u64,
+    /// Extra time the first call after a worker start may take (model load, graph finalize).
+    pub load_allowance_ms: u64,
+    /// Tensor-math threads for the CPU backend (0: all cores).
+    pub threads: usize,
+    /// Faults for the `null` backend (testing only), e.g. `hang@3`.
+    pub null_faults: String,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine {
+            backend: "cpu".into(),
+            deadline_ms: 0,
+            fallback: String::new(),
+            max_restarts: 5,
+            restart_window_s: 300,
+            retry_primary_s: 300,
+            load_allowance_ms: 60_000,
+            threads: 0,
+            null_faults: String::new(),
+        }
+    }
+}
+
+/// `[rknn]`: the Rockchip runtime.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Rknn {
+    /// Explicit path of librknnrt.so (2.3.2 for the published graph); `RKNN_LIB` if empty.
+    pub library: String,
+    pub core_mask: u32,
+}
+
+impl Default for Rknn {
+    fn default() -> Self {
+        Rknn { library: String::new(), core_mask: 0xFFFF }
+    }
+}
+
+/// `[qnn]`: the Qualcomm runtime.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Qnn {
+    /// Path of libQnnHtp.so.
+    pub backend_lib: String,
+    /// Path of libQnnSystem.so.
+    pub system_lib: String,
+    /// Where the DSP skeleton libraries are (`ADSP_LIBRARY_PATH`).
+    pub adsp_library_path: String,
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let config: Config =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string() })?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Checks values serde cannot.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !["cpu", "null", "rknn", "qnn"].contains(&self.engine.backend.as_str()) {
+            return bad(format!("engine.backend {:?}: use cpu, null, rknn or qnn", self.engine.backend));
+        }
+        if !["", "cpu"].contains(&self.engine.fallback.as_str()) {
+            return bad(format!("engine.fallback {:?}: use \"cpu\" or leave it empty", self.engine.fallback));
+        }
+        if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
+            return bad(format!("mqtt.broker {:?} must be an mqtt:// or mqtts:// URL", self.mqtt.broker));
+        }
+        if self.mqtt.fleet.is_empty() != self.mqtt.share_group.is_empty() {
+            return bad("mqtt.fleet and mqtt.share_group go together".into());
+        }
+        if self.mqtt.client_cert.is_empty() != self.mqtt.client_key.is_empty() {
+            return bad("mqtt.client_cert and mqtt.client_key go together".into());
+        }
+        if self.limits.queue == 0 || self.limits.nesting_depth == 0 || self.mqtt.max_payload == 0 {
+            return bad("limits.queue, limits.nesting_depth and mqtt.max_payload must be positive".into());
+        }
+        laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Ok(())
+    }
+
+    /// The device id: configured, else the hostname.
+    pub fn device(&self) -> String {
+        if !self.mqtt.device.is_empty() {
+            return self.mqtt.device.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .map(|h| h.trim().replace(['/', '+', '#'], "-"))
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "laya-edge".into())
+    }
+
+    /// The MQTT client id: configured, else `laya-edge-{device}`.
+    pub fn client_id(&self) -> String {
+        if self.mqtt.client_id.is_empty() { format!("laya-edge-{}", self.device()) } else { self.mqtt.client_id.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_all_defaults() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c, Config::default());
+        c.check().unwrap();
+        assert_eq!(c.mqtt.session_expiry_s, 3600);
+        assert_eq!(c.limits.questions_per_request, 64);
+    }
+
+    #[test]
+    fn the_example_config_is_valid_and_complete() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/laya-edge.example.toml");
+        let c = Config::load(&path).unwrap();
+        assert_eq!(c.mqtt.fleet, "");
+        // The example spells out every key: it parses to the defaults apart from the model dir.
+        assert_eq!(c.mqtt, Mqtt::default());
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.engine, Engine::default());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(toml::from_str::<Config>("[mqtt]\nbrokr = \"x\"").is_err());
+        let c: Config = toml::from_str("[engine]\nbackend = \"gpu\"").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("gpu"));
+        let c: Config = toml::from_str("[mqtt]\nfleet = \"north\"").unwrap();
+        assert!(c.check().is_err());
+    }
+}

@@ -1,0 +1,224 @@
+//! Reply, error, status and telemetry payloads, and the choice of encoding.
+
+use crate::answer::PredictResult;
+use crate::value::{Map, Value};
+use crate::{cbor, json};
+
+/// The content types laya-edge speaks.
+pub const CONTENT_JSON: &str = "application/json";
+pub const CONTENT_CBOR: &str = "application/cbor";
+
+/// A payload encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Json,
+    Cbor,
+}
+
+/// Why a payload could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("invalid JSON: {0}")]
+    Json(#[from] json::ParseError),
+    #[error("invalid CBOR: {0}")]
+    Cbor(#[from] cbor::CborError),
+}
+
+impl Encoding {
+    /// From the MQTT 5 content type if it names one, else from the payload's first byte (JSON
+    /// documents start with whitespace, `{`, `[`, `"`, a digit, `-`, or a literal's letter).
+    pub fn detect(content_type: Option<&str>, payload: &[u8]) -> Encoding {
+        match content_type.map(|c| c.split(';').next().unwrap_or(c).trim().to_ascii_lowercase()) {
+            Some(c) if c == CONTENT_CBOR => return Encoding::Cbor,
+            Some(c) if c == CONTENT_JSON => return Encoding::Json,
+            _ => {}
+        }
+        match payload.first() {
+            Some(b'{' | b'[' | b'"' | b' ' | b'\t' | b'\n' | b'\r' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n' | b'N' | b'I') => {
+                Encoding::Json
+            }
+            Some(0xEF) => Encoding::Json, // UTF-8 BOM
+            _ => Encoding::Cbor,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Encoding::Json => CONTENT_JSON,
+            Encoding::Cbor => CONTENT_CBOR,
+        }
+    }
+
+    /// Decodes a payload with a nesting limit.
+    pub fn decode(self, payload: &[u8], max_depth: usize) -> Result<Value, DecodeError> {
+        Ok(match self {
+            Encoding::Json => json::parse(payload, json::ParseOptions { max_depth })?,
+            Encoding::Cbor => cbor::decode(payload, max_depth)?,
+        })
+    }
+
+    /// Encodes a document (compact JSON).
+    pub fn encode(self, value: &Value) -> Vec<u8> {
+        match self {
+            Encoding::Json => json::to_string(value, json::Style::COMPACT).into_bytes(),
+            Encoding::Cbor => cbor::encode(value),
+        }
+    }
+}
+
+/// Error codes of an error reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    BadRequest,
+    TooLarge,
+    Overloaded,
+    DeadlineExceeded,
+    BackendUnavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::DeadlineExceeded => "deadline_exceeded",
+            ErrorCode::BackendUnavailable => "backend_unavailable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// Whether sending the same request again may succeed.
+    pub fn retryable(self) -> bool {
+        matches!(self, ErrorCode::Overloaded | ErrorCode::BackendUnavailable | ErrorCode::Internal)
+    }
+
+    pub fn parse(s: &str) -> Option<ErrorCode> {
+        [
+            ErrorCode::BadRequest,
+            ErrorCode::TooLarge,
+            ErrorCode::Overloaded,
+            ErrorCode::DeadlineExceeded,
+            ErrorCode::BackendUnavailable,
+            ErrorCode::Internal,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+}
+
+/// `{"id", "error": {"code", "message", "retryable"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorReply {
+    pub id: Option<Value>,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorReply {
+    pub fn to_value(&self) -> Value {
+        let mut e = Map::new();
+        e.insert("code".into(), self.code.as_str().into());
+        e.insert("message".into(), self.message.as_str().into());
+        e.insert("retryable".into(), Value::Bool(self.code.retryable()));
+        let mut m = Map::new();
+        m.insert("id".into(), self.id.clone().unwrap_or(Value::Null));
+        m.insert("error".into(), Value::Object(e));
+        Value::Object(m)
+    }
+}
+
+/// Where the time of a request went, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Timing {
+    pub queue: f64,
+    pub tokenize: f64,
+    pub infer: f64,
+    pub decode: f64,
+    pub total: f64,
+}
+
+/// A successful reply: laya's result plus `id`, `device`, `backend`, `timing_ms`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub id: Option<Value>,
+    pub device: String,
+    pub backend: String,
+    pub result: PredictResult,
+    pub timing: Timing,
+}
+
+fn ms(x: f64) -> Value {
+    Value::Float((x * 1000.0).round() / 1000.0)
+}
+
+impl Reply {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("id".into(), self.id.clone().unwrap_or(Value::Null));
+        if let Value::Object(r) = self.result.to_value() {
+            m.extend(r);
+        }
+        m.insert("device".into(), self.device.as_str().into());
+        m.insert("backend".into(), self.backend.as_str().into());
+        let mut t = Map::new();
+        t.insert("queue".into(), ms(self.timing.queue));
+        t.insert("tokenize".into(), ms(self.timing.tokenize));
+        t.insert("infer".into(), ms(self.timing.infer));
+        t.insert("decode".into(), ms(self.timing.decode));
+        t.insert("total".into(), ms(self.timing.total));
+        m.insert("timing_ms".into(), Value::Object(t));
+        Value::Object(m)
+    }
+}
+
+/// The retained status document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    pub online: bool,
+    pub version: String,
+    pub backend: String,
+    pub model: String,
+    /// Seconds since the Unix epoch.
+    pub started_at: u64,
+    pub degraded: bool,
+}
+
+impl Status {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("state".into(), if self.online { "online" } else { "offline" }.into());
+        m.insert("version".into(), self.version.as_str().into());
+        m.insert("backend".into(), self.backend.as_str().into());
+        m.insert("model".into(), self.model.as_str().into());
+        m.insert("started_at".into(), Value::Int(self.started_at.into()));
+        m.insert("degraded".into(), Value::Bool(self.degraded));
+        Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_follows_the_content_type_then_the_first_byte() {
+        assert_eq!(Encoding::detect(Some("application/cbor"), b"{"), Encoding::Cbor);
+        assert_eq!(Encoding::detect(Some("application/json; charset=utf-8"), &[0xa1]), Encoding::Json);
+        assert_eq!(Encoding::detect(None, b" {\"a\":1}"), Encoding::Json);
+        assert_eq!(Encoding::detect(None, &[0xa2, 0x61]), Encoding::Cbor);
+        assert_eq!(Encoding::detect(Some("text/plain"), b"{}"), Encoding::Json);
+    }
+
+    #[test]
+    fn error_replies_say_whether_to_retry() {
+        let e = ErrorReply { id: Some("r".into()), code: ErrorCode::Overloaded, message: "queue full".into() };
+        assert_eq!(
+            json::to_string(&e.to_value(), json::Style::COMPACT),
+            r#"{"id":"r","error":{"code":"overloaded","message":"queue full","retryable":true}}"#
+        );
+        assert!(!ErrorCode::BadRequest.retryable());
+        assert_eq!(ErrorCode::parse("too_large"), Some(ErrorCode::TooLarge));
+    }
+}
