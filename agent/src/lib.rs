@@ -9,6 +9,7 @@ pub mod decide;
 pub mod engine;
 pub mod lines;
 pub mod model;
+pub mod npu;
 pub mod pipeline;
 pub mod prompt;
 pub mod systemd;

@@ -114,6 +114,10 @@ enum BackendKind {
     Cpu,
     /// Deterministic logits from the input, no model (tests and benchmarks).
     Null,
+    /// Rockchip RK3588 NPU through librknnrt (needs an NPU bundle and the `rknn` feature).
+    Rknn,
+    /// Qualcomm HTP through QNN (needs an NPU bundle and the `qnn` feature).
+    Qnn,
 }
 
 impl BackendKind {
@@ -121,6 +125,8 @@ impl BackendKind {
         match self {
             BackendKind::Cpu => "cpu",
             BackendKind::Null => "null",
+            BackendKind::Rknn => "rknn",
+            BackendKind::Qnn => "qnn",
         }
     }
 
@@ -128,7 +134,9 @@ impl BackendKind {
         match name {
             "cpu" => Ok(BackendKind::Cpu),
             "null" => Ok(BackendKind::Null),
-            other => Err(format!("backend {other:?} is not built into this binary")),
+            "rknn" => Ok(BackendKind::Rknn),
+            "qnn" => Ok(BackendKind::Qnn),
+            other => Err(format!("unknown backend {other:?}")),
         }
     }
 }
@@ -145,7 +153,48 @@ fn load_backend(kind: BackendKind, model: &Path, faults: Option<&str>) -> Result
             let faults = laya_edge::engine::null::parse_faults(faults.unwrap_or(""))?;
             Ok(Box::new(laya_edge::engine::null::NullBackend::new(faults)?))
         }
+        BackendKind::Rknn => load_rknn(model),
+        BackendKind::Qnn => load_qnn(model),
     }
+}
+
+#[cfg(feature = "rknn")]
+fn load_rknn(model: &Path) -> Result<Box<dyn Backend>, String> {
+    use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let manifest = bundle.manifest.as_ref().ok_or("the rknn backend needs an NPU bundle (a directory with laya-bundle.json)")?;
+    let graphs: Vec<RknnGraph> = manifest
+        .graphs
+        .iter()
+        .map(|g| RknnGraph { file: g.file.clone(), seq_len: g.seq_len, marker_slots: g.marker_slots })
+        .collect();
+    // The library comes from the agent's config through RKNN_LIB; never searched for.
+    let mut config = RknnConfig::from_config_or_env(None).map_err(|e| e.to_string())?;
+    if !manifest.runtime_allowlist.is_empty() {
+        config.runtime_allowlist = manifest.runtime_allowlist.clone();
+    }
+    if let Some(mask) = std::env::var("LAYA_RKNN_CORE_MASK").ok().and_then(|m| m.parse().ok()) {
+        config.core_mask = mask;
+    }
+    let backend = RknnBackend::load(&graphs, &config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?;
+    let v = backend.versions();
+    eprintln!("laya-edge worker: rknn runtime {v:?}");
+    Ok(Box::new(backend))
+}
+
+#[cfg(not(feature = "rknn"))]
+fn load_rknn(_: &Path) -> Result<Box<dyn Backend>, String> {
+    Err("this laya-edge was built without the rknn feature".into())
+}
+
+#[cfg(not(feature = "qnn"))]
+fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
+    Err("this laya-edge was built without the qnn feature".into())
+}
+
+#[cfg(feature = "qnn")]
+fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
+    Err("the qnn backend is not wired in yet".into())
 }
 
 fn set_threads(threads: Option<usize>) -> Result<(), String> {
@@ -177,10 +226,49 @@ fn for_each_line(mut handle: impl FnMut(&str) -> String) -> std::io::Result<()> 
     Ok(())
 }
 
+/// A backend in a supervised worker process, driven synchronously (for `predict`): NPU runtimes
+/// are loaded only in workers, never in this process.
+struct WorkerBackend {
+    runtime: tokio::runtime::Runtime,
+    engine: Engine,
+    name: &'static str,
+}
+
+impl Backend for WorkerBackend {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run(&mut self, rows: &[&laya_edge::prompt::Row]) -> Result<Vec<laya_edge::engine::RowResult>, laya_edge::engine::BackendError> {
+        use laya_edge::engine::BackendError;
+        use laya_edge::engine::process::EngineError;
+        let rows = rows.iter().map(|r| (*r).clone()).collect();
+        self.runtime.block_on(self.engine.run(rows)).map(|out| out.rows).map_err(|e| match e {
+            EngineError::Input(m) => BackendError::Input(m),
+            other => BackendError::Fatal { code: None, message: other.to_string() },
+        })
+    }
+}
+
 fn predict(model: &Path, backend: BackendKind, threads: Option<usize>) -> Result<(), String> {
     set_threads(threads)?;
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
-    let mut backend = load_backend(backend, model, None)?;
+    let mut backend: Box<dyn Backend> = if backend == BackendKind::Cpu {
+        load_backend(backend, model, None)?
+    } else {
+        let mut config = Config::default();
+        config.engine.threads = threads.unwrap_or(0);
+        let runtime = runtime()?;
+        let engine = {
+            let _guard = runtime.enter();
+            Engine::start(EngineConfig {
+                policy: policy(&config, false),
+                primary: worker_spec(backend.name(), model, &config)?,
+                fallback: None,
+            })
+        };
+        Box::new(WorkerBackend { runtime, engine, name: backend.name() })
+    };
     for_each_line(|line| lines::predict_line(&bundle, backend.as_mut(), line)).map_err(|e| e.to_string())
 }
 
@@ -201,6 +289,7 @@ fn worker_spec(backend: &str, model: &Path, config: &Config) -> Result<WorkerSpe
     if !config.rknn.library.is_empty() {
         env.push(("RKNN_LIB".into(), config.rknn.library.clone().into()));
     }
+    env.push(("LAYA_RKNN_CORE_MASK".into(), config.rknn.core_mask.to_string().into()));
     if !config.qnn.adsp_library_path.is_empty() {
         env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
     }

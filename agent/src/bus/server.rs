@@ -385,9 +385,8 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
                         // Over the queue: a retryable error, then the ack (not redelivered forever).
                         let s = shared.clone();
                         tokio::spawn(async move {
-                            let to = overloaded_reply_to(&s, &p);
-                            if let Some((to, id)) = to {
-                                s.refuse(&to, ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() }).await;
+                            if let Some((to, error)) = refusal_when_full(&s, &p) {
+                                s.refuse(&to, error).await;
                             }
                             let _ = s.client.ack(&p).await;
                         });
@@ -429,20 +428,22 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
     Ok(())
 }
 
-/// Where an `overloaded` reply goes (decoding just enough to find the id).
-fn overloaded_reply_to(s: &Shared, p: &Publish) -> Option<(ReplyTo, Option<Value>)> {
+/// The reply to a question that arrives with the queue full: what admission would refuse it
+/// for anyway (too large, malformed, ...), else `overloaded`.
+fn refusal_when_full(s: &Shared, p: &Publish) -> Option<(ReplyTo, ErrorReply)> {
     let props = p.properties.as_ref();
     let incoming = Incoming {
         payload: &p.payload,
         content_type: props.and_then(|x| x.content_type.as_deref()),
         response_topic: props.and_then(|x| x.response_topic.as_deref()),
         correlation: props.and_then(|x| x.correlation_data.as_deref()),
-        message_expiry_s: None,
+        message_expiry_s: props.and_then(|x| x.message_expiry_interval),
     };
+    let overloaded = |id| ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() };
     match s.admission.decide(&incoming, Instant::now(), &ReplyCache::new(0)) {
-        Decision::Answer { request, reply_to, .. } => Some((reply_to, request.id)),
-        Decision::Refuse { error, reply_to } => Some((reply_to, error.id)),
-        Decision::Resend { reply_to, .. } => Some((reply_to, None)),
+        Decision::Answer { request, reply_to, .. } => Some((reply_to, overloaded(request.id))),
+        Decision::Refuse { error, reply_to } => Some((reply_to, error)),
+        Decision::Resend { reply_to, .. } => Some((reply_to, overloaded(None))),
         Decision::Drop { .. } => None,
     }
 }

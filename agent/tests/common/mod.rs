@@ -1,0 +1,264 @@
+//! Helpers shared by the integration tests that run real processes: a mosquitto broker of
+//! their own, `laya-edge serve` agents, and an MQTT 5 test client.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use tokio::sync::mpsc;
+
+use laya_topics::Value;
+use laya_topics::json::{self, ParseOptions, Style};
+use laya_topics::wire::Encoding;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("laya-mqtt-{name}-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+pub fn wait_for_port(port: u16) {
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A mosquitto process with a config of our own, persistence on.
+pub struct Broker {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Broker {
+    pub fn start(name: &str, extra: &str) -> Broker {
+        let dir = temp_dir(name);
+        let port = free_port();
+        let mut b = Broker { child: None, port, dir };
+        b.write_conf(extra);
+        b.launch();
+        b
+    }
+
+    pub fn write_conf(&self, extra: &str) {
+        let conf = format!(
+            // `user root`: when the tests run as root (CI), mosquitto would otherwise switch to its
+            // own user and could not write the persistence files or read the test keys.
+            "user root\nlistener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{extra}\n",
+            self.port,
+            self.dir.display()
+        );
+        std::fs::write(self.dir.join("mosquitto.conf"), conf).expect("conf");
+    }
+
+    pub fn launch(&mut self) {
+        let log = std::fs::File::create(self.dir.join("mosquitto.log")).expect("log");
+        let child = Command::new(mosquitto())
+            .arg("-c")
+            .arg(self.dir.join("mosquitto.conf"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("mosquitto starts (apt-get install mosquitto)");
+        self.child = Some(child);
+        wait_for_port(self.port);
+    }
+
+    /// Stops the broker cleanly (it saves its sessions) and starts it again on the same port.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = c.wait();
+        }
+        self.launch();
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn mosquitto() -> PathBuf {
+    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
+        if Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    "mosquitto".into()
+}
+
+pub fn model(name: &str) -> String {
+    format!("{}/../tests/fixtures/laya-0.3.20/models/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A `laya-edge serve` process.
+pub struct Agent {
+    pub child: Option<Child>,
+    pub config: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+impl Agent {
+    pub fn start(broker: &Broker, device: &str, extra: &str) -> Agent {
+        let dir = temp_dir(&format!("agent-{device}"));
+        let config = dir.join("laya-edge.toml");
+        let text = format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}",
+            broker.url()
+        );
+        let text = if text.contains("[model]") { text } else { format!("{text}\n[model]\ndir = \"{}\"\n", model("bpe-small")) };
+        std::fs::write(&config, text).expect("config");
+        Agent::with_config(config, Vec::new())
+    }
+
+    /// An agent on a config file of the caller's, with extra environment.
+    pub fn with_config(config: PathBuf, env: Vec<(String, String)>) -> Agent {
+        let mut a = Agent { child: None, config, env };
+        a.launch();
+        a
+    }
+
+    pub fn launch(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("laya-edge starts");
+        self.child = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        c.wait().expect("exit status")
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// An MQTT 5 test client that collects what it receives.
+pub struct Client {
+    pub client: AsyncClient,
+    rx: mpsc::Receiver<Publish>,
+}
+
+impl Client {
+    pub async fn connect(port: u16, id: &str) -> Client {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        o.set_max_packet_size(Some(1 << 20));
+        let (client, mut eventloop) = AsyncClient::new(o, 10_000);
+        let (tx, rx) = mpsc::channel(100_000);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        if tx.send(p).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("connected").expect("connack");
+        Client { client, rx }
+    }
+
+    pub async fn subscribe(&self, filter: &str) {
+        self.client.subscribe(filter, QoS::AtLeastOnce).await.expect("subscribe");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    pub async fn next(&mut self, within: Duration) -> Option<Publish> {
+        tokio::time::timeout(within, self.rx.recv()).await.ok().flatten()
+    }
+
+    pub async fn ask(&self, topic: &str, payload: Vec<u8>, response_topic: Option<&str>, correlation: Option<&[u8]>, encoding: Encoding) {
+        let props = PublishProperties {
+            response_topic: response_topic.map(str::to_owned),
+            correlation_data: correlation.map(|c| c.to_vec().into()),
+            content_type: Some(encoding.content_type().into()),
+            ..PublishProperties::default()
+        };
+        self.client.publish_with_properties(topic, QoS::AtLeastOnce, false, payload, props).await.expect("publish");
+    }
+}
+
+pub fn decode(p: &Publish) -> Value {
+    let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
+    Encoding::detect(ct.as_deref(), &p.payload).decode(&p.payload, 256).expect("a decodable reply")
+}
+
+pub fn request(id: &str) -> Value {
+    let text = format!(
+        r#"{{"id": "{id}", "state": "The app crashes when I log in, please help.", "questions": {{"bug": {{"type": "noul", "instructions": "Is this a bug report?"}}, "team": {{"type": "choice", "instructions": "Which team?", "criteria": ["billing", "technical", "sales"]}}}}}}"#
+    );
+    json::parse_str(&text, ParseOptions::default()).expect("json")
+}
+
+/// Waits until the agent's retained status says online.
+pub async fn wait_online(port: u16, device: &str) {
+    let mut c = Client::connect(port, &format!("status-watch-{device}-{}", free_port())).await;
+    c.subscribe(&format!("laya/v1/{device}/status")).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Some(p) = c.next(Duration::from_secs(1)).await
+            && decode(&p).get("state") == Some(&Value::from("online"))
+        {
+            return;
+        }
+    }
+    panic!("{device} never came online");
+}
+
+pub fn text(v: &Value) -> String {
+    json::to_string(v, Style::COMPACT)
+}
+

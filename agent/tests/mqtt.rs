@@ -1,0 +1,342 @@
+//! `laya-edge serve` against a real broker: mosquitto 2.x started by the tests (`.ci/run`
+//! installs it). Each test starts its own broker on a free port and its own agents as processes.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use tokio::sync::mpsc;
+
+use common::*;
+use laya_topics::Value;
+use laya_topics::json::{self, ParseOptions};
+use laya_topics::wire::Encoding;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
+    let broker = Broker::start("rr", "");
+    let _agent = Agent::start(&broker, "dev1", "");
+    wait_online(broker.port, "dev1").await;
+    let mut c = Client::connect(broker.port, "asker-rr").await;
+    c.subscribe("laya/v1/asker-rr/reply/#").await;
+    for (i, enc) in [Encoding::Json, Encoding::Cbor].into_iter().enumerate() {
+        let id = format!("r{i}");
+        c.ask("laya/v1/dev1/ask", enc.encode(&request(&id)), Some(&format!("laya/v1/asker-rr/reply/{id}")), Some(b"corr-42"), enc).await;
+        let p = c.next(Duration::from_secs(60)).await.expect("a reply");
+        let props = p.properties.clone().expect("properties");
+        assert_eq!(props.correlation_data.as_deref(), Some(&b"corr-42"[..]));
+        assert_eq!(props.content_type.as_deref(), Some(enc.content_type()));
+        let v = decode(&p);
+        assert_eq!(v.get("id"), Some(&Value::from(id.as_str())));
+        assert_eq!(v.get("device"), Some(&Value::from("dev1")));
+        assert_eq!(v.get("backend"), Some(&Value::from("cpu")));
+        assert_eq!(v.get("model"), Some(&Value::from("laya-rl-agent")));
+        for k in ["queue", "tokenize", "infer", "decode", "total"] {
+            assert!(v.get("timing_ms").and_then(|t| t.get(k)).is_some(), "timing {k}");
+        }
+        // The same answers as the CPU backend in process.
+        let bundle = laya_edge::bundle::HostBundle::load(Path::new(&model("bpe-small"))).expect("bundle");
+        let mut cpu = laya_edge::engine::cpu::CpuBackend::load(Path::new(&model("bpe-small")), &bundle.config, bundle.tokenizer.pad.id).expect("cpu");
+        let req = laya_topics::Request::from_value(request(&id)).expect("request");
+        let want = laya_edge::pipeline::answer(&bundle, &mut cpu, &req).expect("answer").to_value();
+        assert_eq!(text(v.get("answers").expect("answers")), text(want.get("answers").expect("answers")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt311_client_is_answered_on_the_reply_topic() {
+    let broker = Broker::start("v311", "");
+    let _agent = Agent::start(&broker, "dev311", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev311").await;
+    let o = rumqttc::MqttOptions::new("client-311", "127.0.0.1", broker.port);
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 10);
+    client.subscribe("laya/v1/dev311/reply/r311", rumqttc::QoS::AtLeastOnce).await.expect("subscribe");
+    let mut published = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let payload = loop {
+        assert!(Instant::now() < deadline, "no reply for the 3.1.1 client");
+        match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)))) if !published => {
+                published = true;
+                let body = Encoding::Json.encode(&request("r311"));
+                client.publish("laya/v1/dev311/ask", rumqttc::QoS::AtLeastOnce, false, body).await.expect("publish");
+            }
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => break p.payload,
+            _ => {}
+        }
+    };
+    let v = json::parse(&payload, ParseOptions::default()).expect("json reply");
+    assert_eq!(v.get("id"), Some(&Value::from("r311")));
+    assert_eq!(v.get("backend"), Some(&Value::from("null")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_subscription_spreads_a_fleets_questions_over_three_agents() {
+    let broker = Broker::start("fleet", "");
+    let fleet = "[mqtt]\nfleet = \"north\"\nshare_group = \"workers\"\n[engine]\nbackend = \"null\"\n";
+    // The [mqtt] table is already open in the agent's config: put the keys in it.
+    let extra = fleet.replacen("[mqtt]\n", "", 1);
+    let agents: Vec<Agent> = (0..3).map(|i| Agent::start(&broker, &format!("fleet-dev{i}"), &extra)).collect();
+    for i in 0..3 {
+        wait_online(broker.port, &format!("fleet-dev{i}")).await;
+    }
+    let mut c = Client::connect(broker.port, "fleet-asker").await;
+    c.subscribe("laya/v1/fleet-asker/reply/#").await;
+    let n = 60;
+    for i in 0..n {
+        let id = format!("f{i}");
+        c.ask("laya/v1/fleet/north/ask", Encoding::Json.encode(&request(&id)), Some(&format!("laya/v1/fleet-asker/reply/{id}")), None, Encoding::Json).await;
+    }
+    let mut answered: HashMap<String, String> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.len() < n && Instant::now() < deadline {
+        if let Some(p) = c.next(Duration::from_secs(2)).await {
+            let v = decode(&p);
+            let id = v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let device = v.get("device").and_then(Value::as_str).unwrap_or_default().to_owned();
+            answered.insert(id, device);
+        }
+    }
+    assert_eq!(answered.len(), n, "every fleet question answered");
+    let devices: HashSet<&String> = answered.values().collect();
+    assert_eq!(devices.len(), 3, "the load is spread over all three agents: {devices:?}");
+    drop(agents);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_under_load_loses_no_question() {
+    let mut broker = Broker::start("restart", "");
+    let _agent = Agent::start(&broker, "dev-restart", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=20\"\n");
+    wait_online(broker.port, "dev-restart").await;
+    // The asker keeps a persistent session too, so replies published while it is away wait for it.
+    let mut o = MqttOptions::new("restart-asker", "127.0.0.1", broker.port);
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(600));
+    let (client, mut eventloop) = AsyncClient::new(o, 10_000);
+    let (tx, mut rx) = mpsc::channel::<Publish>(10_000);
+    tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let _ = tx.send(p).await;
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    client.subscribe("laya/v1/restart-asker/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n = 80;
+    for i in 0..n {
+        let id = format!("q{i}");
+        let props = PublishProperties { response_topic: Some(format!("laya/v1/restart-asker/reply/{id}")), ..PublishProperties::default() };
+        client.publish_with_properties("laya/v1/dev-restart/ask", QoS::AtLeastOnce, false, Encoding::Json.encode(&request(&id)), props).await.expect("publish");
+        if i == n / 2 {
+            broker.restart();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut answered = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while answered.len() < n && Instant::now() < deadline {
+        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+            if let Some(id) = decode(&p).get("id").and_then(Value::as_str) {
+                answered.insert(id.to_owned());
+            }
+        }
+    }
+    let missing: Vec<usize> = (0..n).filter(|i| !answered.contains(&format!("q{i}"))).collect();
+    assert!(missing.is_empty(), "unanswered after the broker restart: {missing:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_question_answers_it_after_restarting() {
+    let broker = Broker::start("kill9", "");
+    let mut agent = Agent::start(&broker, "dev-kill", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=3000\"\n");
+    wait_online(broker.port, "dev-kill").await;
+    let mut c = Client::connect(broker.port, "kill-asker").await;
+    c.subscribe("laya/v1/kill-asker/reply/#").await;
+    c.ask("laya/v1/dev-kill/ask", Encoding::Json.encode(&request("k1")), Some("laya/v1/kill-asker/reply/k1"), None, Encoding::Json).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    agent.kill9();
+    assert!(c.next(Duration::from_millis(500)).await.is_none(), "no reply from a killed agent");
+    agent.launch();
+    let p = c.next(Duration::from_secs(60)).await.expect("the question is redelivered and answered");
+    assert_eq!(decode(&p).get("id"), Some(&Value::from("k1")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_and_oversize_get_clear_errors() {
+    let broker = Broker::start("limits", "");
+    let _agent = Agent::start(
+        &broker,
+        "dev-lim",
+        "max_payload = 2000\n[limits]\nqueue = 1\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=1500\"\n",
+    );
+    wait_online(broker.port, "dev-lim").await;
+    let mut c = Client::connect(broker.port, "lim-asker").await;
+    c.subscribe("laya/v1/lim-asker/reply/#").await;
+    for i in 0..4 {
+        let id = format!("o{i}");
+        c.ask("laya/v1/dev-lim/ask", Encoding::Json.encode(&request(&id)), Some(&format!("laya/v1/lim-asker/reply/{id}")), None, Encoding::Json).await;
+    }
+    let big = format!(r#"{{"id": "big", "state": "{}", "questions": {{}}}}"#, "x".repeat(5000));
+    c.ask("laya/v1/dev-lim/ask", big.into_bytes(), Some("laya/v1/lim-asker/reply/big"), None, Encoding::Json).await;
+    let mut codes: HashMap<String, String> = HashMap::new();
+    while codes.len() < 5 {
+        let p = c.next(Duration::from_secs(30)).await.expect("a reply for each question");
+        let v = decode(&p);
+        // A payload over the limit is not read, so its error carries no id: go by the topic.
+        let topic = String::from_utf8_lossy(&p.topic).into_owned();
+        let id = topic.rsplit('/').next().unwrap_or("?").to_owned();
+        let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("ok").to_owned();
+        if code == "overloaded" {
+            assert_eq!(v.get("error").and_then(|e| e.get("retryable")), Some(&Value::Bool(true)));
+        }
+        codes.insert(id, code);
+    }
+    assert_eq!(codes["o0"], "ok");
+    assert!(codes.values().filter(|c| *c == "overloaded").count() >= 2, "{codes:?}");
+    assert_eq!(codes["big"], "too_large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
+    let broker = Broker::start("fuzz", "");
+    let mut agent = Agent::start(&broker, "dev-fuzz", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-fuzz").await;
+    let mut c = Client::connect(broker.port, "fuzz-asker").await;
+    c.subscribe("laya/v1/fuzz-asker/reply/#").await;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let fragments: [&[u8]; 12] = [b"{", b"}", b"[", b"\"state\"", b"\"questions\"", b":", b",", b"\"id\"", b"NaN", b"1e999", b"\xa1\x61", b"\"type\": \"choice\""];
+    for i in 0..10_000 {
+        let mut payload = Vec::new();
+        let parts = next() % 12;
+        for _ in 0..parts {
+            if next() % 3 == 0 {
+                let len = next() % 16;
+                for _ in 0..len {
+                    payload.push((next() & 0xff) as u8);
+                }
+            } else {
+                payload.extend_from_slice(fragments[(next() % 12) as usize]);
+            }
+        }
+        let qos = if i % 2 == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
+        let reply = (i % 5 == 0).then(|| format!("laya/v1/fuzz-asker/reply/z{i}"));
+        let props = PublishProperties { response_topic: reply, ..PublishProperties::default() };
+        c.client.publish_with_properties("laya/v1/dev-fuzz/ask", qos, false, payload, props).await.expect("publish");
+    }
+    c.ask("laya/v1/dev-fuzz/ask", Encoding::Json.encode(&request("after-fuzz")), Some("laya/v1/fuzz-asker/reply/after-fuzz"), None, Encoding::Json).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut found = false;
+    while Instant::now() < deadline {
+        let Some(p) = c.next(Duration::from_secs(5)).await else { continue };
+        if decode(&p).get("id") == Some(&Value::from("after-fuzz")) {
+            found = true;
+            break;
+        }
+    }
+    assert!(found, "the agent answers after the fuzz");
+    assert!(agent.alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_topic_outside_the_allowlist_is_never_published_to() {
+    let broker = Broker::start("allow", "");
+    let _agent = Agent::start(&broker, "dev-allow", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-allow").await;
+    let mut c = Client::connect(broker.port, "allow-asker").await;
+    c.subscribe("factory/#").await;
+    c.subscribe("laya/v1/allow-asker/reply/#").await;
+    c.ask("laya/v1/dev-allow/ask", Encoding::Json.encode(&request("evil")), Some("factory/valves/open"), None, Encoding::Json).await;
+    c.ask("laya/v1/dev-allow/ask", Encoding::Json.encode(&request("good")), Some("laya/v1/allow-asker/reply/good"), None, Encoding::Json).await;
+    let p = c.next(Duration::from_secs(30)).await.expect("the allowed reply");
+    assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/allow-asker/reply/good");
+    assert!(c.next(Duration::from_secs(2)).await.is_none(), "nothing on the refused topic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_publishes_offline_and_exits_cleanly() {
+    let broker = Broker::start("term", "");
+    let mut agent = Agent::start(&broker, "dev-term", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-term").await;
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}");
+    let mut c = Client::connect(broker.port, "term-watch").await;
+    c.subscribe("laya/v1/dev-term/status").await;
+    let p = c.next(Duration::from_secs(5)).await.expect("retained status");
+    assert_eq!(decode(&p).get("state"), Some(&Value::from("offline")));
+}
+
+/// Certificates for a CA, the broker and a client, made with the openssl command line.
+fn make_certs(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=laya-test-ca"]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").expect("ext");
+    for name in ["server", "client"] {
+        run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"), "-subj", &format!("/CN={name}")]);
+        run(&["x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", &format!("{name}.crt"), "-days", "2", "-extfile", "san.ext"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mutual_tls_connections_serve_questions() {
+    let certs = temp_dir("certs");
+    make_certs(&certs);
+    let p = |f: &str| certs.join(f).display().to_string();
+    for mutual in [false, true] {
+        let tls_port = free_port();
+        let extra = format!(
+            "listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate {}\n",
+            p("ca.crt"),
+            p("server.crt"),
+            p("server.key"),
+            mutual
+        );
+        let broker = Broker::start(if mutual { "mtls" } else { "tls" }, &extra);
+        wait_for_port(tls_port);
+        let client_auth = if mutual { format!("client_cert = \"{}\"\nclient_key = \"{}\"\n", p("client.crt"), p("client.key")) } else { String::new() };
+        let device = if mutual { "dev-mtls" } else { "dev-tls" };
+        let dir = temp_dir(device);
+        let config = dir.join("laya-edge.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[mqtt]\nbroker = \"mqtts://127.0.0.1:{tls_port}\"\ndevice = \"{device}\"\nca_file = \"{}\"\n{client_auth}[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+                p("ca.crt"),
+                model("bpe-small")
+            ),
+        )
+        .expect("config");
+        let mut agent = Agent::with_config(config, Vec::new());
+        let _ = &mut agent;
+        // The agent's status reaches plain-TCP clients of the same broker.
+        wait_online(broker.port, device).await;
+        let mut c = Client::connect(broker.port, &format!("{device}-asker")).await;
+        c.subscribe(&format!("laya/v1/{device}-asker/reply/#")).await;
+        c.ask(&format!("laya/v1/{device}/ask"), Encoding::Json.encode(&request("t1")), Some(&format!("laya/v1/{device}-asker/reply/t1")), None, Encoding::Json).await;
+        let reply = c.next(Duration::from_secs(30)).await.expect("a reply over TLS");
+        assert_eq!(decode(&reply).get("id"), Some(&Value::from("t1")));
+        agent.kill9();
+    }
+    // Without the client certificate a mutual-TLS broker refuses the agent: it never comes online.
+    let _ = std::io::stderr().flush();
+}

@@ -1,0 +1,179 @@
+//! The RKNN backend through the agent's own front ends, on the fake librknnrt
+//! (tests/fake-rknn): `predict --backend rknn`, `serve` with `backend = "rknn"`, and the
+//! watchdog restarting a hung or failing runtime in the worker process.
+
+mod common;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
+use laya_edge::engine::supervisor::Policy;
+use laya_edge::prompt::{QType, Row};
+use laya_topics::Value;
+use laya_topics::json::{self, ParseOptions};
+use laya_topics::wire::Encoding;
+
+fn fake_library() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "-p", "fake-rknn", "--message-format=json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(out.status.success(), "cargo build -p fake-rknn failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| json::parse_str(l, ParseOptions::default()).ok())
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("fake_rknn"))
+        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|p| p.extension().is_some_and(|e| e == "so"))
+        .expect("cargo reports the fake library")
+}
+
+/// An RKNN bundle: fake graphs of 128 and 512 tokens over a fixture checkpoint.
+fn bundle_dir(name: &str, model: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("laya-rknn-bundle-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let ckpt = std::path::absolute(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models").join(model)).expect("path");
+    let ckpt_json = json::to_string(&Value::Str(ckpt.display().to_string()), json::Style::COMPACT);
+    for l in [128, 512] {
+        std::fs::write(dir.join(format!("g{l}.fake.rknn")), format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt_json}, "seq_len": {l}, "marker_slots": 64}}"#)).expect("graph");
+    }
+    std::fs::write(
+        dir.join("laya-bundle.json"),
+        format!(
+            r#"{{"backend": "rknn", "checkpoint": {ckpt_json}, "graphs": [{{"file": "g128.fake.rknn", "seq_len": 128, "marker_slots": 64}}, {{"file": "g512.fake.rknn", "seq_len": 512, "marker_slots": 64}}], "runtime_allowlist": ["2.3.2"]}}"#
+        ),
+    )
+    .expect("manifest");
+    dir
+}
+
+fn run_predict(model: &Path, backend: &str, input: &str, env: &[(&str, &Path)]) -> Vec<Value> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        .args(["predict", "--backend", backend, "--model"])
+        .arg(model)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("predict runs");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("exit");
+    assert!(out.status.success(), "predict --backend {backend} failed");
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| json::parse_str(l, ParseOptions::default()).expect("json")).collect()
+}
+
+/// Every probability of `a` within `tol` of `b`'s (the act head is not part of the RKNN graph).
+fn assert_probabilities_close(a: &Value, b: &Value, tol: f64, at: &str) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                if k == "action" || k == "timing_ms" || k == "backend" {
+                    continue;
+                }
+                assert_probabilities_close(v, &y[k], tol, &format!("{at}.{k}"));
+            }
+        }
+        (Value::Float(x), Value::Float(y)) => assert!((x - y).abs() <= tol, "{at}: {x} vs {y}"),
+        (x, y) => assert_eq!(x, y, "{at}"),
+    }
+}
+
+fn fixture_requests(model: &str, n: usize) -> String {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/cases.jsonl")).expect("cases");
+    text.lines()
+        .filter_map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).ok())
+        .filter(|c| c.get("model") == Some(&Value::from(model)))
+        .take(n)
+        .map(|c| json::to_string(c.get("request").expect("request"), json::Style::COMPACT) + "\n")
+        .collect()
+}
+
+#[test]
+fn predict_with_the_rknn_backend_gives_the_cpu_answers() {
+    let lib = fake_library();
+    let bundle = bundle_dir("predict", "bpe-small");
+    let input = fixture_requests("bpe-small", 25);
+    let rknn = run_predict(&bundle, "rknn", &input, &[("RKNN_LIB", &lib)]);
+    let cpu = run_predict(Path::new(&format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-small", env!("CARGO_MANIFEST_DIR"))), "cpu", &input, &[]);
+    assert_eq!(rknn.len(), 25);
+    for (i, (a, b)) in rknn.iter().zip(&cpu).enumerate() {
+        assert_probabilities_close(a, b, 1e-4, &format!("line {i}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_the_rknn_backend_answers_over_mqtt() {
+    let lib = fake_library();
+    let bundle = bundle_dir("serve", "bpe-small");
+    let broker = Broker::start("rknn-serve", "");
+    let dir = std::env::temp_dir().join(format!("laya-rknn-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"rk1\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"rknn\"\n[rknn]\nlibrary = \"{}\"\n",
+            broker.url(),
+            bundle.display(),
+            lib.display()
+        ),
+    )
+    .expect("config");
+    let _agent = Agent::with_config(config, Vec::new());
+    wait_online(broker.port, "rk1").await;
+    let mut c = Client::connect(broker.port, "rk-asker").await;
+    c.subscribe("laya/v1/rk-asker/reply/#").await;
+    let request = fixture_requests("bpe-small", 1);
+    let request = json::parse_str(request.trim(), ParseOptions::default()).expect("json");
+    c.ask("laya/v1/rk1/ask", Encoding::Json.encode(&request), Some("laya/v1/rk-asker/reply/x"), None, Encoding::Json).await;
+    let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
+    assert_eq!(reply.get("backend"), Some(&Value::from("rknn")));
+    let cpu = run_predict(
+        Path::new(&format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-small", env!("CARGO_MANIFEST_DIR"))),
+        "cpu",
+        &fixture_requests("bpe-small", 1),
+        &[],
+    );
+    assert_probabilities_close(reply.get("answers").expect("answers"), cpu[0].get("answers").expect("answers"), 1e-4, "answers");
+}
+
+fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
+    let args: Vec<OsString> = vec!["worker".into(), "--backend".into(), "rknn".into(), "--model".into(), bundle.as_os_str().to_owned()];
+    let mut env: Vec<(OsString, OsString)> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    env.push(("RKNN_LIB".into(), lib.as_os_str().to_owned()));
+    WorkerSpec { program: PathBuf::from(env!("CARGO_BIN_EXE_laya-edge")), args, env }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
+    let lib = fake_library();
+    let bundle = bundle_dir("watchdog", "bpe-small");
+    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let policy = Policy { fixed_deadline: Some(Duration::from_millis(1500)), load_allowance: Duration::ZERO, ..Policy::default() };
+    // Every worker hangs on its first run: killed at the deadline, restarted, killed again.
+    let engine = Engine::start(EngineConfig { policy: policy.clone(), primary: rknn_worker(&bundle, &lib, &[("FAKE_RKNN_HANG_ON_RUN", "1")]), fallback: None });
+    assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
+    let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+    assert_eq!(reasons, ["deadline", "deadline"]);
+    // A driver job timeout (-1) after a run is fatal: the worker is replaced and the call re-run;
+    // the knob applies to every worker process, so the re-run fails too and the answer is
+    // `backend_unavailable` after two fatal restarts.
+    let engine = Engine::start(EngineConfig {
+        policy,
+        primary: rknn_worker(&bundle, &lib, &[("FAKE_RKNN_FAIL_CODE", "-1"), ("FAKE_RKNN_FAIL_ON_RUN", "1")]),
+        fallback: None,
+    });
+    assert!(matches!(engine.run(vec![row]).await, Err(EngineError::Unavailable(_))));
+    let restarts = engine.restarts();
+    assert_eq!(restarts.len(), 2);
+    assert!(restarts.iter().all(|r| r.reason == laya_edge::engine::supervisor::RestartReason::Fatal(Some(-1))), "{restarts:?}");
+}
