@@ -340,3 +340,42 @@ async fn tls_and_mutual_tls_connections_serve_questions() {
     // Without the client certificate a mutual-TLS broker refuses the agent: it never comes online.
     let _ = std::io::stderr().flush();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_gets_ready_after_the_warm_up_and_watchdog_pings_while_healthy() {
+    let broker = Broker::start("notify", "");
+    let dir = std::env::temp_dir().join(format!("laya-notify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let socket_path = dir.join("notify.sock");
+    let _ = std::fs::remove_file(&socket_path);
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("bind");
+    socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!("[mqtt]\nbroker = \"{}\"\ndevice = \"dev-notify\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n", broker.url(), model("bpe-small")),
+    )
+    .expect("config");
+    let env = vec![
+        ("NOTIFY_SOCKET".to_owned(), socket_path.display().to_string()),
+        ("WATCHDOG_USEC".to_owned(), "400000".to_owned()),
+    ];
+    let _agent = Agent::with_config(config, env);
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 512];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let n = socket.recv(&mut buf).expect("a notification");
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        messages.push(m);
+        let ready = messages.iter().position(|m| m.starts_with("READY=1"));
+        if let Some(r) = ready
+            && messages[r..].iter().filter(|m| *m == "WATCHDOG=1").count() >= 3
+        {
+            break;
+        }
+    }
+    let ready = messages.iter().find(|m| m.starts_with("READY=1")).expect("READY=1 was sent");
+    assert!(ready.contains("STATUS=serving as dev-notify"), "{ready}");
+    assert!(messages.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3, "{messages:?}");
+}
