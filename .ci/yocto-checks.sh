@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
+#   1. oelint-adv --release wrynose over every recipe, append, include and class: no error, no
+#      warning (rules off for the whole layer, and why: yocto-layer/.oelint.cfg);
+#   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
+#   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
+#      which asks `cargo metadata`; skipped without cargo);
+#   4. the kas files load and validate as kas loads them (tools/yocto/check_kas.py);
+#   5. the example configuration is valid TOML;
+#   6. systemd-analyze verify on laya-edge.service, alone and with each board drop-in.
+# Idempotent; runs from anywhere (it changes to the repository root). The Python tools live in
+# a venv under the cache directory, rebuilt only when tools/yocto/requirements.txt changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '== yocto: %s\n' "$*"; }
+
+# --- tools ------------------------------------------------------------------------------
+cache_root="${LAYA_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/laya-edge}"
+req=tools/yocto/requirements.txt
+req_hash="$(sha256sum "$req" | cut -c1-16)"
+venv="$cache_root/yocto-venv-$req_hash"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.installed" ]; then
+    say "creating $venv"
+    rm -rf "$venv"
+    mkdir -p "$cache_root"
+    if ! "$python" -m venv "$venv" 2>/dev/null; then
+        # Debian's python3 keeps venv/ensurepip in a separate package.
+        rm -rf "$venv"
+        if command -v apt-get >/dev/null 2>&1; then
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+        fi
+        "$python" -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$req"
+    touch "$venv/.installed"
+fi
+vpy="$venv/bin/python"
+
+# --- 1. oelint-adv ----------------------------------------------------------------------
+mapfile -t bbfiles < <(find yocto-layer -type f \
+    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \) | sort)
+say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}') on ${#bbfiles[@]} files"
+# Infos (suggestions such as BBCLASSEXTEND or BUGTRACKER) are not failures; errors and
+# warnings are. --mode all runs the slower rules too.
+OELINT_CONFIG="$PWD/yocto-layer/.oelint.cfg" "$venv/bin/oelint-adv" \
+    --release wrynose --mode all --hide info --quiet --relpaths "${bbfiles[@]}"
+say "oelint-adv: no errors, no warnings"
+
+# --- 2. crates ------------------------------------------------------------------------------
+say "laya-edge-crates.inc against Cargo.lock"
+"$vpy" tools/yocto/crates_inc.py --check
+
+# --- 3. licences --------------------------------------------------------------------------
+if command -v cargo >/dev/null 2>&1; then
+    say "crate licences against the recipe's LICENSE"
+    "$vpy" tools/yocto/licenses.py --check
+else
+    say "SKIPPED licence check: cargo is not installed"
+fi
+
+# --- 4. kas ---------------------------------------------------------------------------------
+say "kas files"
+"$vpy" tools/yocto/check_kas.py
+
+# --- 5. example configuration ---------------------------------------------------------------
+conf=yocto-layer/recipes-laya/laya-edge/files/laya-edge.toml
+"$vpy" -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' "$conf"
+say "$conf parses"
+
+# --- 6. systemd unit --------------------------------------------------------------------
+if ! command -v systemd-analyze >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ]; then
+    say "installing systemd for systemd-analyze"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || true
+fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    say "SKIPPED systemd-analyze verify: systemd-analyze is not installed and could not be"
+    exit 0
+fi
+
+# verify checks that ExecStart's binary exists and is executable, so the unit is rendered the
+# way the recipe renders it (@BINDIR@, @SYSCONFDIR@) but pointing at a stub in a temporary
+# directory, and loaded from there with each drop-in as the board layers render it.
+# verify exits 0 on most findings (unknown keys, bad values are "ignoring" warnings), so any
+# output at all is a failure.
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/bin" "$tmp/etc/laya-edge"
+printf '#!/bin/sh\nexit 0\n' > "$tmp/bin/laya-edge"
+chmod 0755 "$tmp/bin/laya-edge"
+cp "$conf" "$tmp/etc/laya-edge/laya-edge.toml"
+
+unit_src=yocto-layer/recipes-laya/laya-edge/files/laya-edge.service
+qnn_src=yocto-layer/dynamic-layers/qcom/recipes-laya/laya-edge/files/qnn.conf
+rknn_src=yocto-layer/dynamic-layers/rockchip/recipes-laya/laya-edge/files/rknn.conf
+
+verify() {  # verify NAME [DROPIN_SRC SED_EXPR]
+    local name="$1" dir="$tmp/units-$1" out rc=0
+    mkdir -p "$dir"
+    sed -e "s,@BINDIR@,$tmp/bin,g" -e "s,@SYSCONFDIR@,$tmp/etc,g" "$unit_src" > "$dir/laya-edge.service"
+    if [ $# -gt 1 ]; then
+        mkdir -p "$dir/laya-edge.service.d"
+        sed -e "$3" "$2" > "$dir/laya-edge.service.d/$(basename "$2")"
+        if grep -q '@[A-Z_]*@' "$dir/laya-edge.service.d/$(basename "$2")"; then
+            echo "$2: a placeholder is left after rendering" >&2
+            return 1
+        fi
+    fi
+    out="$(SYSTEMD_UNIT_PATH="$dir:" systemd-analyze verify --man=no "$dir/laya-edge.service" 2>&1)" || rc=$?
+    if [ "$rc" -ne 0 ] || [ -n "$out" ]; then
+        printf '%s\n' "$out" >&2
+        echo "systemd-analyze verify failed for $name (exit $rc)" >&2
+        return 1
+    fi
+    say "systemd-analyze verify: $name ok"
+}
+
+say "systemd-analyze $(systemd-analyze --version | head -n1 | awk '{print $2}')"
+verify base
+verify qnn "$qnn_src" 's,@ADSP_LIBRARY_PATH@,/usr/share/qcom/qcm6490/Thundercomm/RB3gen2/dsp/cdsp,'
+verify qnn-no-adsp-path "$qnn_src" '/@ADSP_LIBRARY_PATH@/d'
+verify rknn "$rknn_src" 's,@RKNN_LIB@,/usr/lib/librknnrt-2.3.2/librknnrt.so,'

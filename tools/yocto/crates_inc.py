@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Regenerate (or check) yocto-layer/recipes-laya/laya-edge/laya-edge-crates.inc.
+
+The layer's recipe fetches every crate with bitbake's crate:// fetcher, so the recipe needs one
+SRC_URI entry and one sha256 checksum per crates.io package in Cargo.lock. In a Yocto build that
+file is written by `bitbake -c update_crates laya-edge` (oe-core's cargo-update-recipe-crates
+class); this script writes byte for byte what that task writes, without a Yocto build, so CI can
+tell when Cargo.lock moved and the .inc did not.
+
+What the class does, and so what this does:
+  * every Cargo.lock in the source tree (the checkout bitbake unpacks: here, the files git tracks),
+    each under a `# from PATH` comment;
+  * every [[package]] whose `source` mentions crates.io, in Cargo.lock order, including crates
+    that only some targets or only dev/build dependencies use (the class does not filter, and a
+    `cargo build --frozen` against the vendored registry wants the whole lock file resolvable);
+  * `SRC_URI[NAME-VERSION.sha256sum]` from the lock file's checksum.
+
+One deliberate difference: with several Cargo.lock files the class visits them in os.walk order,
+which depends on the filesystem; this script sorts them so the output is reproducible.
+
+Git dependencies are not handled by the class (it only lists crates.io packages); a lock file
+with one would build nowhere, so this script refuses it with an explanation.
+
+Usage:
+  python3 tools/yocto/crates_inc.py            # rewrite the .inc
+  python3 tools/yocto/crates_inc.py --check    # exit 1 if the .inc is out of date
+
+Python 3.11+ standard library only (tomllib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECIPE_DIR = Path("yocto-layer/recipes-laya/laya-edge")
+PN = "laya-edge"
+INC_PATH = RECIPE_DIR / f"{PN}-crates.inc"
+
+# Directories the class skips (quilt's .pc, .git) plus ones that only exist in a developer's
+# working tree and never in the checkout bitbake unpacks (used when git is unavailable).
+SKIP_DIRS = {".git", ".pc", "target", ".venv", "node_modules", "__pycache__"}
+
+
+class LockError(Exception):
+    """A Cargo.lock the recipe cannot be built from."""
+
+
+def find_lock_files(root: Path) -> list[Path]:
+    """Cargo.lock files of the source tree, relative to root, sorted."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        tracked = sorted({Path(f) for f in out.split("\0") if f and Path(f).name == "Cargo.lock"})
+        # A lock file git tracks but a developer deleted is not in the tree being checked.
+        tracked = [p for p in tracked if (root / p).is_file()]
+        if tracked:
+            return tracked
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        if "Cargo.lock" in filenames:
+            found.append(Path(dirpath, "Cargo.lock").relative_to(root))
+    return sorted(found)
+
+
+def crates_block(lock_path: Path, rel: Path) -> str | None:
+    """One lock file's part of the .inc, as the class formats it (None: no crates.io package)."""
+    with open(lock_path, "rb") as f:
+        lock = tomllib.load(f)
+    packages = lock.get("package", [])
+
+    git_sources = [p for p in packages if p.get("source", "").startswith("git+")]
+    if git_sources:
+        names = ", ".join(f"{p['name']} {p['version']} ({p['source']})" for p in git_sources)
+        raise LockError(
+            f"{rel} has git dependencies: {names}. bitbake's update_crates ignores them, so the "
+            "recipe would fail to build offline. Add each one to SRC_URI by hand as "
+            "git://...;name=NAME;destsuffix=NAME with SRCREV_NAME (cargo_common patches them in), "
+            "then teach this script about them."
+        )
+
+    registry = [p for p in packages if "crates.io" in p.get("source", "")]
+    if not registry:
+        print(f"WARNING: Unable to find any candidate crates that use crates.io in {rel}",
+              file=sys.stderr)
+        return None
+
+    text = f"# from {rel.as_posix()}"
+    text += '\nSRC_URI += " \\'
+    checksums = ""
+    for p in registry:
+        text += f"\n    crate://crates.io/{p['name']}/{p['version']} \\"
+        if "checksum" in p:
+            checksums += f'\nSRC_URI[{p["name"]}-{p["version"]}.sha256sum] = "{p["checksum"]}"'
+    text += '\n"\n'
+    text += checksums
+    text += "\n"
+    return text
+
+
+def render(root: Path) -> str:
+    """The whole .inc for the tree at root."""
+    locks = find_lock_files(root)
+    if not locks:
+        raise LockError(f"no Cargo.lock under {root}")
+    text = f"# Autogenerated with 'bitbake -c update_crates {PN}'\n\n"
+    for rel in locks:
+        block = crates_block(root / rel, rel)
+        if block is not None:
+            text += block
+    return text
+
+
+def summarize_drift(current: str, wanted: str) -> list[str]:
+    """Human-readable list of crates added/removed between two .inc texts."""
+
+    def crates(text: str) -> set[str]:
+        return {
+            line.strip().removeprefix("crate://crates.io/").removesuffix(" \\")
+            for line in text.splitlines()
+            if line.strip().startswith("crate://")
+        }
+
+    have, want = crates(current), crates(wanted)
+    lines = [f"  + {c}" for c in sorted(want - have)]
+    lines += [f"  - {c}" for c in sorted(have - want)]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="do not write; exit 1 if the .inc differs from what Cargo.lock gives")
+    parser.add_argument("--root", type=Path, default=REPO_ROOT,
+                        help="repository root (default: this script's repository)")
+    args = parser.parse_args(argv)
+
+    root = args.root.resolve()
+    inc = root / INC_PATH
+    try:
+        wanted = render(root)
+    except LockError as e:
+        print(f"crates_inc: {e}", file=sys.stderr)
+        return 2
+
+    if not args.check:
+        inc.parent.mkdir(parents=True, exist_ok=True)
+        inc.write_text(wanted, encoding="utf-8", newline="\n")
+        n = wanted.count("crate://crates.io/")
+        print(f"crates_inc: wrote {INC_PATH} ({n} crates)")
+        return 0
+
+    current = inc.read_text(encoding="utf-8") if inc.exists() else ""
+    if current == wanted:
+        n = wanted.count("crate://crates.io/")
+        print(f"crates_inc: {INC_PATH} is up to date with Cargo.lock ({n} crates)")
+        return 0
+
+    print(f"crates_inc: {INC_PATH} is out of date with Cargo.lock.", file=sys.stderr)
+    if not current:
+        print(f"({INC_PATH} does not exist.)", file=sys.stderr)
+    drift = summarize_drift(current, wanted)
+    if drift:
+        print("Crates to add (+) or remove (-):", file=sys.stderr)
+        print("\n".join(drift[:40]), file=sys.stderr)
+        if len(drift) > 40:
+            print(f"  ... and {len(drift) - 40} more", file=sys.stderr)
+    else:
+        diff = difflib.unified_diff(current.splitlines(), wanted.splitlines(),
+                                    str(INC_PATH), "expected", lineterm="", n=1)
+        print("\n".join(list(diff)[:40]), file=sys.stderr)
+    print("Regenerate it with: python3 tools/yocto/crates_inc.py", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
