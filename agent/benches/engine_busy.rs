@@ -64,16 +64,19 @@ fn main() {
                 })
                 .await
                 .expect("prepare task");
-                if !rows.is_empty() {
+                let ran = !rows.is_empty();
+                if ran {
                     engine.run(rows).await.expect("run");
                 }
                 drop(permit);
+                ran
             }));
         }
         let mut ran = 0;
         for t in tasks {
-            t.await.expect("task");
-            ran += 1;
+            if t.await.expect("task") {
+                ran += 1;
+            }
         }
         let wall = start.elapsed();
         let busy = Duration::from_millis(LATENCY_MS) * ran as u32;

@@ -38,7 +38,19 @@ fn main() {
     }
     let admission_us = t.elapsed().as_secs_f64() * 1e6 / 20_000.0;
 
-    let port = laya_edge::bus::demo::start_broker().expect("broker");
+    // mosquitto with TCP_NODELAY if installed (as in the tests), else the in-process rumqttd.
+    let mut mosquitto = None;
+    let port = match ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| std::path::Path::new(p).exists()) {
+        Some(bin) => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+            let conf = std::env::temp_dir().join(format!("laya-bench-mosquitto-{}.conf", std::process::id()));
+            std::fs::write(&conf, format!("user root\nlistener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n")).expect("conf");
+            mosquitto = Some(Command::new(bin).arg("-c").arg(&conf).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("mosquitto"));
+            std::thread::sleep(Duration::from_millis(300));
+            port
+        }
+        None => laya_edge::bus::demo::start_broker().expect("broker"),
+    };
     let model = format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-t5", env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("laya-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -48,7 +60,11 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let times = rt.block_on(async {
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let (client, mut eventloop) = AsyncClient::new(MqttOptions::new("bench-client", "127.0.0.1", port), 100);
+        let mut options = MqttOptions::new("bench-client", "127.0.0.1", port);
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        options.set_network_options(net);
+        let (client, mut eventloop) = AsyncClient::new(options, 100);
         client.subscribe("laya/v1/bench-client/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
         let mut times = Vec::with_capacity(N);
         let mut sent_at = None;
@@ -75,6 +91,10 @@ fn main() {
     });
     let _ = agent.kill();
     let _ = agent.wait();
+    if let Some(mut m) = mosquitto {
+        let _ = m.kill();
+        let _ = m.wait();
+    }
     let mut t: Vec<Duration> = times[20..].to_vec(); // first 20: warm-up
     t.sort();
     println!(

@@ -370,6 +370,15 @@ async fn serve(
         let target = bus::ask::Target { schema: Schema::new(&config.mqtt.prefix).map_err(|e| e.to_string())?, device: Some("demo".into()), fleet: None };
         let broker = config.mqtt.broker.clone();
         tokio::spawn(async move {
+            // Ask only once the agent is subscribed: on a fresh broker an early question has no
+            // listener yet.
+            if let Ok((host, port, _)) = bus::connection::parse_broker(&broker) {
+                let options = rumqttc::v5::MqttOptions::new("demo-watch", host, port);
+                if let Err(e) = bus::ask::wait_online(options, &target.schema, "demo", Duration::from_secs(120)).await {
+                    eprintln!("demo: the agent did not come online: {e}");
+                    return;
+                }
+            }
             for (i, line) in DEMO_REQUESTS.lines().filter(|l| !l.trim().is_empty()).enumerate() {
                 let Ok(request) = laya_topics::json::parse_str(line, Default::default()) else { continue };
                 let Ok((host, port, _)) = bus::connection::parse_broker(&broker) else { return };

@@ -379,3 +379,58 @@ async fn systemd_gets_ready_after_the_warm_up_and_watchdog_pings_while_healthy()
     assert!(ready.contains("STATUS=serving as dev-notify"), "{ready}");
     assert!(messages.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3, "{messages:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ask_command_prints_the_reply() {
+    let broker = Broker::start("askcli", "");
+    let _agent = Agent::start(&broker, "dev-ask", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-ask").await;
+    let req = json::to_string(&request("cli-1"), json::Style::COMPACT);
+    for cbor in [false, true] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_laya-edge"));
+        cmd.args(["ask", "--broker", &broker.url(), "--device", "dev-ask", "--timeout-s", "30"]);
+        if cbor {
+            cmd.arg("--cbor");
+        }
+        let out = cmd.arg(&req).output().expect("ask runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v = json::parse(&out.stdout, ParseOptions::default()).expect("a JSON reply");
+        assert_eq!(v.get("id"), Some(&Value::from("cli-1")));
+        assert_eq!(v.get("device"), Some(&Value::from("dev-ask")));
+    }
+}
+
+#[test]
+fn serve_demo_answers_the_example_questions_over_its_own_broker() {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        .args(["serve", "--demo"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("demo starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut answers = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(line) if line.starts_with('{') => answers.push(json::parse_str(&line, ParseOptions::default()).expect("json")),
+            Ok(line) if line.starts_with("demo: answered") => break,
+            _ => {}
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let ids: Vec<&Value> = answers.iter().filter_map(|a| a.get("id")).collect();
+    assert_eq!(ids, [&Value::from("demo-1"), &Value::from("demo-2")]);
+    assert!(answers[0].get("answers").and_then(|a| a.get("dept")).and_then(|d| d.get("choice")).is_some());
+    assert!(answers[1].get("answers").and_then(|a| a.get("bad")).and_then(|d| d.get("error")).is_some());
+}

@@ -87,3 +87,28 @@ pub async fn ask(
     };
     tokio::time::timeout(timeout, work).await.map_err(|_| AskError::Timeout(timeout))?
 }
+
+/// Waits until `device`'s retained status says `online` (so a question sent now is heard).
+pub async fn wait_online(options: MqttOptions, schema: &Schema, device: &str, timeout: Duration) -> Result<(), AskError> {
+    let topic = schema.topic(device, Channel::Status)?.to_string();
+    let (client, mut eventloop) = AsyncClient::new(options, 16);
+    let work = async {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    client.subscribe(topic.clone(), QoS::AtLeastOnce).await.map_err(|e| AskError::Connection(e.to_string()))?;
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let v = Encoding::Json.decode(&p.payload, 8).map_err(|e| AskError::Decode(e.to_string()))?;
+                    if v.get("state").and_then(Value::as_str) == Some("online") {
+                        let _ = client.disconnect().await;
+                        return Ok(());
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| AskError::Timeout(timeout))?
+}

@@ -90,6 +90,10 @@ pub fn options(cfg: &Config, status_topic: &str, offline_payload: Vec<u8>) -> Re
     o.set_clean_start(false);
     o.set_session_expiry_interval(Some(cfg.mqtt.session_expiry_s));
     o.set_manual_acks(true);
+    // Questions and replies are small and latency-bound: no Nagle delay.
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    o.set_network_options(net);
     // Announced to the broker (it drops what is far too large) and used as rumqttc's own
     // incoming packet limit (10 KiB by default, far too small for a question).
     o.set_max_packet_size(Some((cfg.mqtt.max_payload + PACKET_HEADROOM).min(u32::MAX as usize) as u32));

@@ -350,6 +350,7 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
     telemetry.tick().await;
     let mut ready = false;
     let mut restarts_reported = 0usize;
+    let mut degraded_reported = false;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -413,6 +414,12 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
                     let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&Value::Object(m))).await;
                 }
                 restarts_reported = restarts.len();
+                // The retained status follows the backend's health.
+                let degraded = shared.engine.status().degraded;
+                if degraded != degraded_reported {
+                    degraded_reported = degraded;
+                    let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
+                }
                 notifier.status(&format!("{} answered, backend {}{}", shared.counters.answered.load(Ordering::Relaxed), shared.backend, if shared.engine.status().degraded { " (degraded)" } else { "" }));
             }
         }
