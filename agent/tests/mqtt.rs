@@ -434,3 +434,58 @@ fn serve_demo_answers_the_example_questions_over_its_own_broker() {
     assert!(answers[0].get("answers").and_then(|a| a.get("dept")).and_then(|d| d.get("choice")).is_some());
     assert!(answers[1].get("answers").and_then(|a| a.get("bad")).and_then(|d| d.get("error")).is_some());
 }
+
+/// The unit file the Yocto layer installs: `key=value` of its [Service] section.
+fn unit_setting(key: &str) -> String {
+    let unit = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../yocto-layer/recipes-laya/laya-edge/files/laya-edge.service"))
+        .expect("the unit file");
+    unit.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
+        .unwrap_or_else(|| panic!("the unit sets no {key}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_units_settings_the_agent_notifies_ready_and_pings_within_watchdog_sec() {
+    assert_eq!(unit_setting("Type"), "notify");
+    assert_eq!(unit_setting("NotifyAccess"), "main", "notifications come from the main process only");
+    let watchdog_sec: u64 = unit_setting("WatchdogSec").parse().expect("seconds");
+    let broker = Broker::start("unit", "");
+    let dir = std::env::temp_dir().join(format!("laya-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let socket_path = dir.join("notify.sock");
+    let _ = std::fs::remove_file(&socket_path);
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("bind");
+    socket.set_read_timeout(Some(Duration::from_secs(watchdog_sec))).expect("timeout");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!("[mqtt]\nbroker = \"{}\"\ndevice = \"dev-unit\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n", broker.url(), model("bpe-small")),
+    )
+    .expect("config");
+    // What systemd sets for WatchdogSec= in the service's environment.
+    let env = vec![
+        ("NOTIFY_SOCKET".to_owned(), socket_path.display().to_string()),
+        ("WATCHDOG_USEC".to_owned(), (watchdog_sec * 1_000_000).to_string()),
+    ];
+    let agent = Agent::with_config(config, env);
+    let main_pid = agent.child.as_ref().map(|c| c.id()).expect("pid");
+    let mut buf = [0u8; 512];
+    let mut ready_at = None;
+    let start = Instant::now();
+    // READY, then a watchdog ping at least every WatchdogSec (the agent pings at half of it).
+    loop {
+        let n = socket.recv(&mut buf).expect("a notification within WatchdogSec");
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if m.starts_with("READY=1") {
+            ready_at = Some(Instant::now());
+        } else if m == "WATCHDOG=1"
+            && let Some(r) = ready_at
+        {
+            assert!(r.elapsed() <= Duration::from_secs(watchdog_sec), "a ping after READY within WatchdogSec");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(2 * watchdog_sec), "no READY and ping");
+    }
+    // Notifications come from the main process (NotifyAccess=main): the process we started.
+    assert!(agent.child.is_some() && main_pid > 0);
+}
