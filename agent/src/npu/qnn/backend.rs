@@ -1,0 +1,258 @@
+//! [`QnnBackend`]: the [`Backend`] over an NPU bundle's graphs. Per row: choose a graph, gather
+//! embeddings and build masks on the host, encode each input in its encoding, execute, decode
+//! `hidden`, and run the CPU reference head on the row's positions.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use laya_topics::Value;
+
+use crate::bundle::HostBundle;
+use crate::engine::{Backend, BackendError, RowResult};
+use crate::model::{CpuModel, ModelError};
+use crate::prompt::Row;
+
+use super::binary::{self, Encoding};
+use super::generator;
+use super::host::{self, Calibration, HostFault};
+use super::runtime::{Runtime, RuntimeInfo};
+use super::session::{INPUTS, OUTPUT, Session};
+use super::{QnnConfig, QnnError};
+
+/// A loaded graph with what the manifest says about it.
+struct Graph {
+    seq_len: usize,
+    calibration: Calibration,
+    file: PathBuf,
+    session: Session,
+}
+
+/// The Laya encoder on the HTP, head on the host.
+pub struct QnnBackend {
+    // Field order is drop order: sessions (contexts) before the runtime (device, backend, log).
+    graphs: Vec<Graph>,
+    runtime: Runtime,
+    model: CpuModel,
+    pad_id: u32,
+    allow_minmax_above_128: bool,
+    fault: HostFault,
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// The manifest's I/O flavour of a graph: `float` or `ufixed16`.
+fn io_matches(io: &str, e: Encoding) -> bool {
+    match io {
+        "float" => matches!(e, Encoding::Float32 | Encoding::Float16),
+        "ufixed16" => matches!(e, Encoding::Ufixed16 { .. }),
+        _ => false,
+    }
+}
+
+impl QnnBackend {
+    /// Loads the NPU bundle's checkpoint (embeddings, head, encoder config) on the CPU and every
+    /// graph's context binary on the HTP, keeping one context per graph for the process's life.
+    pub fn load(bundle: &HostBundle, config: &QnnConfig) -> Result<QnnBackend, QnnError> {
+        let manifest = bundle.manifest.as_ref().ok_or(QnnError::NotAnNpuBundle(bundle.dir.clone()))?;
+        if manifest.backend != "qnn" {
+            return Err(QnnError::WrongBackend(manifest.backend.clone()));
+        }
+        let ckpt = bundle.checkpoint.as_ref().ok_or(QnnError::NoCheckpoint)?;
+        let model = CpuModel::load(ckpt, &bundle.config).map_err(QnnError::Model)?;
+        if manifest.graphs.is_empty() {
+            return Err(QnnError::NoGraphs);
+        }
+        let raw = &manifest.raw;
+        let allow_minmax_above_128 = matches!(raw.get("allow_minmax_above_128"), Some(Value::Bool(true)));
+        let runtime = Runtime::load(config)?;
+        if !manifest.runtime_allowlist.is_empty() && !manifest.runtime_allowlist.iter().any(|v| runtime.info.build_id.contains(v.as_str())) {
+            return Err(QnnError::RuntimeNotAllowed { build_id: runtime.info.build_id.clone(), allowed: manifest.runtime_allowlist.clone() });
+        }
+        let mut graphs = Vec::new();
+        for spec in &manifest.graphs {
+            let file = resolve_binary(&spec.file, &spec.raw, &bundle.dir, config, &runtime.info)?;
+            let bytes = std::fs::read(&file).map_err(|source| QnnError::Read { path: file.clone(), source })?;
+            let meta = binary::read(&runtime.system, &bytes)?;
+            let names = spec.raw.get("tensor_names").or_else(|| raw.get("tensor_names")).cloned();
+            let compiled = move |logical: &str| -> String {
+                names.as_ref().and_then(|n| n.get(logical)).and_then(Value::as_str).unwrap_or(logical).to_owned()
+            };
+            let session = Session::create(&runtime, &bytes, meta, &compiled, config.execute_timeout)
+                .map_err(|e| e.in_file(&file))?;
+            check_shapes(&session, spec.seq_len, model.encoder.config.hidden_size, &file)?;
+            if let Some(io) = str_field(&spec.raw, "io") {
+                for k in 0..INPUTS.len() {
+                    let t = session.input(k);
+                    if !io_matches(io, t.encoding) {
+                        return Err(QnnError::Manifest(format!(
+                            "{}: the manifest says io \"{io}\" but input '{}' is {:?}",
+                            file.display(),
+                            t.name,
+                            t.encoding
+                        )));
+                    }
+                }
+            }
+            graphs.push(Graph { seq_len: spec.seq_len, calibration: Calibration::parse(spec.calibration.as_deref()), file, session });
+        }
+        Ok(QnnBackend { graphs, runtime, model, pad_id: bundle.tokenizer.pad.id, allow_minmax_above_128, fault: HostFault::None })
+    }
+
+    /// The runtime's provider, versions and build id.
+    pub fn runtime_info(&self) -> &RuntimeInfo {
+        &self.runtime.info
+    }
+
+    /// `(seq_len, context binary)` of every loaded graph.
+    pub fn graphs(&self) -> Vec<(usize, &Path)> {
+        self.graphs.iter().map(|g| (g.seq_len, g.file.as_path())).collect()
+    }
+
+    /// What each graph's context binary says about itself (read through libQnnSystem).
+    pub fn binary_meta(&self) -> Vec<&binary::BinaryMeta> {
+        self.graphs.iter().map(|g| &g.session.meta).collect()
+    }
+
+    /// Whether executions are guarded by a QnnSignal timeout (not on the x86-64 simulator).
+    pub fn has_execute_timeout(&self) -> bool {
+        self.graphs.iter().all(|g| g.session.has_timeout())
+    }
+
+    /// Test-only: break a host step on purpose, to prove the comparisons against the CPU
+    /// backend would catch it.
+    #[doc(hidden)]
+    pub fn set_host_fault(&mut self, fault: HostFault) {
+        self.fault = fault;
+    }
+
+    /// The graph a row of `len` tokens runs on.
+    pub fn graph_for(&self, len: usize) -> Option<usize> {
+        let g: Vec<(usize, Calibration)> = self.graphs.iter().map(|g| (g.seq_len, g.calibration)).collect();
+        host::choose_graph(&g, len, self.allow_minmax_above_128).map(|i| self.graphs[i].seq_len)
+    }
+
+    /// [`QnnBackend::encode`] as a flat `len * d` vector (row-major), for diagnostics and tests.
+    pub fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>, BackendError> {
+        let h = self.encode(ids)?;
+        h.flatten_all().and_then(|t| t.to_vec1()).map_err(|e| BackendError::Fatal { code: None, message: format!("host step: {e}") })
+    }
+
+    /// Runs the encoder graph on `ids` (already checked) and returns `[1, len, d]` hidden states.
+    pub fn encode(&mut self, ids: &[u32]) -> Result<Tensor, BackendError> {
+        let len = ids.len();
+        let table: Vec<(usize, Calibration)> = self.graphs.iter().map(|g| (g.seq_len, g.calibration)).collect();
+        let gi = host::choose_graph(&table, len, self.allow_minmax_above_128).ok_or_else(|| {
+            BackendError::Input(format!(
+                "a row of {len} tokens fits no graph of this bundle (lengths {:?}; min-max graphs stop at {})",
+                self.graphs.iter().map(|g| g.seq_len).collect::<Vec<_>>(),
+                host::MINMAX_MAX_TOKENS
+            ))
+        })?;
+        let d = self.model.encoder.config.hidden_size;
+        let window = self.model.encoder.config.sliding_window();
+        let graph = &mut self.graphs[gi];
+        let l = graph.seq_len;
+        let fatal = |e: candle_core::Error| BackendError::Fatal { code: None, message: format!("host step: {e}") };
+        let mut padded = ids.to_vec();
+        padded.resize(l, self.pad_id);
+        let ids_t = Tensor::from_vec(padded, (1, l), &Device::Cpu).map_err(fatal)?;
+        let embeds = self.model.encoder.embed(&ids_t).map_err(model_fatal)?;
+        let embeds: Vec<f32> = embeds.flatten_all().and_then(|t| t.to_vec1()).map_err(fatal)?;
+        let (gmask, smask) = host::biases(len, l, window, self.fault);
+        let s = &graph.session;
+        let mut inputs = [
+            host::encode(&embeds, s.input(0).encoding, self.fault),
+            host::encode(&gmask, s.input(1).encoding, self.fault),
+            host::encode(&smask, s.input(2).encoding, self.fault),
+        ];
+        let out_meta = s.output().clone();
+        let mut out = vec![0u8; out_meta.elements() * out_meta.encoding.bytes_per_element()];
+        if let Err(st) = graph.session.execute(&mut inputs, &mut out) {
+            let detail = self.runtime.error_message(st.0).map(|m| format!(" [{m}]")).unwrap_or_default();
+            return Err(st.backend_error(&format!("graphExecute (L={l}){detail}")));
+        }
+        let hidden = host::decode(&out, out_meta.encoding);
+        let hidden = Tensor::from_vec(hidden, (1, l, d), &Device::Cpu).map_err(fatal)?;
+        hidden.narrow(1, 0, len).map_err(fatal)
+    }
+}
+
+fn model_fatal(e: ModelError) -> BackendError {
+    BackendError::Fatal { code: None, message: format!("host step: {e}") }
+}
+
+/// The graph's tensors must be the encoder's: `inputs_embeds [1, L, d]`, masks `[1, 1, L, L]`,
+/// `hidden [1, L, d]`.
+fn check_shapes(s: &Session, l: usize, d: usize, file: &Path) -> Result<(), QnnError> {
+    let (l, d) = (l as u32, d as u32);
+    let want: [(&str, &[u32], Vec<u32>); 4] = [
+        (INPUTS[0], &s.input(0).dims, vec![1, l, d]),
+        (INPUTS[1], &s.input(1).dims, vec![1, 1, l, l]),
+        (INPUTS[2], &s.input(2).dims, vec![1, 1, l, l]),
+        (OUTPUT, &s.output().dims, vec![1, l, d]),
+    ];
+    for (name, have, want) in want {
+        if have != want.as_slice() {
+            return Err(QnnError::Manifest(format!(
+                "{}: tensor {name} has dims {have:?}, expected {want:?} (seq_len {l} in the manifest, hidden size {d} in the checkpoint)",
+                file.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The context binary of a manifest graph: its `file` if present, else a binary generated from
+/// its `dlc` (once, cached in the state directory).
+fn resolve_binary(file: &Path, raw: &Value, dir: &Path, config: &QnnConfig, info: &RuntimeInfo) -> Result<PathBuf, QnnError> {
+    if file.is_file() {
+        return Ok(file.to_owned());
+    }
+    let Some(dlc) = str_field(raw, "dlc") else {
+        return Err(QnnError::Read { path: file.to_owned(), source: std::io::Error::from(std::io::ErrorKind::NotFound) });
+    };
+    let (Some(gen_cfg), Some(state)) = (&config.generator, &config.state_dir) else {
+        return Err(QnnError::Generator(format!(
+            "{} is missing and only the DLC {dlc} is present: configure qnn-context-binary-generator and a state directory",
+            file.display()
+        )));
+    };
+    generator::ensure_context_binary(gen_cfg, state, &info.build_id, &config.soc, &dir.join(dlc))
+}
+
+impl Backend for QnnBackend {
+    fn name(&self) -> &'static str {
+        "qnn"
+    }
+
+    fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
+        let vocab = self.model.encoder.config.vocab_size;
+        for (r, row) in rows.iter().enumerate() {
+            let err = |e: ModelError| BackendError::Input(e.to_string());
+            if row.input_ids.is_empty() {
+                return Err(err(ModelError::EmptyRow { row: r }));
+            }
+            if let Some(&id) = row.input_ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(err(ModelError::TokenOutOfRange { row: r, id, vocab }));
+            }
+            if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= row.input_ids.len()) {
+                return Err(err(ModelError::MarkerOutOfRange { row: r, pos, len: row.input_ids.len() }));
+            }
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let hidden = self.encode(&row.input_ids)?;
+            let len = row.input_ids.len();
+            let head = self
+                .model
+                .head
+                .forward(&hidden, &[len], &[row.qtype.index() as u32], &[row.marker_pos.as_slice()])
+                .map_err(model_fatal)?;
+            let h = head.into_iter().next().ok_or_else(|| BackendError::Fatal { code: None, message: "the head returned no row".into() })?;
+            out.push(RowResult { logits: h.logits, act_logits: h.act_logits });
+        }
+        Ok(out)
+    }
+}

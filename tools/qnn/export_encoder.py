@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Export the ModernBERT encoder of each fixture checkpoint as a static-shape ONNX model.
+
+Runs in /work/venv (laya==0.3.20, transformers, torch, onnx):
+
+    /work/venv/bin/python tools/qnn/export_encoder.py --build tools/qnn/build
+
+For every model in tests/fixtures/laya-0.3.20/models and L in (128, 256) it writes
+
+    <build>/<model>/encoder_L<L>.onnx   inputs  inputs_embeds (1,L,d) f32, gmask (1,1,L,L) f32, smask (1,1,L,L) f32
+                                         output  hidden (1,L,d) f32 = ModernBertModel(...).last_hidden_state
+    <build>/<model>/rows_L<L>.npz        the ref / eval / cal rows (embeddings, lengths, ids) and, for ref and
+                                         eval rows, the float PyTorch encoder's hidden states
+    <build>/<model>/export_L<L>.json     versions, row ids, and the ONNX-vs-PyTorch check
+
+and checks (a) eager attention with the explicit masks against laya's own encoder call (sdpa, 2-D
+attention_mask) on the real tokens and (b) the ONNX model (onnxruntime CPU if importable, else
+onnx.reference) against PyTorch on the eval rows.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qnn_rows as R  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+OPSET = 17
+
+
+class EncoderWrap(torch.nn.Module):
+    def __init__(self, enc):
+        super().__init__()
+        self.enc = enc
+
+    def forward(self, inputs_embeds, gmask, smask):
+        out = self.enc(inputs_embeds=inputs_embeds,
+                       attention_mask={"full_attention": gmask, "sliding_attention": smask})
+        return out.last_hidden_state
+
+
+def load_encoder(model):
+    import laya
+    agent = laya.Agent(os.path.join(REPO, R.FIXTURES, "models", model), device="cpu")
+    enc = agent.model.encoder.float().eval()
+    if hasattr(enc, "set_attn_implementation"):
+        enc.set_attn_implementation("eager")
+    else:
+        enc.config._attn_implementation = "eager"
+    assert enc.config._attn_implementation == "eager", enc.config._attn_implementation
+    return agent, enc
+
+
+def stack_rows(rows, table, pad_id, L, local_attention):
+    emb = np.concatenate([R.embeds(table, ids, pad_id, L) for _, _, ids in rows])
+    lens = np.array([len(ids) for _, _, ids in rows], dtype=np.int32)
+    ids = np.full((len(rows), L), pad_id, dtype=np.int32)
+    for k, (_, _, r) in enumerate(rows):
+        ids[k, : len(r)] = r
+    return emb, lens, ids
+
+
+@torch.no_grad()
+def torch_hidden(wrap, emb, lens, L, local_attention):
+    outs = []
+    for k in range(len(lens)):
+        g, s = R.masks(int(lens[k]), L, local_attention)
+        outs.append(wrap(torch.from_numpy(emb[k : k + 1]), torch.from_numpy(g), torch.from_numpy(s)).numpy())
+    return np.concatenate(outs)
+
+
+def run_onnx(path, emb, lens, L, local_attention):
+    try:
+        import onnxruntime as ort
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        run = lambda feeds: sess.run(["hidden"], feeds)[0]  # noqa: E731
+        how = f"onnxruntime {ort.__version__} CPU"
+    except ImportError:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+        ev = ReferenceEvaluator(onnx.load(path))
+        run = lambda feeds: ev.run(["hidden"], feeds)[0]  # noqa: E731
+        how = f"onnx.reference {onnx.__version__}"
+    outs = []
+    for k in range(len(lens)):
+        g, s = R.masks(int(lens[k]), L, local_attention)
+        outs.append(run({"inputs_embeds": emb[k : k + 1], "gmask": g, "smask": s}))
+    return np.concatenate(outs), how
+
+
+def valid_diff(a, b, lens):
+    return float(max(np.abs(a[k, :n] - b[k, :n]).max() for k, n in enumerate(lens)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(REPO, "tools", "qnn", "build"))
+    ap.add_argument("--models", nargs="*", default=list(R.MODELS))
+    ap.add_argument("--lengths", nargs="*", type=int, default=list(R.LENGTHS))
+    a = ap.parse_args()
+    import laya
+    import onnx
+    import transformers
+
+    for model in a.models:
+        agent, enc = load_encoder(model)
+        cfg = enc.config
+        local_attention = int(cfg.local_attention)
+        pad_id = int(cfg.pad_token_id)
+        table = enc.embeddings.tok_embeddings.weight.detach().float().numpy()
+        wrap = EncoderWrap(enc).eval()
+        rows = R.load_rows(REPO, model)
+        out_dir = os.path.join(a.build, model)
+        os.makedirs(out_dir, exist_ok=True)
+        for L in a.lengths:
+            ref, ev, cal = R.split_rows(rows, L)
+            sets = {}
+            for name, rs in (("ref", ref), ("eval", ev), ("cal", cal)):
+                sets[name] = stack_rows(rs, table, pad_id, L, local_attention)
+
+            # (a) explicit masks + eager == laya's own call path (sdpa, 2-D attention_mask) on real tokens
+            emb, lens, ids = sets["eval"]
+            hid_eval = torch_hidden(wrap, emb, lens, L, local_attention)
+            with torch.no_grad():
+                enc.set_attn_implementation("sdpa") if hasattr(enc, "set_attn_implementation") else None
+                am = (np.arange(L)[None, :] < lens[:, None]).astype(np.int64)
+                laya_h = enc(input_ids=torch.from_numpy(ids.astype(np.int64)), attention_mask=torch.from_numpy(am)).last_hidden_state.numpy()
+                if hasattr(enc, "set_attn_implementation"):
+                    enc.set_attn_implementation("eager")
+            d_laya = valid_diff(hid_eval, laya_h, lens)
+            hid_ref = hid_eval[: len(ref)]
+
+            # export
+            path = os.path.join(out_dir, f"encoder_L{L}.onnx")
+            g, s = R.masks(int(lens[0]), L, local_attention)
+            t0 = time.time()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    wrap,
+                    (torch.from_numpy(emb[:1]), torch.from_numpy(g), torch.from_numpy(s)),
+                    path,
+                    input_names=["inputs_embeds", "gmask", "smask"],
+                    output_names=["hidden"],
+                    opset_version=OPSET,
+                    do_constant_folding=True,
+                    dynamo=False,
+                )
+            m = onnx.load(path)
+            onnx.checker.check_model(m)
+            m = onnx.shape_inference.infer_shapes(m)
+            onnx.save(m, path)
+            t_export = time.time() - t0
+
+            # (b) ONNX vs PyTorch
+            hid_onnx, how = run_onnx(path, emb, lens, L, local_attention)
+            d_onnx_valid = valid_diff(hid_eval, hid_onnx, lens)
+            d_onnx_all = float(np.abs(hid_eval - hid_onnx).max())
+
+            np.savez(
+                os.path.join(out_dir, f"rows_L{L}.npz"),
+                **{f"{k}_embeds": v[0] for k, v in sets.items()},
+                **{f"{k}_lens": v[1] for k, v in sets.items()},
+                **{f"{k}_ids": v[2] for k, v in sets.items()},
+                ref_hidden=hid_ref,
+                eval_hidden=hid_eval,
+                table=table,
+            )
+            ops = sorted({n.op_type for n in m.graph.node})
+            meta = {
+                "model": model,
+                "L": L,
+                "d": int(cfg.hidden_size),
+                "local_attention": local_attention,
+                "pad_token_id": pad_id,
+                "layer_types": list(cfg.layer_types),
+                "opset": OPSET,
+                "exporter": "torch.onnx.export(dynamo=False), do_constant_folding=True",
+                "onnx_nodes": len(m.graph.node),
+                "onnx_ops": ops,
+                "rows": {k: [f"{c}:{q}:{len(i)}" for c, q, i in rs] for k, rs in (("ref", ref), ("eval", ev), ("cal", cal))},
+                "check_eager_masks_vs_laya_sdpa_max_abs_valid": d_laya,
+                "check_onnx_vs_torch": {"runner": how, "max_abs_valid": d_onnx_valid, "max_abs_all": d_onnx_all, "rows": "eval"},
+                "versions": {
+                    "python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                    "laya": getattr(laya, "__version__", "0.3.20"), "onnx": onnx.__version__, "numpy": np.__version__,
+                },
+                "export_seconds": round(t_export, 2),
+            }
+            with open(os.path.join(out_dir, f"export_L{L}.json"), "w") as f:
+                json.dump(meta, f, indent=1)
+            print(f"{model} L={L}: nodes={len(m.graph.node)} ref={len(ref)} eval={len(ev)} cal={len(cal)} "
+                  f"laya-vs-eager={d_laya:.2e} onnx-vs-torch(valid)={d_onnx_valid:.2e} (all)={d_onnx_all:.2e} [{how}]",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
