@@ -193,8 +193,15 @@ fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
 }
 
 #[cfg(feature = "qnn")]
-fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
-    Err("the qnn backend is not wired in yet".into())
+fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
+    use laya_edge::npu::qnn::{QnnBackend, QnnConfig};
+    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    // The libraries come from the agent's config through the worker's environment.
+    let lib = |var: &str| std::env::var(var).map_err(|_| format!("the qnn backend needs {var} (qnn.backend_lib / qnn.system_lib)"));
+    let mut config = QnnConfig::new(lib("LAYA_QNN_BACKEND_LIB")?, lib("LAYA_QNN_SYSTEM_LIB")?);
+    config.adsp_library_path = std::env::var("ADSP_LIBRARY_PATH").ok().filter(|p| !p.is_empty());
+    let backend = QnnBackend::load(&bundle, &config).map_err(|e| e.to_string())?;
+    Ok(Box::new(backend))
 }
 
 fn set_threads(threads: Option<usize>) -> Result<(), String> {
@@ -290,6 +297,12 @@ fn worker_spec(backend: &str, model: &Path, config: &Config) -> Result<WorkerSpe
         env.push(("RKNN_LIB".into(), config.rknn.library.clone().into()));
     }
     env.push(("LAYA_RKNN_CORE_MASK".into(), config.rknn.core_mask.to_string().into()));
+    if !config.qnn.backend_lib.is_empty() {
+        env.push(("LAYA_QNN_BACKEND_LIB".into(), config.qnn.backend_lib.clone().into()));
+    }
+    if !config.qnn.system_lib.is_empty() {
+        env.push(("LAYA_QNN_SYSTEM_LIB".into(), config.qnn.system_lib.clone().into()));
+    }
     if !config.qnn.adsp_library_path.is_empty() {
         env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
     }
