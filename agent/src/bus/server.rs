@@ -97,14 +97,7 @@ impl Shared {
 
     /// Handles one question end to end; the caller acknowledges it afterwards.
     async fn handle(self: &Arc<Self>, publish: &Publish, received: Instant) {
-        let props = publish.properties.as_ref();
-        let incoming = Incoming {
-            payload: &publish.payload,
-            content_type: props.and_then(|p| p.content_type.as_deref()),
-            response_topic: props.and_then(|p| p.response_topic.as_deref()),
-            correlation: props.and_then(|p| p.correlation_data.as_deref()),
-            message_expiry_s: props.and_then(|p| p.message_expiry_interval),
-        };
+        let incoming = incoming(publish);
         let decision = {
             let replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
             self.admission.decide(&incoming, received, &replies)
@@ -438,19 +431,24 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
 /// The reply to a question that arrives with the queue full: what admission would refuse it
 /// for anyway (too large, malformed, ...), else `overloaded`.
 fn refusal_when_full(s: &Shared, p: &Publish) -> Option<(ReplyTo, ErrorReply)> {
-    let props = p.properties.as_ref();
-    let incoming = Incoming {
-        payload: &p.payload,
-        content_type: props.and_then(|x| x.content_type.as_deref()),
-        response_topic: props.and_then(|x| x.response_topic.as_deref()),
-        correlation: props.and_then(|x| x.correlation_data.as_deref()),
-        message_expiry_s: props.and_then(|x| x.message_expiry_interval),
-    };
+    let incoming = incoming(p);
     let overloaded = |id| ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() };
     match s.admission.decide(&incoming, Instant::now(), &ReplyCache::new(0)) {
         Decision::Answer { request, reply_to, .. } => Some((reply_to, overloaded(request.id))),
         Decision::Refuse { error, reply_to } => Some((reply_to, error)),
         Decision::Resend { reply_to, .. } => Some((reply_to, overloaded(None))),
         Decision::Drop { .. } => None,
+    }
+}
+
+/// The parts of an MQTT publish that admission reads.
+fn incoming(p: &Publish) -> Incoming<'_> {
+    let props = p.properties.as_ref();
+    Incoming {
+        payload: &p.payload,
+        content_type: props.and_then(|x| x.content_type.as_deref()),
+        response_topic: props.and_then(|x| x.response_topic.as_deref()),
+        correlation: props.and_then(|x| x.correlation_data.as_deref()),
+        message_expiry_s: props.and_then(|x| x.message_expiry_interval),
     }
 }
