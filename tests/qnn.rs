@@ -21,7 +21,7 @@
 //! body in a child process ([`in_child`]); no test changes its own environment.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -32,7 +32,7 @@ use laya_edge::npu::qnn::{HostFault, QnnBackend, QnnConfig, QnnError};
 use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
 use laya_edge_tests::{bundle, cases, model_dir, read_json};
-use laya_topics::json::{ParseOptions, Style, parse, to_string};
+use laya_topics::json::{Style, to_string};
 use laya_topics::{Request, Value};
 
 const CHILD: &str = "LAYA_QNN_TEST_CHILD";
@@ -458,24 +458,7 @@ fn fake_library() -> &'static Path {
         if let Some(p) = std::env::var_os(FAKE_LIB) {
             return PathBuf::from(p);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "fake-qnn", "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-        let exe = std::env::current_exe().unwrap();
-        if exe.components().any(|c| c.as_os_str() == "release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.stderr(Stdio::inherit()).output().expect("cargo runs");
-        assert!(out.status.success(), "cargo build -p fake-qnn failed");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| parse(l.as_bytes(), ParseOptions::default()).ok())
-            .filter(|m| m.get("reason").and_then(Value::as_str) == Some("compiler-artifact"))
-            .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("fake_qnn"))
-            .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
-            .filter_map(|f| f.as_str().map(PathBuf::from))
-            .find(|p| p.extension().is_some_and(|e| e == "so" || e == "dylib"))
-            .expect("cargo reports the fake library")
+        laya_edge_tests::build_fake_library("fake-qnn", "fake_qnn")
     })
 }
 

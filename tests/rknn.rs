@@ -22,7 +22,6 @@ use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnError, RknnGraph, Status
 use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
 use laya_edge_tests::{bundle, cases, model_dir};
-use laya_topics::json::{ParseOptions, parse};
 use laya_topics::{Request, Value};
 
 /// Set in the child processes [`in_child`] starts.
@@ -37,25 +36,7 @@ fn fake_library() -> &'static Path {
         if let Some(p) = std::env::var_os(FAKE_LIB) {
             return PathBuf::from(p);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "fake-rknn", "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-        // Same profile as this test binary (target/<profile>/deps/<test>).
-        let exe = std::env::current_exe().expect("the test binary's path");
-        if exe.components().any(|c| c.as_os_str() == "release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.stderr(Stdio::inherit()).output().expect("cargo runs");
-        assert!(out.status.success(), "cargo build -p fake-rknn failed");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| parse(l.as_bytes(), ParseOptions::default()).ok())
-            .filter(|m| m.get("reason").and_then(Value::as_str) == Some("compiler-artifact"))
-            .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("fake_rknn"))
-            .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
-            .filter_map(|f| f.as_str().map(PathBuf::from))
-            .find(|p| p.extension().is_some_and(|e| e == "so" || e == "dylib"))
-            .expect("cargo reports the fake library")
+        laya_edge_tests::build_fake_library("fake-rknn", "fake_rknn")
     })
 }
 

@@ -95,3 +95,26 @@ pub fn ints(v: &Value) -> Vec<i64> {
 pub fn text(v: &Value) -> String {
     json::to_string(v, json::Style::COMPACT)
 }
+
+/// Builds a fake runtime cdylib of this workspace (`cargo build -p PACKAGE`, in the profile of
+/// the running test binary) and returns the shared library cargo reports for `target`.
+pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "-p", package, "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+    let exe = std::env::current_exe().expect("the test binary's path");
+    if exe.components().any(|c| c.as_os_str() == "release") {
+        cmd.arg("--release");
+    }
+    let out = cmd.stderr(std::process::Stdio::inherit()).output().expect("cargo runs");
+    assert!(out.status.success(), "cargo build -p {package} failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| json::parse(l.as_bytes(), ParseOptions::default()).ok())
+        .filter(|m| m.get("reason").and_then(Value::as_str) == Some("compiler-artifact"))
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(target))
+        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|p| p.extension().is_some_and(|e| e == "so" || e == "dylib"))
+        .unwrap_or_else(|| panic!("cargo reports no library for {target}"))
+}
