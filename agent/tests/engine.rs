@@ -67,7 +67,8 @@ async fn a_hung_worker_is_killed_within_its_deadline_and_the_call_is_answered_af
     let elapsed = t.elapsed();
     assert_eq!(out.rows[0], NullBackend::logits_for(&row(5)));
     assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
-    assert!(elapsed < Duration::from_millis(500 + 1000), "killed and replaced within deadline + 1 s: {elapsed:?}");
+    // Generous for a loaded CI machine; without the deadline the call would never return.
+    assert!(elapsed < Duration::from_millis(500 + 3000), "killed and replaced within deadline + 3 s: {elapsed:?}");
     assert_eq!(engine.restarts()[0].reason, RestartReason::Deadline);
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
@@ -80,7 +81,7 @@ async fn status_is_answered_while_the_worker_hangs() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let t = Instant::now();
     let status = engine.status();
-    assert!(t.elapsed() < Duration::from_millis(50));
+    assert!(t.elapsed() < Duration::from_millis(250), "status waited for the hung worker");
     assert!(matches!(status.worker, WorkerState::Busy(_)), "{status:?}");
     // It hangs again after the restart, so the second failure is final and retryable.
     let result = call.await.expect("the call task");
@@ -127,4 +128,25 @@ async fn a_crash_loop_degrades_to_the_cpu_fallback() {
     assert!(status.degraded && status.role == Role::Fallback, "{status:?}");
     assert_eq!(status.backend.as_deref(), Some("cpu"));
     assert!(engine.restarts().iter().all(|r| r.reason.label() == "load_failed" && r.role == Role::Primary));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_reports_a_load_failure_and_exits_is_never_taken_for_a_crash() {
+    // The LoadFailed frame and the process exit reach the driver on different paths; the exit
+    // must be reported only after the worker's last frames, however the two race.
+    let policy = Policy {
+        max_restarts: 1000,
+        backoff_min: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(1),
+        ..fast_policy(20_000)
+    };
+    let engine = Engine::start(EngineConfig { policy, primary: worker("null", "-", Some("load-fail")), fallback: None });
+    let t = Instant::now();
+    while engine.restarts().len() < 25 && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let restarts = engine.restarts();
+    assert!(restarts.len() >= 25, "only {} restarts in 60 s", restarts.len());
+    let labels: Vec<&str> = restarts.iter().map(|r| r.reason.label()).collect();
+    assert!(labels.iter().all(|l| *l == "load_failed"), "{labels:?}");
 }

@@ -173,6 +173,9 @@ struct Driver {
     restarts: Arc<Mutex<Vec<RestartRecord>>>,
 }
 
+/// How long an exited worker's stdout may take to drain before its exit is reported.
+const LAST_WORDS: Duration = Duration::from_secs(2);
+
 /// Reads one frame from the worker's stdout.
 async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<FromWorker, String>> {
     let mut len = [0u8; 4];
@@ -306,7 +309,7 @@ impl Driver {
                     s.backend = None;
                 }
                 let frames = wtx.clone();
-                tokio::spawn(async move {
+                let reader = tokio::spawn(async move {
                     while let Some(frame) = read_frame(&mut stdout).await {
                         let msg = match frame {
                             Ok(f) => WorkerMsg::Frame(f),
@@ -326,6 +329,11 @@ impl Driver {
                                 Ok(s) => s.to_string(),
                                 Err(e) => e.to_string(),
                             };
+                            // The worker's last frames (a LoadFailed, a Failed) are queued before its
+                            // exit: the reader sends them before it sees EOF. Without this wait a
+                            // worker that reports a load failure and exits could be taken for a crash.
+                            // A grandchild holding the pipe open must not stall us, hence the bound.
+                            let _ = tokio::time::timeout(LAST_WORDS, reader).await;
                             let _ = exits.send((instance, WorkerMsg::Exited(how))).await;
                         }
                         _ = kill_rx => {
