@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use laya_edge::decide;
-use laya_edge::pipeline::limits_for;
 use laya_edge::model::{CpuModel, ModelError};
+use laya_edge::pipeline::limits_for;
 use laya_edge::prompt::{self, Row};
 use laya_edge_tests::{bundle, cases, f32s, model_dir};
 use laya_topics::Request;
@@ -48,7 +48,13 @@ fn logits_and_act_probabilities_match_pytorch_within_a_thousandth() {
             assert_eq!(o.logits.len(), logits.len(), "{} {qid}", case.id);
             for (a, b) in o.logits.iter().zip(&logits).chain(ours_act.iter().zip(&act)) {
                 worst = worst.max((a - b).abs());
-                assert!((a - b).abs() <= 1e-3, "{} {qid}: ours {:?} / {:?}, laya {logits:?} / {act:?}", case.id, o.logits, ours_act);
+                assert!(
+                    (a - b).abs() <= 1e-3,
+                    "{} {qid}: ours {:?} / {:?}, laya {logits:?} / {act:?}",
+                    case.id,
+                    o.logits,
+                    ours_act
+                );
             }
             rows_compared += 1;
         }
@@ -86,7 +92,6 @@ fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
     }
 }
 
-
 /// Compares our answer with laya's: every number within `tol`, the same choice wherever laya's
 /// top two probabilities differ by more than 1e-3.
 fn assert_close(case: &str, qid: &str, ours: &laya_topics::Value, laya: &laya_topics::Value, tol: f64) {
@@ -99,7 +104,9 @@ fn assert_close(case: &str, qid: &str, ours: &laya_topics::Value, laya: &laya_to
                     let probs: Vec<f64> = b
                         .get("probabilities")
                         .and_then(Value::as_object)
-                        .map(|m| m.values().filter_map(|p| if let Value::Float(f) = p { Some(*f) } else { None }).collect())
+                        .map(|m| {
+                            m.values().filter_map(|p| if let Value::Float(f) = p { Some(*f) } else { None }).collect()
+                        })
                         .unwrap_or_default();
                     let mut sorted = probs.clone();
                     sorted.sort_by(|x, y| y.total_cmp(x));
@@ -108,7 +115,11 @@ fn assert_close(case: &str, qid: &str, ours: &laya_topics::Value, laya: &laya_to
                     }
                     continue;
                 }
-                let t = if k == "score" { tol * b.get("probabilities").and_then(Value::as_object).map_or(1, |m| m.len()) as f64 } else { tol };
+                let t = if k == "score" {
+                    tol * b.get("probabilities").and_then(Value::as_object).map_or(1, |m| m.len()) as f64
+                } else {
+                    tol
+                };
                 assert_close(case, qid, v, &b[k], t);
             }
         }
@@ -129,9 +140,9 @@ fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
             continue;
         }
         let b = bundle(&case.model);
-        let backend = backends.entry(case.model.clone()).or_insert_with(|| {
-            CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap()
-        });
+        let backend = backends
+            .entry(case.model.clone())
+            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap());
         let request = Request::from_value(case.field("request").clone()).unwrap();
         let ours = pipeline::answer(&b, backend, &request).unwrap_or_else(|e| panic!("{}: {e}", case.id)).to_value();
         let laya_answers = laya.get("answers").and_then(|a| a.as_object()).unwrap();

@@ -47,7 +47,8 @@ fn question_validation_gives_lavas_verdicts_and_messages() {
             }
             checked += 1;
             let (kind, message) = laya_error(verdict);
-            let err = p.outcome.as_ref().err().unwrap_or_else(|| panic!("{} {qid}: laya raised {kind}: {message}", case.id));
+            let err =
+                p.outcome.as_ref().err().unwrap_or_else(|| panic!("{} {qid}: laya raised {kind}: {message}", case.id));
             if kind == "ValueError" {
                 assert_eq!(err.kind, QuestionErrorKind::Invalid, "{} {qid}", case.id);
                 assert_eq!(err.message, message, "{} {qid}", case.id);

@@ -18,8 +18,17 @@ fn leaf() -> impl Strategy<Value = Value> {
         any::<f64>().prop_map(Value::Float),
         prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-0.0), Just(1e-7), Just(1e16)].prop_map(Value::Float),
         ".{0,40}".prop_map(Value::Str),
-        prop_oneof![Just("[MASK]"), Just("[SEP] x [CLS]"), Just("a\u{0}\u{1f}\"\\"), Just("choice"), Just("noul"), Just("score"), Just("true"), Just("FALSE")]
-            .prop_map(Value::from),
+        prop_oneof![
+            Just("[MASK]"),
+            Just("[SEP] x [CLS]"),
+            Just("a\u{0}\u{1f}\"\\"),
+            Just("choice"),
+            Just("noul"),
+            Just("score"),
+            Just("true"),
+            Just("FALSE")
+        ]
+        .prop_map(Value::from),
     ]
 }
 

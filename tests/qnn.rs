@@ -69,8 +69,11 @@ fn json_str(s: &str) -> String {
 
 fn temp_dir(tag: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("qnn-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "qnn-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -113,7 +116,11 @@ fn npu_bundle(model: &str, graphs: &[G], extra: &str) -> PathBuf {
 fn fixture_bundle(model: &str, l: usize, flavour: &str) -> PathBuf {
     let file = workspace().join(format!("tests/fixtures/qnn/{model}/enc_L{l}_{flavour}_ctx_qnn.bin"));
     let io = if flavour == "u16io" { "ufixed16" } else { "float" };
-    npu_bundle(model, &[G { file: &file, seq_len: l, calibration: "min-max", io }], r#", "allow_minmax_above_128": true"#)
+    npu_bundle(
+        model,
+        &[G { file: &file, seq_len: l, calibration: "min-max", io }],
+        r#", "allow_minmax_above_128": true"#,
+    )
 }
 
 /// The rows of a request, or `None` if a question is invalid.
@@ -204,14 +211,20 @@ fn compare(ctx: &str, ours: &Value, cpu: &Value, key: &str, stats: &mut Stats) {
                     let mut p: Vec<f64> = b
                         .get("probabilities")
                         .and_then(Value::as_object)
-                        .map(|m| m.values().filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None }).collect())
+                        .map(|m| {
+                            m.values().filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None }).collect()
+                        })
                         .unwrap_or_default();
                     p.sort_by(|x, y| y.total_cmp(x));
                     if p.len() < 2 || p[0] - p[1] > 0.02 {
                         stats.decisions += 1;
                     }
                     if (p.len() < 2 || p[0] - p[1] > 0.02) && v != w {
-                        stats.disagreements.push(format!("{ctx}: {} vs cpu {}", to_string(v, Style::COMPACT), to_string(w, Style::COMPACT)));
+                        stats.disagreements.push(format!(
+                            "{ctx}: {} vs cpu {}",
+                            to_string(v, Style::COMPACT),
+                            to_string(w, Style::COMPACT)
+                        ));
                     }
                     continue;
                 }
@@ -229,7 +242,11 @@ fn compare(ctx: &str, ours: &Value, cpu: &Value, key: &str, stats: &mut Stats) {
             }
         }
         (a, b) if a == b => {}
-        (a, b) => stats.mismatches.push(format!("{ctx}: {} vs cpu {}", to_string(a, Style::COMPACT), to_string(b, Style::COMPACT))),
+        (a, b) => stats.mismatches.push(format!(
+            "{ctx}: {} vs cpu {}",
+            to_string(a, Style::COMPACT),
+            to_string(b, Style::COMPACT)
+        )),
     }
 }
 
@@ -246,7 +263,10 @@ fn compare_cases(model: &str, qnn: &mut QnnBackend, max_len: usize, min_len: usi
         }
         let request = Request::from_value(case.field("request").clone()).unwrap();
         let rows = rows_of(&b, &request);
-        if rows.is_empty() || rows.iter().any(|r| r.input_ids.len() > max_len) || rows.iter().all(|r| r.input_ids.len() <= min_len) {
+        if rows.is_empty()
+            || rows.iter().any(|r| r.input_ids.len() > max_len)
+            || rows.iter().all(|r| r.input_ids.len() <= min_len)
+        {
             continue;
         }
         used += 1;
@@ -284,7 +304,12 @@ fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
         let stats = compare_cases(model, &mut qnn, l, min_len, limit);
         eprintln!(
             "{model} L{l} {flavour}: {} questions, mean probability difference {:.4}, max {:.4} ({}), {}/{} decisions differ",
-            stats.questions, stats.sum_prob_diff / stats.probs.max(1) as f64, stats.max_prob_diff, stats.worst, stats.disagreements.len(), stats.decisions
+            stats.questions,
+            stats.sum_prob_diff / stats.probs.max(1) as f64,
+            stats.max_prob_diff,
+            stats.worst,
+            stats.disagreements.len(),
+            stats.decisions
         );
         assert!(stats.questions >= 3, "{model} L{l} {flavour}: only {} questions compared", stats.questions);
         if let Err(e) = stats.check(PROB_TOL) {
@@ -349,8 +374,16 @@ fn npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    let shape: Vec<usize> = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap()
-        .split(',').filter_map(|s| s.trim().parse().ok()).collect();
+    let shape: Vec<usize> = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
     let data = &bytes[10 + hlen..];
     let values = if header.contains("'<f4'") {
         data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
@@ -383,8 +416,14 @@ fn hidden_states_of_the_reference_rows_match_the_simulator_reference_outputs() {
         for l in [128, 256] {
             let fx = workspace().join(format!("tests/fixtures/qnn/{model}"));
             let rows = read_json(&fx.join(format!("refs/L{l}_rows.json")));
-            let lens: Vec<usize> = rows.get("lens").unwrap().as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as usize).collect();
-            let ids: Vec<Vec<u32>> = rows.get("input_ids").unwrap().as_array().unwrap().iter()
+            let lens: Vec<usize> =
+                rows.get("lens").unwrap().as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as usize).collect();
+            let ids: Vec<Vec<u32>> = rows
+                .get("input_ids")
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .iter()
                 .map(|r| r.as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as u32).collect())
                 .collect();
             let (_, torch) = npy(&fx.join(format!("refs/L{l}_torch_hidden.npy")));
@@ -394,12 +433,27 @@ fn hidden_states_of_the_reference_rows_match_the_simulator_reference_outputs() {
                     npy(&fx.join(format!("refs/enc_L{l}_f32io_hidden.npy"))).1
                 } else {
                     let desc = read_json(&fx.join(format!("enc_L{l}_u16io.json")));
-                    let q = desc.get("tensors").unwrap().as_array().unwrap().iter()
-                        .find(|t| t.get("role").and_then(Value::as_str) == Some("output")).unwrap()
-                        .get("quantization").unwrap().clone();
-                    let scale = match q.get("scale").unwrap() { Value::Float(f) => *f, _ => panic!() };
+                    let q = desc
+                        .get("tensors")
+                        .unwrap()
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|t| t.get("role").and_then(Value::as_str) == Some("output"))
+                        .unwrap()
+                        .get("quantization")
+                        .unwrap()
+                        .clone();
+                    let scale = match q.get("scale").unwrap() {
+                        Value::Float(f) => *f,
+                        _ => panic!(),
+                    };
                     let offset = q.get("offset").unwrap().as_i64().unwrap() as f64;
-                    npy(&fx.join(format!("refs/enc_L{l}_u16io_hidden.npy"))).1.iter().map(|&q| ((q as f64 + offset) * scale) as f32).collect()
+                    npy(&fx.join(format!("refs/enc_L{l}_u16io_hidden.npy")))
+                        .1
+                        .iter()
+                        .map(|&q| ((q as f64 + offset) * scale) as f32)
+                        .collect()
                 };
                 let d = reference.len() / (lens.len() * l);
                 let mut worst = 0.0f32;
@@ -415,7 +469,10 @@ fn hidden_states_of_the_reference_rows_match_the_simulator_reference_outputs() {
                     assert!(p > 0.999, "{model} L{l} {flavour} row {r}: Pearson {p} against float PyTorch");
                 }
                 eprintln!("{model} L{l} {flavour}: max |ours - simulator reference| = {worst}");
-                assert!(worst <= 1e-6, "{model} L{l} {flavour}: hidden states differ from the simulator reference by {worst}");
+                assert!(
+                    worst <= 1e-6,
+                    "{model} L{l} {flavour}: hidden states differ from the simulator reference by {worst}"
+                );
             }
         }
     }
@@ -435,11 +492,16 @@ fn the_binary_metadata_read_through_libqnnsystem_matches_the_fixture_description
         for t in desc.get("tensors").unwrap().as_array().unwrap() {
             let name = t.get("compiled_name").unwrap().as_str().unwrap();
             let m = meta.graph.inputs.iter().chain(&meta.graph.outputs).find(|m| m.name == name).unwrap();
-            let dims: Vec<u32> = t.get("dims").unwrap().as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as u32).collect();
+            let dims: Vec<u32> =
+                t.get("dims").unwrap().as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as u32).collect();
             assert_eq!(m.dims, dims, "{name}");
             if let Some(Value::Float(scale)) = t.get("quantization").and_then(|q| q.get("scale")) {
                 let offset = t.get("quantization").unwrap().get("offset").unwrap().as_i64().unwrap() as i32;
-                assert_eq!(m.encoding, laya_edge::npu::qnn::binary::Encoding::Ufixed16 { scale: *scale as f32, offset }, "{name}");
+                assert_eq!(
+                    m.encoding,
+                    laya_edge::npu::qnn::binary::Encoding::Ufixed16 { scale: *scale as f32, offset },
+                    "{name}"
+                );
             } else {
                 assert_eq!(m.encoding, laya_edge::npu::qnn::binary::Encoding::Float32, "{name}");
             }
@@ -476,7 +538,12 @@ fn in_child(test: &str, env: &[(&str, &str)], body: impl FnOnce()) {
         .envs(env.iter().copied())
         .output()
         .expect("the test binary runs");
-    assert!(out.status.success(), "child {test} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "child {test} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn fake_binary(model: &str, seq_len: usize, suffix: &str) -> PathBuf {
@@ -497,7 +564,8 @@ fn fake_binary(model: &str, seq_len: usize, suffix: &str) -> PathBuf {
 
 fn load_fake(model: &str, lens: &[(usize, &str)], extra: &str) -> Result<QnnBackend, QnnError> {
     let files: Vec<(PathBuf, usize, &str)> = lens.iter().map(|&(l, c)| (fake_binary(model, l, ""), l, c)).collect();
-    let graphs: Vec<G> = files.iter().map(|(f, l, c)| G { file: f, seq_len: *l, calibration: c, io: "float" }).collect();
+    let graphs: Vec<G> =
+        files.iter().map(|(f, l, c)| G { file: f, seq_len: *l, calibration: c, io: "float" }).collect();
     let dir = npu_bundle(model, &graphs, extra);
     let lib = fake_library();
     QnnBackend::load(&HostBundle::load(&dir).unwrap(), &QnnConfig::new(lib, lib))

@@ -52,15 +52,23 @@ fn fake_graph_with_slots(checkpoint: &Path, seq_len: usize, marker_slots: usize)
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("graph-{}-{seq_len}.fake.rknn", N.fetch_add(1, Ordering::SeqCst)));
     let ckpt = std::path::absolute(checkpoint).unwrap();
-    let ckpt = laya_topics::json::to_string(&Value::Str(ckpt.to_string_lossy().into_owned()), laya_topics::json::Style::COMPACT);
-    let text = format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt}, "seq_len": {seq_len}, "marker_slots": {marker_slots}}}"#);
+    let ckpt = laya_topics::json::to_string(
+        &Value::Str(ckpt.to_string_lossy().into_owned()),
+        laya_topics::json::Style::COMPACT,
+    );
+    let text = format!(
+        r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt}, "seq_len": {seq_len}, "marker_slots": {marker_slots}}}"#
+    );
     std::fs::write(&file, text).unwrap();
     file
 }
 
 /// The bundle's graph list for fake graphs of `model` at the given lengths.
 fn graphs(model: &str, lengths: &[usize]) -> Vec<RknnGraph> {
-    lengths.iter().map(|&l| RknnGraph { file: fake_graph(&model_dir(model), l), seq_len: l, marker_slots: 64 }).collect()
+    lengths
+        .iter()
+        .map(|&l| RknnGraph { file: fake_graph(&model_dir(model), l), seq_len: l, marker_slots: 64 })
+        .collect()
 }
 
 fn config() -> RknnConfig {
@@ -126,7 +134,11 @@ fn assert_same_answer(case: &str, qid: &str, ours: &Value, cpu: &Value, key: &st
                         let mut p: Vec<f64> = b
                             .get("probabilities")
                             .and_then(Value::as_object)
-                            .map(|m| m.values().filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None }).collect())
+                            .map(|m| {
+                                m.values()
+                                    .filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None })
+                                    .collect()
+                            })
                             .unwrap_or_default();
                         p.sort_by(|x, y| y.total_cmp(x));
                         if p.len() < 2 || p[0] - p[1] > 2e-4 {
@@ -181,9 +193,9 @@ fn answers_through_the_fake_runtime_equal_the_cpu_backends() {
         let b = bundle(&case.model);
         // Two buckets: the fixtures' short rows run on 128, the long ones on 512.
         let r = rknn.entry(case.model.clone()).or_insert_with(|| load(&case.model, &[512, 128]).unwrap());
-        let c = cpu.entry(case.model.clone()).or_insert_with(|| {
-            CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap()
-        });
+        let c = cpu
+            .entry(case.model.clone())
+            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap());
         let request = Request::from_value(case.field("request").clone()).unwrap();
         let (mut r, mut c) = (Recording::new(r), Recording::new(c));
         let ours = pipeline::answer(&b, &mut r, &request).unwrap_or_else(|e| panic!("{}: {e}", case.id)).to_value();
@@ -279,7 +291,9 @@ fn rknn_err_fail_after_a_run_is_the_drivers_job_timeout_and_fatal() {
 
 #[test]
 fn other_error_codes_during_a_run_are_fatal_with_their_names() {
-    for (code, name) in [("-9", "RKNN_ERR_OUTPUT_INVALID"), ("-3", "RKNN_ERR_DEVICE_UNAVAILABLE"), ("-42", "undocumented")] {
+    for (code, name) in
+        [("-9", "RKNN_ERR_OUTPUT_INVALID"), ("-3", "RKNN_ERR_DEVICE_UNAVAILABLE"), ("-42", "undocumented")]
+    {
         in_child(
             "other_error_codes_during_a_run_are_fatal_with_their_names",
             &[("FAKE_RKNN_FAIL_CODE", code), ("LAYA_RKNN_TEST_NAME", name)],
@@ -321,12 +335,14 @@ fn a_file_that_is_not_a_graph_fails_init_as_an_invalid_model() {
 #[test]
 fn a_graph_whose_shape_differs_from_the_bundle_is_refused() {
     let file = fake_graph(&model_dir("bpe-small"), 128);
-    let err = RknnBackend::load(&[RknnGraph { file, seq_len: 256, marker_slots: 64 }], &config(), 0).err().expect("refused");
+    let err =
+        RknnBackend::load(&[RknnGraph { file, seq_len: 256, marker_slots: 64 }], &config(), 0).err().expect("refused");
     let msg = err.to_string();
     assert!(matches!(err, RknnError::Graph { .. }), "{msg}");
     assert!(msg.contains("input_ids") && msg.contains("[1, 128]") && msg.contains("[1, 256]"), "{msg}");
     let file = fake_graph_with_slots(&model_dir("bpe-small"), 128, 32);
-    let err = RknnBackend::load(&[RknnGraph { file, seq_len: 128, marker_slots: 64 }], &config(), 0).err().expect("refused");
+    let err =
+        RknnBackend::load(&[RknnGraph { file, seq_len: 128, marker_slots: 64 }], &config(), 0).err().expect("refused");
     assert!(err.to_string().contains("marker_pos"), "{err}");
 }
 
@@ -367,7 +383,9 @@ fn a_row_no_graph_holds_is_an_input_error() {
     let mut b = load("bpe-small", &[128]).unwrap();
     for (bad, what) in [(row(129, 2, 0), "129 tokens"), (row(100, 65, 0), "65 options")] {
         match b.run(&[&row(10, 2, 0), &bad]) {
-            Err(BackendError::Input(msg)) => assert!(msg.contains(what) && msg.contains("128 tokens x 64 options"), "{msg}"),
+            Err(BackendError::Input(msg)) => {
+                assert!(msg.contains(what) && msg.contains("128 tokens x 64 options"), "{msg}")
+            }
             other => panic!("expected an input error, got {other:?}"),
         }
     }

@@ -32,7 +32,13 @@ fn main() {
     let cache = ReplyCache::new(1024);
     let t = Instant::now();
     for _ in 0..20_000 {
-        let m = Incoming { payload, content_type: None, response_topic: Some("laya/v1/c/reply/b1"), correlation: None, message_expiry_s: None };
+        let m = Incoming {
+            payload,
+            content_type: None,
+            response_topic: Some("laya/v1/c/reply/b1"),
+            correlation: None,
+            message_expiry_s: None,
+        };
         let d = admission.decide(&m, Instant::now(), &cache);
         assert!(matches!(d, Decision::Answer { .. }));
     }
@@ -40,23 +46,44 @@ fn main() {
 
     // mosquitto with TCP_NODELAY if installed (as in the tests), else the in-process rumqttd.
     let mut mosquitto = None;
-    let port = match ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| std::path::Path::new(p).exists()) {
-        Some(bin) => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-            let conf = std::env::temp_dir().join(format!("laya-bench-mosquitto-{}.conf", std::process::id()));
-            std::fs::write(&conf, format!("user root\nlistener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n")).expect("conf");
-            mosquitto = Some(Command::new(bin).arg("-c").arg(&conf).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("mosquitto"));
-            std::thread::sleep(Duration::from_millis(300));
-            port
-        }
-        None => laya_edge::bus::demo::start_broker().expect("broker"),
-    };
+    let port =
+        match ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| std::path::Path::new(p).exists()) {
+            Some(bin) => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map(|a| a.port())
+                    .expect("port");
+                let conf = std::env::temp_dir().join(format!("laya-bench-mosquitto-{}.conf", std::process::id()));
+                std::fs::write(
+                    &conf,
+                    format!("user root\nlistener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"),
+                )
+                .expect("conf");
+                mosquitto = Some(
+                    Command::new(bin)
+                        .arg("-c")
+                        .arg(&conf)
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("mosquitto"),
+                );
+                std::thread::sleep(Duration::from_millis(300));
+                port
+            }
+            None => laya_edge::bus::demo::start_broker().expect("broker"),
+        };
     let model = format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-t5", env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("laya-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let config = dir.join("laya-edge.toml");
     std::fs::write(&config, format!("[mqtt]\nbroker = \"mqtt://127.0.0.1:{port}\"\ndevice = \"bench\"\n[model]\ndir = \"{model}\"\n[engine]\nbackend = \"null\"\n")).expect("config");
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_laya-edge")).args(["serve", "--config"]).arg(&config).stdout(Stdio::null()).spawn().expect("agent");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("agent");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let times = rt.block_on(async {
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -78,8 +105,21 @@ fn main() {
                             break;
                         }
                     }
-                    let props = PublishProperties { response_topic: Some("laya/v1/bench-client/reply/b".into()), ..Default::default() };
-                    client.publish_with_properties("laya/v1/bench/ask", QoS::AtLeastOnce, false, Encoding::Json.encode(&laya_topics::json::parse(payload, Default::default()).expect("json")), props).await.expect("publish");
+                    let props = PublishProperties {
+                        response_topic: Some("laya/v1/bench-client/reply/b".into()),
+                        ..Default::default()
+                    };
+                    client
+                        .publish_with_properties(
+                            "laya/v1/bench/ask",
+                            QoS::AtLeastOnce,
+                            false,
+                            Encoding::Json
+                                .encode(&laya_topics::json::parse(payload, Default::default()).expect("json")),
+                            props,
+                        )
+                        .await
+                        .expect("publish");
                     sent_at = Some(Instant::now());
                     i += 1;
                 }

@@ -89,8 +89,8 @@ impl AgentConfig {
                 Some(v) => v.as_i64().ok_or_else(|| bad(format!("'{key}' must be an integer"))),
             }
         };
-        let head_layers = usize::try_from(count("head_layers", 2)?)
-            .map_err(|_| bad("'head_layers' must not be negative".into()))?;
+        let head_layers =
+            usize::try_from(count("head_layers", 2)?).map_err(|_| bad("'head_layers' must not be negative".into()))?;
         let limits = Limits { max_len: count("max_len", 512)?, head_max_len: count("head_max_len", 192)? };
         let n_act = match cfg.get("act_costs") {
             None | Some(Value::Null) => 1,
@@ -101,11 +101,8 @@ impl AgentConfig {
         let encoder = cfg.get("encoder").and_then(Value::as_str).unwrap_or_default().to_owned();
         let langs_path = dir.join("lang_temperatures.json");
         let langs = if langs_path.is_file() { Some(read_json(&langs_path)?) } else { None };
-        let temperatures = Temperatures::from_config(
-            cfg.get("temperature"),
-            cfg.get("temperature_by_options"),
-            langs.as_ref(),
-        )?;
+        let temperatures =
+            Temperatures::from_config(cfg.get("temperature"), cfg.get("temperature_by_options"), langs.as_ref())?;
         Ok(AgentConfig { encoder, head_layers, n_act, limits, temperatures })
     }
 }
@@ -160,7 +157,8 @@ impl Manifest {
             let uint = |k: &str| g.get(k).and_then(Value::as_i64).and_then(|v| usize::try_from(v).ok());
             graphs.push(GraphSpec {
                 file: dir.join(file),
-                seq_len: uint("seq_len").ok_or_else(|| bad(format!("graph {file}: 'seq_len' must be a positive integer")))?,
+                seq_len: uint("seq_len")
+                    .ok_or_else(|| bad(format!("graph {file}: 'seq_len' must be a positive integer")))?,
                 marker_slots: uint("marker_slots").unwrap_or(0),
                 calibration: g.get("calibration").and_then(Value::as_str).map(str::to_owned),
                 raw: g.clone(),
@@ -184,10 +182,7 @@ fn temperatures_file(path: &Path) -> Result<Temperatures, BundleError> {
     let per_type = match &v {
         Value::Array(_) => v.clone(),
         Value::Object(m) => Value::Array(
-            ["choice", "score", "noul"]
-                .iter()
-                .map(|k| m.get(*k).cloned().unwrap_or(Value::Float(1.0)))
-                .collect(),
+            ["choice", "score", "noul"].iter().map(|k| m.get(*k).cloned().unwrap_or(Value::Float(1.0))).collect(),
         ),
         _ => {
             return Err(BundleError::Config { path: path.to_owned(), message: "expected a list or an object".into() });
@@ -214,7 +209,13 @@ impl HostBundle {
         if !dir.join(MANIFEST).is_file() {
             let config = AgentConfig::load(dir)?;
             let tokenizer = Tokenizer::load(&dir.join("tokenizer"))?;
-            return Ok(HostBundle { dir: dir.to_owned(), config, tokenizer, checkpoint: Some(dir.to_owned()), manifest: None });
+            return Ok(HostBundle {
+                dir: dir.to_owned(),
+                config,
+                tokenizer,
+                checkpoint: Some(dir.to_owned()),
+                manifest: None,
+            });
         }
         let manifest = Manifest::load(dir)?;
         let raw = &manifest.raw;
@@ -233,7 +234,8 @@ impl HostBundle {
         if let Some(t) = raw.get("temperature").and_then(Value::as_str) {
             config.temperatures = temperatures_file(&dir.join(t))?;
         }
-        for (key, slot) in [("max_len", &mut config.limits.max_len), ("head_max_len", &mut config.limits.head_max_len)] {
+        for (key, slot) in [("max_len", &mut config.limits.max_len), ("head_max_len", &mut config.limits.head_max_len)]
+        {
             if let Some(v) = raw.get(key) {
                 *slot = v.as_i64().ok_or_else(|| bad(format!("'{key}' must be an integer")))?;
             }
@@ -251,7 +253,13 @@ impl HostBundle {
             SpecialTokenNames { cls: get("cls"), sep: get("sep"), mask: get("mask"), pad: get("pad") }
         });
         let tokenizer = Tokenizer::load_file(&tokenizer_path, names.as_ref())?;
-        Ok(HostBundle { dir: dir.to_owned(), config, tokenizer, checkpoint: manifest.checkpoint.clone(), manifest: Some(manifest) })
+        Ok(HostBundle {
+            dir: dir.to_owned(),
+            config,
+            tokenizer,
+            checkpoint: manifest.checkpoint.clone(),
+            manifest: Some(manifest),
+        })
     }
 }
 

@@ -104,7 +104,13 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { queue: 64, questions_per_request: 64, options_per_question: 255, nesting_depth: 64, remember_replies: 1024 }
+        Limits {
+            queue: 64,
+            questions_per_request: 64,
+            options_per_question: 255,
+            nesting_depth: 64,
+            remember_replies: 1024,
+        }
     }
 }
 
@@ -191,7 +197,8 @@ pub struct Qnn {
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         let config: Config =
             toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string() })?;
         config.check()?;
@@ -238,7 +245,11 @@ impl Config {
 
     /// The MQTT client id: configured, else `laya-edge-{device}`.
     pub fn client_id(&self) -> String {
-        if self.mqtt.client_id.is_empty() { format!("laya-edge-{}", self.device()) } else { self.mqtt.client_id.clone() }
+        if self.mqtt.client_id.is_empty() {
+            format!("laya-edge-{}", self.device())
+        } else {
+            self.mqtt.client_id.clone()
+        }
     }
 }
 

@@ -162,7 +162,8 @@ fn load_backend(kind: BackendKind, model: &Path, faults: Option<&str>) -> Result
 fn load_rknn(model: &Path) -> Result<Box<dyn Backend>, String> {
     use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
-    let manifest = bundle.manifest.as_ref().ok_or("the rknn backend needs an NPU bundle (a directory with laya-bundle.json)")?;
+    let manifest =
+        bundle.manifest.as_ref().ok_or("the rknn backend needs an NPU bundle (a directory with laya-bundle.json)")?;
     let graphs: Vec<RknnGraph> = manifest
         .graphs
         .iter()
@@ -197,7 +198,9 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
     use laya_edge::npu::qnn::{QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     // The libraries come from the agent's config through the worker's environment.
-    let lib = |var: &str| std::env::var(var).map_err(|_| format!("the qnn backend needs {var} (qnn.backend_lib / qnn.system_lib)"));
+    let lib = |var: &str| {
+        std::env::var(var).map_err(|_| format!("the qnn backend needs {var} (qnn.backend_lib / qnn.system_lib)"))
+    };
     let mut config = QnnConfig::new(lib("LAYA_QNN_BACKEND_LIB")?, lib("LAYA_QNN_SYSTEM_LIB")?);
     config.adsp_library_path = std::env::var("ADSP_LIBRARY_PATH").ok().filter(|p| !p.is_empty());
     let backend = QnnBackend::load(&bundle, &config).map_err(|e| e.to_string())?;
@@ -206,7 +209,10 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
 
 fn set_threads(threads: Option<usize>) -> Result<(), String> {
     if let Some(n) = threads.filter(|n| *n > 0) {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| format!("cannot set up {n} threads: {e}"))?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .map_err(|e| format!("cannot set up {n} threads: {e}"))?;
     }
     Ok(())
 }
@@ -246,7 +252,10 @@ impl Backend for WorkerBackend {
         self.name
     }
 
-    fn run(&mut self, rows: &[&laya_edge::prompt::Row]) -> Result<Vec<laya_edge::engine::RowResult>, laya_edge::engine::BackendError> {
+    fn run(
+        &mut self,
+        rows: &[&laya_edge::prompt::Row],
+    ) -> Result<Vec<laya_edge::engine::RowResult>, laya_edge::engine::BackendError> {
         use laya_edge::engine::BackendError;
         use laya_edge::engine::process::EngineError;
         let rows = rows.iter().map(|r| (*r).clone()).collect();
@@ -380,7 +389,11 @@ async fn serve(
         fallback,
     });
     if demo {
-        let target = bus::ask::Target { schema: Schema::new(&config.mqtt.prefix).map_err(|e| e.to_string())?, device: Some("demo".into()), fleet: None };
+        let target = bus::ask::Target {
+            schema: Schema::new(&config.mqtt.prefix).map_err(|e| e.to_string())?,
+            device: Some("demo".into()),
+            fleet: None,
+        };
         let broker = config.mqtt.broker.clone();
         tokio::spawn(async move {
             // Ask only once the agent is subscribed: on a fresh broker an early question has no
@@ -423,7 +436,8 @@ async fn ask_command(
     timeout_s: u64,
     request: &str,
 ) -> Result<(), String> {
-    let request = laya_topics::json::parse_str(request, Default::default()).map_err(|e| format!("the request is not JSON: {e}"))?;
+    let request = laya_topics::json::parse_str(request, Default::default())
+        .map_err(|e| format!("the request is not JSON: {e}"))?;
     let (host, port, tls) = bus::connection::parse_broker(broker).map_err(|e| e.to_string())?;
     if tls {
         return Err("ask supports mqtt:// only".into());
@@ -431,13 +445,18 @@ async fn ask_command(
     let options = rumqttc::v5::MqttOptions::new(format!("laya-ask-{}", std::process::id()), host, port);
     let target = bus::ask::Target { schema: Schema::new(prefix).map_err(|e| e.to_string())?, device, fleet };
     let encoding = if cbor { Encoding::Cbor } else { Encoding::Json };
-    let reply = bus::ask::ask(options, &target, &request, encoding, Duration::from_secs(timeout_s)).await.map_err(|e| e.to_string())?;
+    let reply = bus::ask::ask(options, &target, &request, encoding, Duration::from_secs(timeout_s))
+        .await
+        .map_err(|e| e.to_string())?;
     println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::COMPACT));
     Ok(())
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
 }
 
 fn main() -> ExitCode {

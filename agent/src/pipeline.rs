@@ -21,7 +21,11 @@ pub enum PipelineError {
 }
 
 /// Answers every valid question of `request` in one batch; invalid ones get their error in place.
-pub fn answer(bundle: &HostBundle, backend: &mut dyn Backend, request: &Request) -> Result<PredictResult, PipelineError> {
+pub fn answer(
+    bundle: &HostBundle,
+    backend: &mut dyn Backend,
+    request: &Request,
+) -> Result<PredictResult, PipelineError> {
     let prepared = prompt::prepare(&bundle.tokenizer, request, limits_for(request, bundle.config.limits))?;
     let rows: Vec<&Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r)).collect();
     let results = if rows.is_empty() { Vec::new() } else { backend.run(&rows)? };

@@ -21,15 +21,22 @@ fn run(args: &[&str], stdin: &str) -> (String, String, bool) {
         .expect("the binary starts");
     child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
     let out = child.wait_with_output().expect("the binary exits");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
 }
 
 #[test]
 fn layout_prints_lavas_rows_and_goes_on_after_a_bad_line() {
     let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
     let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
-    let request = laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
-    let input = format!("{request}\nnot json\n\n{{\"state\": 1, \"questions\": {{\"q\": {{\"type\": \"bogus\"}}}}}}\n{request}\n");
+    let request =
+        laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
+    let input = format!(
+        "{request}\nnot json\n\n{{\"state\": 1, \"questions\": {{\"q\": {{\"type\": \"bogus\"}}}}}}\n{request}\n"
+    );
     let model = fixtures().join("models/bpe-t5");
     let (stdout, stderr, ok) = run(&["layout", "--model", model.to_str().expect("utf-8 path")], &input);
     assert!(ok, "stderr: {stderr}");
@@ -42,7 +49,8 @@ fn layout_prints_lavas_rows_and_goes_on_after_a_bad_line() {
         assert_eq!(got.get("marker_pos"), want.get(qid).and_then(|w| w.get("marker_pos")));
     }
     assert_eq!(lines[1].get("error").and_then(|e| e.get("code")), Some(&Value::from("bad_request")));
-    let bogus = lines[2].get("questions").and_then(|q| q.get("q")).and_then(|q| q.get("error")).expect("error in place");
+    let bogus =
+        lines[2].get("questions").and_then(|q| q.get("q")).and_then(|q| q.get("error")).expect("error in place");
     assert_eq!(
         bogus.get("message"),
         Some(&Value::from("question 'q': unknown type 'bogus'; use one of ['choice', 'noul', 'score']"))
@@ -61,10 +69,14 @@ fn a_missing_model_directory_is_a_clear_error() {
 fn predict_answers_each_line_and_reports_bad_lines() {
     let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
     let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
-    let request = laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
-    let input = format!("{request}\n[1, 2]\n{{\"id\": 7, \"state\": \"x\", \"questions\": {{\"ok\": {{\"type\": \"noul\", \"instructions\": \"fine?\"}}, \"bad\": {{\"type\": \"score\", \"instructions\": \"?\", \"criteria\": []}}}}}}\n");
+    let request =
+        laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
+    let input = format!(
+        "{request}\n[1, 2]\n{{\"id\": 7, \"state\": \"x\", \"questions\": {{\"ok\": {{\"type\": \"noul\", \"instructions\": \"fine?\"}}, \"bad\": {{\"type\": \"score\", \"instructions\": \"?\", \"criteria\": []}}}}}}\n"
+    );
     let model = fixtures().join("models/bpe-t5");
-    let (stdout, stderr, ok) = run(&["predict", "--model", model.to_str().expect("utf-8 path"), "--threads", "1"], &input);
+    let (stdout, stderr, ok) =
+        run(&["predict", "--model", model.to_str().expect("utf-8 path"), "--threads", "1"], &input);
     assert!(ok, "stderr: {stderr}");
     let lines: Vec<Value> = stdout.lines().map(|l| parse_str(l, ParseOptions::default()).expect("json line")).collect();
     assert_eq!(lines.len(), 3, "{stdout}");

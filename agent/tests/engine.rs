@@ -10,7 +10,8 @@ use laya_edge::engine::supervisor::{Policy, RestartReason, Role, WorkerState};
 use laya_edge::prompt::{QType, Row};
 
 fn worker(backend: &str, model: &str, faults: Option<&str>) -> WorkerSpec {
-    let mut args: Vec<OsString> = vec!["worker".into(), "--backend".into(), backend.into(), "--model".into(), model.into()];
+    let mut args: Vec<OsString> =
+        vec!["worker".into(), "--backend".into(), backend.into(), "--model".into(), model.into()];
     if let Some(f) = faults {
         args.push("--faults".into());
         args.push(f.into());
@@ -61,7 +62,11 @@ fn zombie_children() -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_worker_is_killed_within_its_deadline_and_the_call_is_answered_after_the_restart() {
     let faults = format!("hang@1,once={}", marker("hang"));
-    let engine = Engine::start(EngineConfig { policy: fast_policy(500), primary: worker("null", "-", Some(&faults)), fallback: None });
+    let engine = Engine::start(EngineConfig {
+        policy: fast_policy(500),
+        primary: worker("null", "-", Some(&faults)),
+        fallback: None,
+    });
     let t = Instant::now();
     let out = engine.run(vec![row(5)]).await.expect("answered after the restart");
     let elapsed = t.elapsed();
@@ -75,7 +80,11 @@ async fn a_hung_worker_is_killed_within_its_deadline_and_the_call_is_answered_af
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_is_answered_while_the_worker_hangs() {
-    let engine = Engine::start(EngineConfig { policy: fast_policy(1500), primary: worker("null", "-", Some("hang")), fallback: None });
+    let engine = Engine::start(EngineConfig {
+        policy: fast_policy(1500),
+        primary: worker("null", "-", Some("hang")),
+        fallback: None,
+    });
     let e2 = engine.clone();
     let call = tokio::spawn(async move { e2.run(vec![row(1)]).await });
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -93,7 +102,11 @@ async fn status_is_answered_while_the_worker_hangs() {
 async fn a_crashed_or_exiting_worker_is_replaced_and_the_call_rerun() {
     for fault in ["abort@1", "exit@1", "error=fatal@1"] {
         let faults = format!("{fault},once={}", marker(&fault.replace(['@', '='], "-")));
-        let engine = Engine::start(EngineConfig { policy: fast_policy(5000), primary: worker("null", "-", Some(&faults)), fallback: None });
+        let engine = Engine::start(EngineConfig {
+            policy: fast_policy(5000),
+            primary: worker("null", "-", Some(&faults)),
+            fallback: None,
+        });
         let out = engine.run(vec![row(7)]).await.unwrap_or_else(|e| panic!("{fault}: {e}"));
         assert_eq!(out.rows[0], NullBackend::logits_for(&row(7)), "{fault}");
         let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
@@ -106,7 +119,11 @@ async fn a_crashed_or_exiting_worker_is_replaced_and_the_call_rerun() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_error_is_the_callers_and_restarts_nothing() {
-    let engine = Engine::start(EngineConfig { policy: fast_policy(5000), primary: worker("null", "-", Some("error=input@1")), fallback: None });
+    let engine = Engine::start(EngineConfig {
+        policy: fast_policy(5000),
+        primary: worker("null", "-", Some("error=input@1")),
+        fallback: None,
+    });
     assert!(matches!(engine.run(vec![row(1)]).await, Err(EngineError::Input(_))));
     assert!(engine.run(vec![row(2)]).await.is_ok());
     assert!(engine.restarts().is_empty());
@@ -114,13 +131,16 @@ async fn an_input_error_is_the_callers_and_restarts_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_loop_degrades_to_the_cpu_fallback() {
-    let policy = Policy { fallback: true, max_restarts: 2, backoff_min: Duration::from_millis(20), ..fast_policy(20_000) };
+    let policy =
+        Policy { fallback: true, max_restarts: 2, backoff_min: Duration::from_millis(20), ..fast_policy(20_000) };
     let engine = Engine::start(EngineConfig {
         policy,
         primary: worker("null", "-", Some("load-fail")),
         fallback: Some(worker("cpu", &fixture_model("bpe-small"), None)),
     });
-    let out = engine.run(vec![Row { input_ids: vec![1, 50, 60, 2, 4, 70, 2], marker_pos: vec![4], qtype: QType::Noul }]).await;
+    let out = engine
+        .run(vec![Row { input_ids: vec![1, 50, 60, 2, 4, 70, 2], marker_pos: vec![4], qtype: QType::Noul }])
+        .await;
     let out = out.expect("served by the fallback");
     assert_eq!(out.role, Role::Fallback);
     assert_eq!(out.rows[0].logits.len(), 1);
@@ -140,7 +160,8 @@ async fn a_worker_that_reports_a_load_failure_and_exits_is_never_taken_for_a_cra
         backoff_max: Duration::from_millis(1),
         ..fast_policy(20_000)
     };
-    let engine = Engine::start(EngineConfig { policy, primary: worker("null", "-", Some("load-fail")), fallback: None });
+    let engine =
+        Engine::start(EngineConfig { policy, primary: worker("null", "-", Some("load-fail")), fallback: None });
     let t = Instant::now();
     while engine.restarts().len() < 25 && t.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(20)).await;

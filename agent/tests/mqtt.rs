@@ -28,7 +28,14 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
     c.subscribe("laya/v1/asker-rr/reply/#").await;
     for (i, enc) in [Encoding::Json, Encoding::Cbor].into_iter().enumerate() {
         let id = format!("r{i}");
-        c.ask("laya/v1/dev1/ask", enc.encode(&request(&id)), Some(&format!("laya/v1/asker-rr/reply/{id}")), Some(b"corr-42"), enc).await;
+        c.ask(
+            "laya/v1/dev1/ask",
+            enc.encode(&request(&id)),
+            Some(&format!("laya/v1/asker-rr/reply/{id}")),
+            Some(b"corr-42"),
+            enc,
+        )
+        .await;
         let p = c.next(Duration::from_secs(60)).await.expect("a reply");
         let props = p.properties.clone().expect("properties");
         assert_eq!(props.correlation_data.as_deref(), Some(&b"corr-42"[..]));
@@ -43,7 +50,12 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
         }
         // The same answers as the CPU backend in process.
         let bundle = laya_edge::bundle::HostBundle::load(Path::new(&model("bpe-small"))).expect("bundle");
-        let mut cpu = laya_edge::engine::cpu::CpuBackend::load(Path::new(&model("bpe-small")), &bundle.config, bundle.tokenizer.pad.id).expect("cpu");
+        let mut cpu = laya_edge::engine::cpu::CpuBackend::load(
+            Path::new(&model("bpe-small")),
+            &bundle.config,
+            bundle.tokenizer.pad.id,
+        )
+        .expect("cpu");
         let req = laya_topics::Request::from_value(request(&id)).expect("request");
         let want = laya_edge::pipeline::answer(&bundle, &mut cpu, &req).expect("answer").to_value();
         assert_eq!(text(v.get("answers").expect("answers")), text(want.get("answers").expect("answers")));
@@ -92,7 +104,14 @@ async fn a_shared_subscription_spreads_a_fleets_questions_over_three_agents() {
     let n = 60;
     for i in 0..n {
         let id = format!("f{i}");
-        c.ask("laya/v1/fleet/north/ask", Encoding::Json.encode(&request(&id)), Some(&format!("laya/v1/fleet-asker/reply/{id}")), None, Encoding::Json).await;
+        c.ask(
+            "laya/v1/fleet/north/ask",
+            Encoding::Json.encode(&request(&id)),
+            Some(&format!("laya/v1/fleet-asker/reply/{id}")),
+            None,
+            Encoding::Json,
+        )
+        .await;
     }
     let mut answered: HashMap<String, String> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -137,8 +156,20 @@ async fn a_broker_restart_under_load_loses_no_question() {
     let n = 80;
     for i in 0..n {
         let id = format!("q{i}");
-        let props = PublishProperties { response_topic: Some(format!("laya/v1/restart-asker/reply/{id}")), ..PublishProperties::default() };
-        client.publish_with_properties("laya/v1/dev-restart/ask", QoS::AtLeastOnce, false, Encoding::Json.encode(&request(&id)), props).await.expect("publish");
+        let props = PublishProperties {
+            response_topic: Some(format!("laya/v1/restart-asker/reply/{id}")),
+            ..PublishProperties::default()
+        };
+        client
+            .publish_with_properties(
+                "laya/v1/dev-restart/ask",
+                QoS::AtLeastOnce,
+                false,
+                Encoding::Json.encode(&request(&id)),
+                props,
+            )
+            .await
+            .expect("publish");
         if i == n / 2 {
             broker.restart();
         }
@@ -164,7 +195,14 @@ async fn an_agent_killed_mid_question_answers_it_after_restarting() {
     wait_online(broker.port, "dev-kill").await;
     let mut c = Client::connect(broker.port, "kill-asker").await;
     c.subscribe("laya/v1/kill-asker/reply/#").await;
-    c.ask("laya/v1/dev-kill/ask", Encoding::Json.encode(&request("k1")), Some("laya/v1/kill-asker/reply/k1"), None, Encoding::Json).await;
+    c.ask(
+        "laya/v1/dev-kill/ask",
+        Encoding::Json.encode(&request("k1")),
+        Some("laya/v1/kill-asker/reply/k1"),
+        None,
+        Encoding::Json,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     agent.kill9();
     assert!(c.next(Duration::from_millis(500)).await.is_none(), "no reply from a killed agent");
@@ -186,7 +224,14 @@ async fn overload_and_oversize_get_clear_errors() {
     c.subscribe("laya/v1/lim-asker/reply/#").await;
     for i in 0..4 {
         let id = format!("o{i}");
-        c.ask("laya/v1/dev-lim/ask", Encoding::Json.encode(&request(&id)), Some(&format!("laya/v1/lim-asker/reply/{id}")), None, Encoding::Json).await;
+        c.ask(
+            "laya/v1/dev-lim/ask",
+            Encoding::Json.encode(&request(&id)),
+            Some(&format!("laya/v1/lim-asker/reply/{id}")),
+            None,
+            Encoding::Json,
+        )
+        .await;
     }
     let big = format!(r#"{{"id": "big", "state": "{}", "questions": {{}}}}"#, "x".repeat(5000));
     c.ask("laya/v1/dev-lim/ask", big.into_bytes(), Some("laya/v1/lim-asker/reply/big"), None, Encoding::Json).await;
@@ -222,7 +267,20 @@ async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
         seed ^= seed << 17;
         seed
     };
-    let fragments: [&[u8]; 12] = [b"{", b"}", b"[", b"\"state\"", b"\"questions\"", b":", b",", b"\"id\"", b"NaN", b"1e999", b"\xa1\x61", b"\"type\": \"choice\""];
+    let fragments: [&[u8]; 12] = [
+        b"{",
+        b"}",
+        b"[",
+        b"\"state\"",
+        b"\"questions\"",
+        b":",
+        b",",
+        b"\"id\"",
+        b"NaN",
+        b"1e999",
+        b"\xa1\x61",
+        b"\"type\": \"choice\"",
+    ];
     for i in 0..10_000 {
         let mut payload = Vec::new();
         let parts = next() % 12;
@@ -241,7 +299,14 @@ async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
         let props = PublishProperties { response_topic: reply, ..PublishProperties::default() };
         c.client.publish_with_properties("laya/v1/dev-fuzz/ask", qos, false, payload, props).await.expect("publish");
     }
-    c.ask("laya/v1/dev-fuzz/ask", Encoding::Json.encode(&request("after-fuzz")), Some("laya/v1/fuzz-asker/reply/after-fuzz"), None, Encoding::Json).await;
+    c.ask(
+        "laya/v1/dev-fuzz/ask",
+        Encoding::Json.encode(&request("after-fuzz")),
+        Some("laya/v1/fuzz-asker/reply/after-fuzz"),
+        None,
+        Encoding::Json,
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut found = false;
     while Instant::now() < deadline {
@@ -263,8 +328,22 @@ async fn a_response_topic_outside_the_allowlist_is_never_published_to() {
     let mut c = Client::connect(broker.port, "allow-asker").await;
     c.subscribe("factory/#").await;
     c.subscribe("laya/v1/allow-asker/reply/#").await;
-    c.ask("laya/v1/dev-allow/ask", Encoding::Json.encode(&request("evil")), Some("factory/valves/open"), None, Encoding::Json).await;
-    c.ask("laya/v1/dev-allow/ask", Encoding::Json.encode(&request("good")), Some("laya/v1/allow-asker/reply/good"), None, Encoding::Json).await;
+    c.ask(
+        "laya/v1/dev-allow/ask",
+        Encoding::Json.encode(&request("evil")),
+        Some("factory/valves/open"),
+        None,
+        Encoding::Json,
+    )
+    .await;
+    c.ask(
+        "laya/v1/dev-allow/ask",
+        Encoding::Json.encode(&request("good")),
+        Some("laya/v1/allow-asker/reply/good"),
+        None,
+        Encoding::Json,
+    )
+    .await;
     let p = c.next(Duration::from_secs(30)).await.expect("the allowed reply");
     assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/allow-asker/reply/good");
     assert!(c.next(Duration::from_secs(2)).await.is_none(), "nothing on the refused topic");
@@ -289,11 +368,52 @@ fn make_certs(dir: &Path) {
         let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
-    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=laya-test-ca"]);
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=laya-test-ca",
+    ]);
     std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").expect("ext");
     for name in ["server", "client"] {
-        run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"), "-subj", &format!("/CN={name}")]);
-        run(&["x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", &format!("{name}.crt"), "-days", "2", "-extfile", "san.ext"]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
     }
 }
 
@@ -313,7 +433,11 @@ async fn tls_and_mutual_tls_connections_serve_questions() {
         );
         let broker = Broker::start(if mutual { "mtls" } else { "tls" }, &extra);
         wait_for_port(tls_port);
-        let client_auth = if mutual { format!("client_cert = \"{}\"\nclient_key = \"{}\"\n", p("client.crt"), p("client.key")) } else { String::new() };
+        let client_auth = if mutual {
+            format!("client_cert = \"{}\"\nclient_key = \"{}\"\n", p("client.crt"), p("client.key"))
+        } else {
+            String::new()
+        };
         let device = if mutual { "dev-mtls" } else { "dev-tls" };
         let dir = temp_dir(device);
         let config = dir.join("laya-edge.toml");
@@ -332,7 +456,14 @@ async fn tls_and_mutual_tls_connections_serve_questions() {
         wait_online(broker.port, device).await;
         let mut c = Client::connect(broker.port, &format!("{device}-asker")).await;
         c.subscribe(&format!("laya/v1/{device}-asker/reply/#")).await;
-        c.ask(&format!("laya/v1/{device}/ask"), Encoding::Json.encode(&request("t1")), Some(&format!("laya/v1/{device}-asker/reply/t1")), None, Encoding::Json).await;
+        c.ask(
+            &format!("laya/v1/{device}/ask"),
+            Encoding::Json.encode(&request("t1")),
+            Some(&format!("laya/v1/{device}-asker/reply/t1")),
+            None,
+            Encoding::Json,
+        )
+        .await;
         let reply = c.next(Duration::from_secs(30)).await.expect("a reply over TLS");
         assert_eq!(decode(&reply).get("id"), Some(&Value::from("t1")));
         agent.kill9();
@@ -353,7 +484,11 @@ async fn systemd_gets_ready_after_the_warm_up_and_watchdog_pings_while_healthy()
     let config = dir.join("laya-edge.toml");
     std::fs::write(
         &config,
-        format!("[mqtt]\nbroker = \"{}\"\ndevice = \"dev-notify\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n", broker.url(), model("bpe-small")),
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"dev-notify\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n",
+            broker.url(),
+            model("bpe-small")
+        ),
     )
     .expect("config");
     let env = vec![
@@ -422,7 +557,9 @@ fn serve_demo_answers_the_example_questions_over_its_own_broker() {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(line) if line.starts_with('{') => answers.push(json::parse_str(&line, ParseOptions::default()).expect("json")),
+            Ok(line) if line.starts_with('{') => {
+                answers.push(json::parse_str(&line, ParseOptions::default()).expect("json"))
+            }
             Ok(line) if line.starts_with("demo: answered") => break,
             _ => {}
         }
@@ -437,8 +574,10 @@ fn serve_demo_answers_the_example_questions_over_its_own_broker() {
 
 /// The unit file the Yocto layer installs: `key=value` of its [Service] section.
 fn unit_setting(key: &str) -> String {
-    let unit = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../yocto-layer/recipes-laya/laya-edge/files/laya-edge.service"))
-        .expect("the unit file");
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../yocto-layer/recipes-laya/laya-edge/files/laya-edge.service"),
+    )
+    .expect("the unit file");
     unit.lines()
         .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
         .unwrap_or_else(|| panic!("the unit sets no {key}"))
@@ -459,7 +598,11 @@ async fn under_the_units_settings_the_agent_notifies_ready_and_pings_within_watc
     let config = dir.join("laya-edge.toml");
     std::fs::write(
         &config,
-        format!("[mqtt]\nbroker = \"{}\"\ndevice = \"dev-unit\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n", broker.url(), model("bpe-small")),
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"dev-unit\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n",
+            broker.url(),
+            model("bpe-small")
+        ),
     )
     .expect("config");
     // What systemd sets for WatchdogSec= in the service's environment.

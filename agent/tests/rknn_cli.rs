@@ -41,10 +41,17 @@ fn fake_library() -> PathBuf {
 fn bundle_dir(name: &str, model: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("laya-rknn-bundle-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let ckpt = std::path::absolute(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models").join(model)).expect("path");
+    let ckpt = std::path::absolute(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models").join(model),
+    )
+    .expect("path");
     let ckpt_json = json::to_string(&Value::Str(ckpt.display().to_string()), json::Style::COMPACT);
     for l in [128, 512] {
-        std::fs::write(dir.join(format!("g{l}.fake.rknn")), format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt_json}, "seq_len": {l}, "marker_slots": 64}}"#)).expect("graph");
+        std::fs::write(
+            dir.join(format!("g{l}.fake.rknn")),
+            format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt_json}, "seq_len": {l}, "marker_slots": 64}}"#),
+        )
+        .expect("graph");
     }
     std::fs::write(
         dir.join("laya-bundle.json"),
@@ -68,7 +75,10 @@ fn run_predict(model: &Path, backend: &str, input: &str, env: &[(&str, &Path)]) 
     child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
     let out = child.wait_with_output().expect("exit");
     assert!(out.status.success(), "predict --backend {backend} failed");
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| json::parse_str(l, ParseOptions::default()).expect("json")).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| json::parse_str(l, ParseOptions::default()).expect("json"))
+        .collect()
 }
 
 /// Every probability of `a` within `tol` of `b`'s (the act head is not part of the RKNN graph).
@@ -88,7 +98,10 @@ fn assert_probabilities_close(a: &Value, b: &Value, tol: f64, at: &str) {
 }
 
 fn fixture_requests(model: &str, n: usize) -> String {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/cases.jsonl")).expect("cases");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/cases.jsonl"),
+    )
+    .expect("cases");
     text.lines()
         .filter_map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).ok())
         .filter(|c| c.get("model") == Some(&Value::from(model)))
@@ -103,7 +116,12 @@ fn predict_with_the_rknn_backend_gives_the_cpu_answers() {
     let bundle = bundle_dir("predict", "bpe-small");
     let input = fixture_requests("bpe-small", 25);
     let rknn = run_predict(&bundle, "rknn", &input, &[("RKNN_LIB", &lib)]);
-    let cpu = run_predict(Path::new(&format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-small", env!("CARGO_MANIFEST_DIR"))), "cpu", &input, &[]);
+    let cpu = run_predict(
+        Path::new(&format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-small", env!("CARGO_MANIFEST_DIR"))),
+        "cpu",
+        &input,
+        &[],
+    );
     assert_eq!(rknn.len(), 25);
     for (i, (a, b)) in rknn.iter().zip(&cpu).enumerate() {
         assert_probabilities_close(a, b, 1e-4, &format!("line {i}"));
@@ -134,7 +152,8 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
     c.subscribe("laya/v1/rk-asker/reply/#").await;
     let request = fixture_requests("bpe-small", 1);
     let request = json::parse_str(request.trim(), ParseOptions::default()).expect("json");
-    c.ask("laya/v1/rk1/ask", Encoding::Json.encode(&request), Some("laya/v1/rk-asker/reply/x"), None, Encoding::Json).await;
+    c.ask("laya/v1/rk1/ask", Encoding::Json.encode(&request), Some("laya/v1/rk-asker/reply/x"), None, Encoding::Json)
+        .await;
     let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
     assert_eq!(reply.get("backend"), Some(&Value::from("rknn")));
     let cpu = run_predict(
@@ -143,11 +162,17 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
         &fixture_requests("bpe-small", 1),
         &[],
     );
-    assert_probabilities_close(reply.get("answers").expect("answers"), cpu[0].get("answers").expect("answers"), 1e-4, "answers");
+    assert_probabilities_close(
+        reply.get("answers").expect("answers"),
+        cpu[0].get("answers").expect("answers"),
+        1e-4,
+        "answers",
+    );
 }
 
 fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
-    let args: Vec<OsString> = vec!["worker".into(), "--backend".into(), "rknn".into(), "--model".into(), bundle.as_os_str().to_owned()];
+    let args: Vec<OsString> =
+        vec!["worker".into(), "--backend".into(), "rknn".into(), "--model".into(), bundle.as_os_str().to_owned()];
     let mut env: Vec<(OsString, OsString)> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
     env.push(("RKNN_LIB".into(), lib.as_os_str().to_owned()));
     WorkerSpec { program: PathBuf::from(env!("CARGO_BIN_EXE_laya-edge")), args, env }
@@ -158,9 +183,17 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
     let lib = fake_library();
     let bundle = bundle_dir("watchdog", "bpe-small");
     let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
-    let policy = Policy { fixed_deadline: Some(Duration::from_millis(1500)), load_allowance: Duration::ZERO, ..Policy::default() };
+    let policy = Policy {
+        fixed_deadline: Some(Duration::from_millis(1500)),
+        load_allowance: Duration::ZERO,
+        ..Policy::default()
+    };
     // Every worker hangs on its first run: killed at the deadline, restarted, killed again.
-    let engine = Engine::start(EngineConfig { policy: policy.clone(), primary: rknn_worker(&bundle, &lib, &[("FAKE_RKNN_HANG_ON_RUN", "1")]), fallback: None });
+    let engine = Engine::start(EngineConfig {
+        policy: policy.clone(),
+        primary: rknn_worker(&bundle, &lib, &[("FAKE_RKNN_HANG_ON_RUN", "1")]),
+        fallback: None,
+    });
     assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
     let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
     assert_eq!(reasons, ["deadline", "deadline"]);
@@ -175,5 +208,8 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
     assert!(matches!(engine.run(vec![row]).await, Err(EngineError::Unavailable(_))));
     let restarts = engine.restarts();
     assert_eq!(restarts.len(), 2);
-    assert!(restarts.iter().all(|r| r.reason == laya_edge::engine::supervisor::RestartReason::Fatal(Some(-1))), "{restarts:?}");
+    assert!(
+        restarts.iter().all(|r| r.reason == laya_edge::engine::supervisor::RestartReason::Fatal(Some(-1))),
+        "{restarts:?}"
+    );
 }

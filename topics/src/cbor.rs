@@ -23,8 +23,8 @@ pub enum CborError {
 
 /// Decodes one CBOR document, refusing nesting deeper than `max_depth`.
 pub fn decode(bytes: &[u8], max_depth: usize) -> Result<Value, CborError> {
-    let cbor: Cbor = ciborium::de::from_reader_with_recursion_limit(bytes, max_depth.saturating_add(1))
-        .map_err(|e| match e {
+    let cbor: Cbor =
+        ciborium::de::from_reader_with_recursion_limit(bytes, max_depth.saturating_add(1)).map_err(|e| match e {
             ciborium::de::Error::RecursionLimitExceeded => CborError::TooDeep(max_depth),
             other => CborError::Malformed(other.to_string()),
         })?;

@@ -65,10 +65,8 @@ const MAX_INT_DIGITS: usize = 4300;
 /// does for bytes).
 pub fn parse(input: &[u8], options: ParseOptions) -> Result<Value, ParseError> {
     let input = input.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(input);
-    let text = std::str::from_utf8(input).map_err(|e| ParseError {
-        kind: ParseErrorKind::Utf8,
-        offset: e.valid_up_to(),
-    })?;
+    let text =
+        std::str::from_utf8(input).map_err(|e| ParseError { kind: ParseErrorKind::Utf8, offset: e.valid_up_to() })?;
     parse_str(text, options)
 }
 
@@ -136,11 +134,7 @@ impl Parser<'_> {
     }
 
     fn enter(&self, depth: usize) -> Result<(), ParseError> {
-        if depth > self.max_depth {
-            Err(self.err(ParseErrorKind::TooDeep(self.max_depth)))
-        } else {
-            Ok(())
-        }
+        if depth > self.max_depth { Err(self.err(ParseErrorKind::TooDeep(self.max_depth))) } else { Ok(()) }
     }
 
     fn object(&mut self, depth: usize) -> Result<Value, ParseError> {
@@ -225,9 +219,7 @@ impl Parser<'_> {
         }
         let int_end = self.pos;
         let mut is_float = false;
-        if self.s.get(self.pos) == Some(&b'.')
-            && self.s.get(self.pos + 1).is_some_and(u8::is_ascii_digit)
-        {
+        if self.s.get(self.pos) == Some(&b'.') && self.s.get(self.pos + 1).is_some_and(u8::is_ascii_digit) {
             self.pos += 1;
             self.digits();
             is_float = true;
@@ -252,10 +244,7 @@ impl Parser<'_> {
         } else {
             let ndigits = int_end - start - usize::from(text.starts_with('-'));
             if ndigits > MAX_INT_DIGITS {
-                return Err(ParseError {
-                    kind: ParseErrorKind::IntegerTooLong(MAX_INT_DIGITS),
-                    offset: start,
-                });
+                return Err(ParseError { kind: ParseErrorKind::IntegerTooLong(MAX_INT_DIGITS), offset: start });
             }
             Integer::parse(text).map(Value::Int).ok_or_else(|| self.err(ParseErrorKind::Number))
         }

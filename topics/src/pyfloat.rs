@@ -91,11 +91,7 @@ fn shortest_digits(x: f64) -> (String, i32) {
     }
     let nearest: String = d.iter().map(|v| char::from(b'0' + v)).collect();
     let candidate = format!("{}.{}e{e}", &nearest[..1], &nearest[1..]);
-    if candidate.parse::<f64>().ok() == Some(x) {
-        (nearest.trim_end_matches('0').to_owned(), e)
-    } else {
-        (digits, exp)
-    }
+    if candidate.parse::<f64>().ok() == Some(x) { (nearest.trim_end_matches('0').to_owned(), e) } else { (digits, exp) }
 }
 
 /// `"d.ddde-7"` into (`"dddd"` without trailing zeros, `-7`).

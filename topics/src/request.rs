@@ -68,10 +68,10 @@ impl Request {
         let head_max_len = int_field(&mut map, "head_max_len")?;
         let deadline_ms = match int_field(&mut map, "deadline_ms")? {
             None => None,
-            Some(ms) => Some(u64::try_from(ms).map_err(|_| RequestError::BadField {
-                field: "deadline_ms",
-                expected: "a non-negative integer",
-            })?),
+            Some(ms) => Some(
+                u64::try_from(ms)
+                    .map_err(|_| RequestError::BadField { field: "deadline_ms", expected: "a non-negative integer" })?,
+            ),
         };
         let id = map.shift_remove("id");
         Ok(Request { id, state, questions, lang, max_len, head_max_len, deadline_ms })
@@ -103,6 +103,9 @@ mod tests {
         assert_eq!(req(r#"{"questions": {}}"#).unwrap_err(), RequestError::MissingState);
         assert_eq!(req(r#"{"state": 1, "questions": []}"#).unwrap_err(), RequestError::QuestionsNotAnObject("list"));
         assert!(matches!(req(r#"{"state": 1, "max_len": "9"}"#), Err(RequestError::BadField { field: "max_len", .. })));
-        assert!(matches!(req(r#"{"state": 1, "deadline_ms": -1}"#), Err(RequestError::BadField { field: "deadline_ms", .. })));
+        assert!(matches!(
+            req(r#"{"state": 1, "deadline_ms": -1}"#),
+            Err(RequestError::BadField { field: "deadline_ms", .. })
+        ));
     }
 }

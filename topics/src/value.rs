@@ -177,9 +177,7 @@ impl Value {
             (Value::Null, Value::Null) => true,
             (Value::Str(a), Value::Str(b)) => a == b,
             (Value::Int(a), Value::Int(b)) => a == b,
-            (Value::Array(a), Value::Array(b)) => {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.py_eq(y))
-            }
+            (Value::Array(a), Value::Array(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.py_eq(y)),
             (Value::Object(a), Value::Object(b)) => {
                 a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| v.py_eq(w)))
             }
@@ -236,10 +234,7 @@ mod tests {
         assert_eq!(Integer::parse("-0").unwrap().as_str(), "0");
         assert_eq!(Integer::parse("007").unwrap().as_str(), "7");
         assert_eq!(Integer::parse("-0012").unwrap().as_str(), "-12");
-        assert_eq!(
-            Integer::parse("1180591620717411303424").unwrap().as_str(),
-            "1180591620717411303424"
-        );
+        assert_eq!(Integer::parse("1180591620717411303424").unwrap().as_str(), "1180591620717411303424");
         assert!(Integer::parse("1.0").is_none());
         assert!(Integer::parse("-").is_none());
     }

@@ -34,9 +34,22 @@ impl Encoding {
             _ => {}
         }
         match payload.first() {
-            Some(b'{' | b'[' | b'"' | b' ' | b'\t' | b'\n' | b'\r' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n' | b'N' | b'I') => {
-                Encoding::Json
-            }
+            Some(
+                b'{'
+                | b'['
+                | b'"'
+                | b' '
+                | b'\t'
+                | b'\n'
+                | b'\r'
+                | b'-'
+                | b'0'..=b'9'
+                | b't'
+                | b'f'
+                | b'n'
+                | b'N'
+                | b'I',
+            ) => Encoding::Json,
             Some(0xEF) => Encoding::Json, // UTF-8 BOM
             _ => Encoding::Cbor,
         }

@@ -129,9 +129,7 @@ impl Admission {
         let reply_to = match response.or_else(|| self.fallback_reply(id.as_ref(), msg.correlation, encoding)) {
             Some(r) => r,
             None => {
-                return Decision::Drop {
-                    reason: "no response topic and no usable request id to reply under".into(),
-                };
+                return Decision::Drop { reason: "no response topic and no usable request id to reply under".into() };
             }
         };
         if let Some(payload) = id.as_ref().and_then(|i| replies.get(i, &reply_to.topic)) {
@@ -165,7 +163,12 @@ impl Admission {
             (a, b) => a.or(b),
         };
         if request.deadline_ms == Some(0) || msg.message_expiry_s == Some(0) {
-            return refuse(ErrorCode::DeadlineExceeded, "the request expired before it was answered".into(), id, Some(reply_to));
+            return refuse(
+                ErrorCode::DeadlineExceeded,
+                "the request expired before it was answered".into(),
+                id,
+                Some(reply_to),
+            );
         }
         Decision::Answer { request, reply_to, deadline }
     }
@@ -267,28 +270,38 @@ mod tests {
     fn limits_give_clear_errors() {
         let a = Admission { max_payload: 100, ..admission() };
         let big = format!(r#"{{"id": "r", "state": "{}", "questions": {{}}}}"#, "x".repeat(200));
-        assert!(matches!(a.decide(&msg(big.as_bytes()), Instant::now(), &ReplyCache::new(4)),
-            Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. } | Decision::Drop { .. }));
+        assert!(matches!(
+            a.decide(&msg(big.as_bytes()), Instant::now(), &ReplyCache::new(4)),
+            Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. } | Decision::Drop { .. }
+        ));
         let a = admission();
         let many: String = (0..65).map(|i| format!(r#""q{i}": {{}}"#)).collect::<Vec<_>>().join(",");
         let req = format!(r#"{{"id": "r", "state": "s", "questions": {{{many}}}}}"#);
-        assert!(matches!(a.decide(&msg(req.as_bytes()), Instant::now(), &ReplyCache::new(4)),
-            Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. }));
+        assert!(matches!(
+            a.decide(&msg(req.as_bytes()), Instant::now(), &ReplyCache::new(4)),
+            Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. }
+        ));
         let deep = format!(r#"{{"id": "r", "state": {}1{}, "questions": {{}}}}"#, "[".repeat(100), "]".repeat(100));
-        assert!(matches!(a.decide(&msg(deep.as_bytes()), Instant::now(), &ReplyCache::new(4)),
-            Decision::Drop { .. } | Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. }));
+        assert!(matches!(
+            a.decide(&msg(deep.as_bytes()), Instant::now(), &ReplyCache::new(4)),
+            Decision::Drop { .. } | Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. }
+        ));
         assert!(matches!(a.decide(&msg(b"{not json"), Instant::now(), &ReplyCache::new(4)), Decision::Drop { .. }));
         let m = Incoming { response_topic: Some("laya/v1/c/reply/1"), ..msg(b"{not json") };
-        assert!(matches!(a.decide(&m, Instant::now(), &ReplyCache::new(4)),
-            Decision::Refuse { error: ErrorReply { code: ErrorCode::BadRequest, .. }, .. }));
+        assert!(matches!(
+            a.decide(&m, Instant::now(), &ReplyCache::new(4)),
+            Decision::Refuse { error: ErrorReply { code: ErrorCode::BadRequest, .. }, .. }
+        ));
     }
 
     #[test]
     fn an_expired_request_is_refused_without_inference() {
         let a = admission();
         let m = Incoming { message_expiry_s: Some(0), ..msg(br#"{"id": "r", "state": "s", "questions": {}}"#) };
-        assert!(matches!(a.decide(&m, Instant::now(), &ReplyCache::new(4)),
-            Decision::Refuse { error: ErrorReply { code: ErrorCode::DeadlineExceeded, .. }, .. }));
+        assert!(matches!(
+            a.decide(&m, Instant::now(), &ReplyCache::new(4)),
+            Decision::Refuse { error: ErrorReply { code: ErrorCode::DeadlineExceeded, .. }, .. }
+        ));
     }
 
     #[test]

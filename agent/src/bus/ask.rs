@@ -42,7 +42,10 @@ pub async fn ask(
     timeout: Duration,
 ) -> Result<Value, AskError> {
     let asker = format!("ask-{}-{}", std::process::id(), options.client_id().replace(['/', '+', '#'], "-"));
-    let correlation = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    let correlation = format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    );
     let reply_topic = target.schema.topic(&asker, Channel::Reply(correlation.clone()))?.to_string();
     let ask_topic = match (&target.device, &target.fleet) {
         (Some(d), _) => target.schema.topic(d, Channel::Ask)?.to_string(),
@@ -70,7 +73,13 @@ pub async fn ask(
                         ..PublishProperties::default()
                     };
                     client
-                        .publish_with_properties(ask_topic.clone(), QoS::AtLeastOnce, false, encoding.encode(request), props)
+                        .publish_with_properties(
+                            ask_topic.clone(),
+                            QoS::AtLeastOnce,
+                            false,
+                            encoding.encode(request),
+                            props,
+                        )
                         .await
                         .map_err(|e| AskError::Connection(e.to_string()))?;
                 }
@@ -89,14 +98,22 @@ pub async fn ask(
 }
 
 /// Waits until `device`'s retained status says `online` (so a question sent now is heard).
-pub async fn wait_online(options: MqttOptions, schema: &Schema, device: &str, timeout: Duration) -> Result<(), AskError> {
+pub async fn wait_online(
+    options: MqttOptions,
+    schema: &Schema,
+    device: &str,
+    timeout: Duration,
+) -> Result<(), AskError> {
     let topic = schema.topic(device, Channel::Status)?.to_string();
     let (client, mut eventloop) = AsyncClient::new(options, 16);
     let work = async {
         loop {
             match eventloop.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    client.subscribe(topic.clone(), QoS::AtLeastOnce).await.map_err(|e| AskError::Connection(e.to_string()))?;
+                    client
+                        .subscribe(topic.clone(), QoS::AtLeastOnce)
+                        .await
+                        .map_err(|e| AskError::Connection(e.to_string()))?;
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     let v = Encoding::Json.decode(&p.payload, 8).map_err(|e| AskError::Decode(e.to_string()))?;

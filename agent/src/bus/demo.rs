@@ -5,10 +5,8 @@ use std::net::TcpListener;
 
 /// Starts rumqttd on a free loopback port in a background thread; returns the port.
 pub fn start_broker() -> Result<u16, String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?
-        .port();
+    let port =
+        TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| format!("no free port: {e}"))?.port();
     let text = format!(
         r#"
 id = 0

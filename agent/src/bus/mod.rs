@@ -4,7 +4,7 @@
 //! `server` runs the service loop.
 
 pub mod admission;
-pub mod connection;
-pub mod server;
 pub mod ask;
+pub mod connection;
 pub mod demo;
+pub mod server;

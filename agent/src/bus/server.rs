@@ -81,7 +81,9 @@ fn reply_properties(to: &ReplyTo) -> PublishProperties {
 
 impl Shared {
     async fn publish(&self, to: &ReplyTo, payload: Vec<u8>) -> Result<(), rumqttc::v5::ClientError> {
-        self.client.publish_with_properties(to.topic.clone(), QoS::AtLeastOnce, false, payload, reply_properties(to)).await
+        self.client
+            .publish_with_properties(to.topic.clone(), QoS::AtLeastOnce, false, payload, reply_properties(to))
+            .await
     }
 
     fn count_refusal(&self, code: ErrorCode) {
@@ -167,8 +169,11 @@ impl Shared {
                 Some(d) => match tokio::time::timeout_at(d.into(), run).await {
                     Ok(r) => r,
                     Err(_) => {
-                        self.refuse(to, error(ErrorCode::DeadlineExceeded, "the deadline passed during inference".into()))
-                            .await;
+                        self.refuse(
+                            to,
+                            error(ErrorCode::DeadlineExceeded, "the deadline passed during inference".into()),
+                        )
+                        .await;
                         return None;
                     }
                 },
@@ -191,13 +196,14 @@ impl Shared {
             .into_iter()
             .map(|r| RowOutput { act_probs: decide::act_probabilities(&r.act_logits), logits: r.logits })
             .collect();
-        let result = match decide::assemble(&prepared, &outputs, &self.bundle.config.temperatures, request.lang.as_deref()) {
-            Ok(r) => r,
-            Err(e) => {
-                self.refuse(to, error(ErrorCode::Internal, e.to_string())).await;
-                return None;
-            }
-        };
+        let result =
+            match decide::assemble(&prepared, &outputs, &self.bundle.config.temperatures, request.lang.as_deref()) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.refuse(to, error(ErrorCode::Internal, e.to_string())).await;
+                    return None;
+                }
+            };
         let done = Instant::now();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let timing = Timing {
@@ -244,9 +250,15 @@ impl Shared {
             .map(|r| r.iter().map(|(k, v)| ((*k).to_owned(), Value::Int((*v).into()))).collect())
             .unwrap_or_default();
         m.insert("refused".into(), Value::Object(refused));
-        m.insert("in_flight".into(), Value::int((self.admission.limits.queue - self.permits.available_permits()) as i64));
+        m.insert(
+            "in_flight".into(),
+            Value::int((self.admission.limits.queue - self.permits.available_permits()) as i64),
+        );
         m.insert("backend".into(), self.backend.as_str().into());
-        m.insert("serving".into(), if es.role == crate::engine::supervisor::Role::Primary { "primary" } else { "fallback" }.into());
+        m.insert(
+            "serving".into(),
+            if es.role == crate::engine::supervisor::Role::Primary { "primary" } else { "fallback" }.into(),
+        );
         m.insert("degraded".into(), Value::Bool(es.degraded));
         let restarts: Map = es.restarts.iter().map(|(k, v)| (k.clone(), Value::Int((*v).into()))).collect();
         m.insert("restarts".into(), Value::Object(restarts));
@@ -256,7 +268,12 @@ impl Shared {
 
 /// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
 /// flight, publishes `offline` and disconnects.
-pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdown: impl Future) -> Result<(), ServeError> {
+pub async fn run(
+    config: Config,
+    engine: Engine,
+    bundle: Arc<HostBundle>,
+    shutdown: impl Future,
+) -> Result<(), ServeError> {
     let schema = Schema::new(&config.mqtt.prefix)?;
     let device = config.device();
     let status_topic = schema.topic(&device, Channel::Status)?.to_string();
@@ -304,8 +321,10 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
         Closed,
     }
     let (net_tx, mut net_rx) = mpsc::channel::<Net>(1024);
-    let (min_backoff, max_backoff) =
-        (Duration::from_millis(config.mqtt.reconnect_min_ms.max(1)), Duration::from_millis(config.mqtt.reconnect_max_ms.max(1)));
+    let (min_backoff, max_backoff) = (
+        Duration::from_millis(config.mqtt.reconnect_min_ms.max(1)),
+        Duration::from_millis(config.mqtt.reconnect_max_ms.max(1)),
+    );
     let poller = tokio::spawn(async move {
         let mut backoff = min_backoff;
         loop {
@@ -421,7 +440,8 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
     // Stop taking questions, let those in flight finish, say goodbye.
     notifier.stopping();
     shared.stopping.store(true, Ordering::Relaxed);
-    let _ = tokio::time::timeout(Duration::from_secs(30), shared.permits.acquire_many(config.limits.queue as u32)).await;
+    let _ =
+        tokio::time::timeout(Duration::from_secs(30), shared.permits.acquire_many(config.limits.queue as u32)).await;
     let _ = client.publish(status_topic, QoS::AtLeastOnce, true, shared.status(false, started_at)).await;
     let _ = client.disconnect().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
@@ -432,7 +452,8 @@ pub async fn run(config: Config, engine: Engine, bundle: Arc<HostBundle>, shutdo
 /// for anyway (too large, malformed, ...), else `overloaded`.
 fn refusal_when_full(s: &Shared, p: &Publish) -> Option<(ReplyTo, ErrorReply)> {
     let incoming = incoming(p);
-    let overloaded = |id| ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() };
+    let overloaded =
+        |id| ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() };
     match s.admission.decide(&incoming, Instant::now(), &ReplyCache::new(0)) {
         Decision::Answer { request, reply_to, .. } => Some((reply_to, overloaded(request.id))),
         Decision::Refuse { error, reply_to } => Some((reply_to, error)),

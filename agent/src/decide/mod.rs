@@ -8,7 +8,7 @@ pub mod numpy;
 pub mod temperature;
 
 pub use answer::{act_probabilities, answer};
-pub use temperature::{Temperatures, TemperatureError};
+pub use temperature::{TemperatureError, Temperatures};
 
 use laya_topics::{Answer, AnswerError, PredictResult, Usage};
 

@@ -30,9 +30,7 @@ fn py_float(v: &Value) -> Option<f64> {
             let bytes = t.as_bytes();
             let underscores_ok = bytes.iter().enumerate().all(|(i, &b)| {
                 b != b'_'
-                    || (i > 0
-                        && bytes[i - 1].is_ascii_digit()
-                        && bytes.get(i + 1).is_some_and(u8::is_ascii_digit))
+                    || (i > 0 && bytes[i - 1].is_ascii_digit() && bytes.get(i + 1).is_some_and(u8::is_ascii_digit))
             });
             if !underscores_ok {
                 return None;
@@ -171,10 +169,8 @@ impl Temperatures {
 
     /// The temperature for a question of `qtype` with `k` options, in `lang` if given.
     pub fn for_question(&self, qtype: QType, k: usize, lang: Option<&str>) -> f64 {
-        let table = lang
-            .filter(|l| !l.is_empty())
-            .and_then(|l| self.langs.get(&primary_language(l)))
-            .unwrap_or(&self.base);
+        let table =
+            lang.filter(|l| !l.is_empty()).and_then(|l| self.langs.get(&primary_language(l))).unwrap_or(&self.base);
         table.lookup(qtype, k)
     }
 }

@@ -48,8 +48,12 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
             None => (part, None),
         };
         let fault = match what.split_once('=') {
-            Some(("sleep", ms)) => Fault::Sleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad sleep in {part:?}"))?)),
-            Some(("error", "fatal")) => Fault::Error(BackendError::Fatal { code: Some(-1), message: "injected fatal error".into() }),
+            Some(("sleep", ms)) => {
+                Fault::Sleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad sleep in {part:?}"))?))
+            }
+            Some(("error", "fatal")) => {
+                Fault::Error(BackendError::Fatal { code: Some(-1), message: "injected fatal error".into() })
+            }
             Some(("error", "transient")) => Fault::Error(BackendError::Transient("injected transient error".into())),
             Some(("error", "input")) => Fault::Error(BackendError::Input("injected input error".into())),
             None if what == "hang" => Fault::Hang,

@@ -19,7 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::RowResult;
 use super::protocol::{FromWorker, MAX_FRAME, ToWorker};
-use super::supervisor::{Action, CallError, CallId, Event, Policy, RestartReason, Role, Supervisor, Timer, WorkerState};
+use super::supervisor::{
+    Action, CallError, CallId, Event, Policy, RestartReason, Role, Supervisor, Timer, WorkerState,
+};
 use crate::prompt::Row;
 
 /// How to start a worker process.
@@ -313,7 +315,9 @@ impl Driver {
                     while let Some(frame) = read_frame(&mut stdout).await {
                         let msg = match frame {
                             Ok(f) => WorkerMsg::Frame(f),
-                            Err(e) => WorkerMsg::Frame(FromWorker::LoadFailed { message: format!("garbled frame: {e}") }),
+                            Err(e) => {
+                                WorkerMsg::Frame(FromWorker::LoadFailed { message: format!("garbled frame: {e}") })
+                            }
                         };
                         if frames.send((instance, msg)).await.is_err() {
                             break;

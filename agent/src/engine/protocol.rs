@@ -328,7 +328,10 @@ mod tests {
 
     #[test]
     fn truncated_and_bogus_frames_are_errors_not_panics() {
-        let run = ToWorker::Run { call: 1, rows: vec![Row { input_ids: vec![1; 10], marker_pos: vec![0], qtype: QType::Choice }] };
+        let run = ToWorker::Run {
+            call: 1,
+            rows: vec![Row { input_ids: vec![1; 10], marker_pos: vec![0], qtype: QType::Choice }],
+        };
         let frame = run.encode();
         for cut in 5..frame.len() {
             assert!(ToWorker::decode(&frame[4..cut]).is_err());

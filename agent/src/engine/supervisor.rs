@@ -572,7 +572,8 @@ mod tests {
 
     #[test]
     fn a_hung_call_is_killed_at_its_deadline_rerun_once_then_refused() {
-        let mut s = Sim::new(Policy { fixed_deadline: Some(secs(2)), load_allowance: Duration::ZERO, ..Policy::default() });
+        let mut s =
+            Sim::new(Policy { fixed_deadline: Some(secs(2)), load_allowance: Duration::ZERO, ..Policy::default() });
         s.feed(Event::Ready);
         s.feed(Event::Submit(7));
         let a = s.advance(Duration::from_millis(2001));
@@ -583,7 +584,10 @@ mod tests {
         assert_eq!(s.log.iter().filter(|x| **x == Action::Spawn(Role::Primary)).count(), 2);
         assert_eq!(s.feed(Event::Ready)[0], Action::Send(7));
         let a = s.advance(secs(3));
-        assert!(a.contains(&Action::Reject(7, CallError::Unavailable("the backend missed its deadline".into()))), "{a:?}");
+        assert!(
+            a.contains(&Action::Reject(7, CallError::Unavailable("the backend missed its deadline".into()))),
+            "{a:?}"
+        );
         assert_eq!(s.sup.restart_counts()["deadline"], 2);
     }
 
@@ -629,7 +633,10 @@ mod tests {
             Action::Reject(1, CallError::Unavailable("ssr".into()))
         );
         s.feed(Event::Submit(2));
-        assert_eq!(s.feed(Event::Failed(2, BackendError::Input("bad".into())))[0], Action::Reject(2, CallError::Input("bad".into())));
+        assert_eq!(
+            s.feed(Event::Failed(2, BackendError::Input("bad".into())))[0],
+            Action::Reject(2, CallError::Input("bad".into()))
+        );
         assert!(s.sup.restart_counts().is_empty());
     }
 
@@ -714,7 +721,8 @@ mod tests {
 
     #[test]
     fn stale_timers_are_ignored() {
-        let mut s = Sim::new(Policy { fixed_deadline: Some(secs(1)), load_allowance: Duration::ZERO, ..Policy::default() });
+        let mut s =
+            Sim::new(Policy { fixed_deadline: Some(secs(1)), load_allowance: Duration::ZERO, ..Policy::default() });
         s.feed(Event::Ready);
         s.feed(Event::Submit(1));
         s.feed(Event::Done(1));

@@ -131,10 +131,7 @@ impl EncoderConfig {
             }
         };
         if layer_types.len() != num_hidden_layers {
-            return Err(format!(
-                "layer_types has {} entries for {num_hidden_layers} layers",
-                layer_types.len()
-            ));
+            return Err(format!("layer_types has {} entries for {num_hidden_layers} layers", layer_types.len()));
         }
         // rope_parameters (transformers 5) first, then the flat 4.x keys, then the defaults.
         let rope_theta = |layer_type: &str, flat_key: &str, default: f64| -> Result<f64, String> {

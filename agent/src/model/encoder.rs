@@ -10,13 +10,14 @@
 use candle_core::{D, Device, Module, Tensor};
 use candle_nn::{LayerNorm, Linear};
 
+use super::ModelError;
 use super::config::{Activation, EncoderConfig, LayerType};
 use super::weights::{Expected, Weights};
-use super::ModelError;
 
 fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64, d: usize) -> Result<LayerNorm, ModelError> {
     let weight = w.get(&format!("{prefix}.weight"))?;
-    let bias = if bias { w.get(&format!("{prefix}.bias"))? } else { Tensor::zeros(d, candle_core::DType::F32, &Device::Cpu)? };
+    let bias =
+        if bias { w.get(&format!("{prefix}.bias"))? } else { Tensor::zeros(d, candle_core::DType::F32, &Device::Cpu)? };
     Ok(LayerNorm::new(weight, bias, eps))
 }
 
@@ -44,8 +45,7 @@ struct Rope {
 impl Rope {
     fn new(theta: f64, head_dim: usize) -> Rope {
         // As transformers: inv_freq = 1 / theta^(arange(0, dim, 2) / dim), in f32.
-        let inv_freq =
-            (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
         Rope { inv_freq }
     }
 
@@ -187,12 +187,21 @@ impl Encoder {
         Ok(self.final_norm.forward(&h)?)
     }
 
-    fn attention(&self, layer: &Layer, x: &Tensor, bias: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        bias: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor, ModelError> {
         let (b, l, d) = x.dims3()?;
         let heads = self.config.num_attention_heads;
         let hd = self.config.head_dim();
         let qkv = layer.wqkv.forward(x)?.reshape((b, l, 3, heads, hd))?;
-        let part = |i: usize| -> candle_core::Result<Tensor> { qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous() };
+        let part = |i: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous()
+        };
         let q = candle_nn::rotary_emb::rope(&part(0)?, cos, sin)?;
         let k = candle_nn::rotary_emb::rope(&part(1)?, cos, sin)?;
         let v = part(2)?;

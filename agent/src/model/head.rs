@@ -7,8 +7,8 @@
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{LayerNorm, Linear};
 
-use super::weights::{Expected, Weights};
 use super::ModelError;
+use super::weights::{Expected, Weights};
 
 /// PyTorch's default LayerNorm epsilon, used by the head and the scorer.
 const HEAD_EPS: f64 = 1e-5;
@@ -167,7 +167,8 @@ impl Head {
         let mut logits_out = Vec::with_capacity(b);
         for (row, m) in markers.iter().enumerate() {
             let k = m.len();
-            let slots: Vec<f32> = (0..kmax).map(|j| if j < k { scores[row][j] } else { MISSING_MARKER_LOGIT }).collect();
+            let slots: Vec<f32> =
+                (0..kmax).map(|j| if j < k { scores[row][j] } else { MISSING_MARKER_LOGIT }).collect();
             let max = slots.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = slots.iter().map(|&s| (s - max).exp()).collect();
             let sum: f32 = e.iter().sum();

@@ -67,10 +67,8 @@ impl Weights {
                 mismatched.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
             ));
         }
-        let unexpected: Vec<&String> = found
-            .keys()
-            .filter(|k| !expected.contains_key(*k) && !IGNORED_BUFFERS.contains(&k.as_str()))
-            .collect();
+        let unexpected: Vec<&String> =
+            found.keys().filter(|k| !expected.contains_key(*k) && !IGNORED_BUFFERS.contains(&k.as_str())).collect();
         if !unexpected.is_empty() {
             problems.push(format!(
                 "{} unexpected tensors (e.g. {:?})",

@@ -65,11 +65,7 @@ pub fn encode_state(tok: &Tokenizer, state: &Value) -> Result<EncodedState, Toke
 
 /// Python's `seq[:end]` length for a sequence of `len` items.
 fn py_slice_end(len: usize, end: i64) -> usize {
-    if end < 0 {
-        len.saturating_sub(end.unsigned_abs() as usize)
-    } else {
-        len.min(end as usize)
-    }
+    if end < 0 { len.saturating_sub(end.unsigned_abs() as usize) } else { len.min(end as usize) }
 }
 
 /// laya's `build_sequence` for one question, plus `_encode_state`'s check that every option's
@@ -122,8 +118,7 @@ pub fn build_row(
     ids.extend_from_slice(kept);
     ids.push(tok.sep.id);
     ids.truncate(py_slice_end(ids.len(), limits.max_len));
-    let marker_pos: Vec<u32> =
-        markers.into_iter().filter(|&m| (m as i64) < limits.max_len).map(|m| m as u32).collect();
+    let marker_pos: Vec<u32> = markers.into_iter().filter(|&m| (m as i64) < limits.max_len).map(|m| m as u32).collect();
     if marker_pos.len() != options.len() {
         return Err(LayoutError::Question(QuestionError {
             kind: QuestionErrorKind::DoesNotFit,

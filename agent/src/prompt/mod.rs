@@ -29,11 +29,8 @@ pub struct Prepared {
 /// An invalid question does not stop the others: it carries its error in its place. Only a
 /// tokenizer failure fails the request as a whole.
 pub fn prepare(tok: &Tokenizer, request: &Request, limits: Limits) -> Result<Vec<Prepared>, TokenizerError> {
-    let parsed: Vec<(String, Result<Question, QuestionError>)> = request
-        .questions
-        .iter()
-        .map(|(qid, def)| (qid.clone(), question::parse_question(qid, def)))
-        .collect();
+    let parsed: Vec<(String, Result<Question, QuestionError>)> =
+        request.questions.iter().map(|(qid, def)| (qid.clone(), question::parse_question(qid, def))).collect();
     let mut state: Option<EncodedState> = None;
     let mut out = Vec::with_capacity(parsed.len());
     for (qid, q) in parsed {

@@ -109,7 +109,10 @@ mod tests {
         assert_eq!(repr_str("q1"), "'q1'");
         assert_eq!(repr_str("it's"), "\"it's\"");
         assert_eq!(repr_str("it's \"x\""), "'it\\'s \"x\"'");
-        assert_eq!(repr_str("a\\b\n\u{1}\u{7f}é\u{200b}\u{85}\u{2028}😀"), "'a\\\\b\\n\\x01\\x7fé\\u200b\\x85\\u2028😀'");
+        assert_eq!(
+            repr_str("a\\b\n\u{1}\u{7f}é\u{200b}\u{85}\u{2028}😀"),
+            "'a\\\\b\\n\\x01\\x7fé\\u200b\\x85\\u2028😀'"
+        );
     }
 
     #[test]

@@ -99,8 +99,7 @@ impl QuestionError {
     }
 }
 
-const NOUL_LABELS_MESSAGE: &str =
-    "noul labels must map exactly 'false' and 'true' to distinct non-empty strings";
+const NOUL_LABELS_MESSAGE: &str = "noul labels must map exactly 'false' and 'true' to distinct non-empty strings";
 
 /// Python's `str.strip()`: Unicode whitespace plus the information separators U+001C..U+001F.
 pub fn py_strip(s: &str) -> &str {
@@ -196,12 +195,9 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
     }
     let labels = map.get("labels");
     if labels.is_some() && qtype != QType::Noul {
-        return Err(QuestionError::invalid(format!(
-            "question {q}: 'labels' is only supported for noul questions"
-        )));
+        return Err(QuestionError::invalid(format!("question {q}: 'labels' is only supported for noul questions")));
     }
-    let noul_labels =
-        resolve_noul_labels(labels).map_err(|e| QuestionError::invalid(format!("question {q}: {e}")))?;
+    let noul_labels = resolve_noul_labels(labels).map_err(|e| QuestionError::invalid(format!("question {q}: {e}")))?;
 
     // _to_internal
     let criteria = match (qtype, crit) {
@@ -224,9 +220,7 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
             }
             Criteria::Choice(labels)
         }
-        (QType::Choice, Value::Object(m)) => {
-            Criteria::Choice(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        }
+        (QType::Choice, Value::Object(m)) => Criteria::Choice(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         (QType::Score, Value::Array(levels)) => Criteria::Score(levels.clone()),
         (QType::Noul, Value::Object(m)) => {
             // `{str(k).lower(): v}`: a later key that lowercases the same replaces the value.
@@ -284,11 +278,26 @@ mod tests {
         let cases = [
             (r#""x""#, "question 'q': definition must be a dict, got str"),
             (r#"{"instructions": "i"}"#, "question 'q': unknown type None; use one of ['choice', 'noul', 'score']"),
-            (r#"{"type": "choice", "criteria": ["a"]}"#, "question 'q': no 'instructions'; add the text the model should answer"),
-            (r#"{"type": "choice", "instructions": "i", "criteria": []}"#, "question 'q': a choice question needs at least one criterion"),
-            (r#"{"type": "score", "instructions": "i", "criteria": {"a": 1}}"#, "question 'q': a score question takes 'criteria' as a list of level descriptions, index 0 first"),
-            (r#"{"type": "choice", "instructions": "i", "criteria": ["a"], "labels": null}"#, "question 'q': 'labels' is only supported for noul questions"),
-            (r#"{"type": "noul", "instructions": "i", "labels": {"false": " x ", "true": "x"}}"#, "question 'q': noul labels must map exactly 'false' and 'true' to distinct non-empty strings"),
+            (
+                r#"{"type": "choice", "criteria": ["a"]}"#,
+                "question 'q': no 'instructions'; add the text the model should answer",
+            ),
+            (
+                r#"{"type": "choice", "instructions": "i", "criteria": []}"#,
+                "question 'q': a choice question needs at least one criterion",
+            ),
+            (
+                r#"{"type": "score", "instructions": "i", "criteria": {"a": 1}}"#,
+                "question 'q': a score question takes 'criteria' as a list of level descriptions, index 0 first",
+            ),
+            (
+                r#"{"type": "choice", "instructions": "i", "criteria": ["a"], "labels": null}"#,
+                "question 'q': 'labels' is only supported for noul questions",
+            ),
+            (
+                r#"{"type": "noul", "instructions": "i", "labels": {"false": " x ", "true": "x"}}"#,
+                "question 'q': noul labels must map exactly 'false' and 'true' to distinct non-empty strings",
+            ),
         ];
         for (def, want) in cases {
             let err = parse("q", def).unwrap_err();
@@ -299,7 +308,11 @@ mod tests {
 
     #[test]
     fn noul_labels_are_stripped_with_pythons_whitespace() {
-        let q = parse("q", r#"{"type": "noul", "instructions": "i", "labels": {"false": "\u001c no ", "true": "\tyes\u3000"}}"#).unwrap();
+        let q = parse(
+            "q",
+            r#"{"type": "noul", "instructions": "i", "labels": {"false": "\u001c no ", "true": "\tyes\u3000"}}"#,
+        )
+        .unwrap();
         assert_eq!(q.noul_labels, ("no".to_owned(), "yes".to_owned()));
     }
 

@@ -25,15 +25,15 @@ pub fn render_options(q: &Question) -> Vec<String> {
     match &q.criteria {
         Criteria::Choice(labels) => labels
             .iter()
-            .map(|(label, desc)| {
-                if is_blank(desc) { label.clone() } else { format!("{label}: {}", render_criterion(desc)) }
-            })
+            .map(
+                |(label, desc)| {
+                    if is_blank(desc) { label.clone() } else { format!("{label}: {}", render_criterion(desc)) }
+                },
+            )
             .collect(),
-        Criteria::Score(levels) => levels
-            .iter()
-            .enumerate()
-            .map(|(i, level)| format!("level {i}: {}", render_criterion(level)))
-            .collect(),
+        Criteria::Score(levels) => {
+            levels.iter().enumerate().map(|(i, level)| format!("level {i}: {}", render_criterion(level))).collect()
+        }
         Criteria::Noul { when_false, when_true } => {
             let describe = |desc: &Option<Value>, default: &str| match desc {
                 Some(d) if !is_blank(d) => render_criterion(d),
@@ -61,7 +61,9 @@ mod tests {
     #[test]
     fn only_none_and_empty_string_mean_no_description() {
         assert_eq!(
-            options(r#"{"type": "choice", "instructions": "i", "criteria": {"a": null, "b": "", "c": 0, "d": false, "e": {"x": [1, 2.5]}}}"#),
+            options(
+                r#"{"type": "choice", "instructions": "i", "criteria": {"a": null, "b": "", "c": 0, "d": false, "e": {"x": [1, 2.5]}}}"#
+            ),
             ["a", "b", "c: 0", "d: false", r#"e: {"x": [1, 2.5]}"#]
         );
     }
@@ -77,7 +79,9 @@ mod tests {
     #[test]
     fn noul_is_false_then_true_with_default_texts_and_custom_labels() {
         assert_eq!(
-            options(r#"{"type": "noul", "instructions": "i", "criteria": {"true": "it is"}, "labels": {"true": " A", "false": "B "}}"#),
+            options(
+                r#"{"type": "noul", "instructions": "i", "criteria": {"true": "it is"}, "labels": {"true": " A", "false": "B "}}"#
+            ),
             ["B: no, the statement does not hold", "A: it is"]
         );
     }

@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use laya_topics::json::{self, ParseOptions};
 use laya_topics::Value;
+use laya_topics::json::{self, ParseOptions};
 
 /// Why a tokenizer could not be loaded or used.
 #[derive(Debug, thiserror::Error)]
@@ -16,7 +16,9 @@ pub enum TokenizerError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("cannot parse {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("the tokenizer in {dir} names no {name} (looked in the bundle manifest, special_tokens_map.json and tokenizer_config.json)")]
+    #[error(
+        "the tokenizer in {dir} names no {name} (looked in the bundle manifest, special_tokens_map.json and tokenizer_config.json)"
+    )]
     MissingSpecial { dir: PathBuf, name: &'static str },
     #[error("the tokenizer's {name} {token:?} is not in its vocabulary")]
     UnknownSpecial { name: &'static str, token: String },
@@ -96,7 +98,9 @@ impl Tokenizer {
         let bytes = std::fs::read(&path).map_err(|source| TokenizerError::Read { path: path.clone(), source })?;
         let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| TokenizerError::Parse { path: path.clone(), message: e.to_string() })?;
-        inner.with_truncation(None).map_err(|e| TokenizerError::Parse { path: path.clone(), message: e.to_string() })?;
+        inner
+            .with_truncation(None)
+            .map_err(|e| TokenizerError::Parse { path: path.clone(), message: e.to_string() })?;
         inner.with_padding(None);
 
         let special_map = read_json(&dir.join("special_tokens_map.json"))?;
@@ -109,11 +113,12 @@ impl Tokenizer {
                 _ => n.pad.clone(),
             });
             let text = given
-                .or_else(|| [&special_map, &config].into_iter().flatten().find_map(|doc| doc.get(key).and_then(token_text)))
+                .or_else(|| {
+                    [&special_map, &config].into_iter().flatten().find_map(|doc| doc.get(key).and_then(token_text))
+                })
                 .ok_or_else(|| TokenizerError::MissingSpecial { dir: dir.to_owned(), name })?;
-            let id = inner
-                .token_to_id(&text)
-                .ok_or_else(|| TokenizerError::UnknownSpecial { name, token: text.clone() })?;
+            let id =
+                inner.token_to_id(&text).ok_or_else(|| TokenizerError::UnknownSpecial { name, token: text.clone() })?;
             Ok(SpecialToken { text, id })
         };
         let cls = resolve("cls_token", "CLS token")?;

@@ -127,7 +127,11 @@ impl Agent {
             "[mqtt]\nbroker = \"{}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}",
             broker.url()
         );
-        let text = if text.contains("[model]") { text } else { format!("{text}\n[model]\ndir = \"{}\"\n", model("bpe-small")) };
+        let text = if text.contains("[model]") {
+            text
+        } else {
+            format!("{text}\n[model]\ndir = \"{}\"\n", model("bpe-small"))
+        };
         std::fs::write(&config, text).expect("config");
         Agent::with_config(config, Vec::new())
     }
@@ -220,7 +224,14 @@ impl Client {
         tokio::time::timeout(within, self.rx.recv()).await.ok().flatten()
     }
 
-    pub async fn ask(&self, topic: &str, payload: Vec<u8>, response_topic: Option<&str>, correlation: Option<&[u8]>, encoding: Encoding) {
+    pub async fn ask(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        response_topic: Option<&str>,
+        correlation: Option<&[u8]>,
+        encoding: Encoding,
+    ) {
         let props = PublishProperties {
             response_topic: response_topic.map(str::to_owned),
             correlation_data: correlation.map(|c| c.to_vec().into()),
@@ -261,4 +272,3 @@ pub async fn wait_online(port: u16, device: &str) {
 pub fn text(v: &Value) -> String {
     json::to_string(v, Style::COMPACT)
 }
-

@@ -255,7 +255,11 @@ unsafe extern "C" fn log_create(_cb: Option<abi::LogCallback>, _level: u32, logg
 unsafe extern "C" fn log_free(_logger: Handle) -> ErrorHandle {
     0
 }
-unsafe extern "C" fn backend_create(_logger: Handle, _config: *const *const c_void, backend: *mut Handle) -> ErrorHandle {
+unsafe extern "C" fn backend_create(
+    _logger: Handle,
+    _config: *const *const c_void,
+    backend: *mut Handle,
+) -> ErrorHandle {
     if backend.is_null() {
         return INVALID_ARGUMENT;
     }
@@ -265,7 +269,9 @@ unsafe extern "C" fn backend_create(_logger: Handle, _config: *const *const c_vo
 }
 unsafe extern "C" fn backend_get_build_id(id: *mut *const c_char) -> ErrorHandle {
     static ID: OnceLock<CString> = OnceLock::new();
-    let s = ID.get_or_init(|| CString::new(std::env::var("FAKE_QNN_BUILD_ID").unwrap_or_else(|_| "v2.51.0.fake".into())).unwrap());
+    let s = ID.get_or_init(|| {
+        CString::new(std::env::var("FAKE_QNN_BUILD_ID").unwrap_or_else(|_| "v2.51.0.fake".into())).unwrap()
+    });
     if !id.is_null() {
         // SAFETY: non-null out-pointer; the string is static.
         unsafe { *id = s.as_ptr() };
@@ -275,7 +281,11 @@ unsafe extern "C" fn backend_get_build_id(id: *mut *const c_char) -> ErrorHandle
 unsafe extern "C" fn backend_free(_backend: Handle) -> ErrorHandle {
     0
 }
-unsafe extern "C" fn device_create(_logger: Handle, _config: *const *const c_void, _device: *mut Handle) -> ErrorHandle {
+unsafe extern "C" fn device_create(
+    _logger: Handle,
+    _config: *const *const c_void,
+    _device: *mut Handle,
+) -> ErrorHandle {
     NOT_SUPPORTED
 }
 unsafe extern "C" fn signal_create(_b: Handle, _c: *const *const abi::SignalConfig, _s: *mut Handle) -> ErrorHandle {
@@ -403,7 +413,9 @@ unsafe extern "C" fn graph_execute(
     }
     // SAFETY: the caller's tensors, as documented for graphExecute.
     let read = |name: &str| unsafe { input(inputs, num_inputs, &format!("{name}{sfx}")) };
-    let (Some(x), Some(g), Some(s)) = (read("inputs_embeds"), read("gmask"), read("smask")) else { return INVALID_ARGUMENT };
+    let (Some(x), Some(g), Some(s)) = (read("inputs_embeds"), read("gmask"), read("smask")) else {
+        return INVALID_ARGUMENT;
+    };
     if x.len() != l * d || g.len() != l * l || s.len() != l * l {
         return INVALID_ARGUMENT;
     }
@@ -456,7 +468,10 @@ fn core_functions() -> abi::CoreFunctions {
 /// # Safety
 /// Out-pointers as documented for `QnnInterface_getProviders`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn QnnInterface_getProviders(providers: *mut *const *const abi::Interface, count: *mut u32) -> ErrorHandle {
+pub unsafe extern "C" fn QnnInterface_getProviders(
+    providers: *mut *const *const abi::Interface,
+    count: *mut u32,
+) -> ErrorHandle {
     static LIST: OnceLock<SyncPtr<*const abi::Interface>> = OnceLock::new();
     if providers.is_null() || count.is_null() {
         return INVALID_ARGUMENT;

@@ -31,7 +31,10 @@ impl FakeGraph {
         let checkpoint = v.get("checkpoint").and_then(Value::as_str).ok_or("\"checkpoint\" must be a string")?;
         let size = |key: &str, default: Option<i64>| -> Result<usize, String> {
             let n = v.get(key).map_or(default, Value::as_i64).ok_or(format!("{key:?} must be an integer"))?;
-            usize::try_from(n).ok().filter(|&n| n > 0 && n <= u32::MAX as usize).ok_or(format!("{key:?} must be positive"))
+            usize::try_from(n)
+                .ok()
+                .filter(|&n| n > 0 && n <= u32::MAX as usize)
+                .ok_or(format!("{key:?} must be positive"))
         };
         Ok(FakeGraph {
             checkpoint: PathBuf::from(checkpoint),

@@ -278,7 +278,11 @@ pub unsafe extern "C" fn rknn_outputs_get(
 /// # Safety
 /// `outputs` must point at `n_outputs` descriptors filled by `rknn_outputs_get`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rknn_outputs_release(context: RknnContext, n_outputs: u32, outputs: *mut abi::Output) -> c_int {
+pub unsafe extern "C" fn rknn_outputs_release(
+    context: RknnContext,
+    n_outputs: u32,
+    outputs: *mut abi::Output,
+) -> c_int {
     with_context(context, |c| {
         if outputs.is_null() {
             return abi::RKNN_ERR_PARAM_INVALID;

@@ -81,7 +81,8 @@ pub struct ApiVersion {
 /// We never format the message (stable Rust cannot take a `va_list`), so the callback only counts
 /// and keeps the format string.
 pub type LogCallback = unsafe extern "C" fn(fmt: *const c_char, level: u32, timestamp: u64, args: *mut c_void);
-pub type LogCreateFn = unsafe extern "C" fn(callback: Option<LogCallback>, max_level: u32, logger: *mut Handle) -> ErrorHandle;
+pub type LogCreateFn =
+    unsafe extern "C" fn(callback: Option<LogCallback>, max_level: u32, logger: *mut Handle) -> ErrorHandle;
 pub type LogFreeFn = unsafe extern "C" fn(logger: Handle) -> ErrorHandle;
 pub type BackendCreateFn =
     unsafe extern "C" fn(logger: Handle, config: *const *const c_void, backend: *mut Handle) -> ErrorHandle;
@@ -101,7 +102,8 @@ pub type ContextCreateFromBinaryFn = unsafe extern "C" fn(
     profile: Handle,
 ) -> ErrorHandle;
 pub type ContextFreeFn = unsafe extern "C" fn(context: Handle, profile: Handle) -> ErrorHandle;
-pub type GraphRetrieveFn = unsafe extern "C" fn(context: Handle, name: *const c_char, graph: *mut Handle) -> ErrorHandle;
+pub type GraphRetrieveFn =
+    unsafe extern "C" fn(context: Handle, name: *const c_char, graph: *mut Handle) -> ErrorHandle;
 pub type GraphExecuteFn = unsafe extern "C" fn(
     graph: Handle,
     inputs: *const Tensor,
@@ -520,7 +522,11 @@ impl TensorV2 {
             tensor_type: 0,
             data_format: 0,
             data_type: 0,
-            quantize_params: QuantizeParams { encoding_definition: 0, quantization_encoding: 0, encoding: QuantizeEncoding { raw: [0; 4] } },
+            quantize_params: QuantizeParams {
+                encoding_definition: 0,
+                quantization_encoding: 0,
+                encoding: QuantizeEncoding { raw: [0; 4] },
+            },
             rank: 0,
             dimensions: std::ptr::null_mut(),
             mem_type: TENSORMEMTYPE_RAW,

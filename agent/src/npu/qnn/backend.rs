@@ -67,8 +67,13 @@ impl QnnBackend {
         let raw = &manifest.raw;
         let allow_minmax_above_128 = matches!(raw.get("allow_minmax_above_128"), Some(Value::Bool(true)));
         let runtime = Runtime::load(config)?;
-        if !manifest.runtime_allowlist.is_empty() && !manifest.runtime_allowlist.iter().any(|v| runtime.info.build_id.contains(v.as_str())) {
-            return Err(QnnError::RuntimeNotAllowed { build_id: runtime.info.build_id.clone(), allowed: manifest.runtime_allowlist.clone() });
+        if !manifest.runtime_allowlist.is_empty()
+            && !manifest.runtime_allowlist.iter().any(|v| runtime.info.build_id.contains(v.as_str()))
+        {
+            return Err(QnnError::RuntimeNotAllowed {
+                build_id: runtime.info.build_id.clone(),
+                allowed: manifest.runtime_allowlist.clone(),
+            });
         }
         let mut graphs = Vec::new();
         for spec in &manifest.graphs {
@@ -95,9 +100,21 @@ impl QnnBackend {
                     }
                 }
             }
-            graphs.push(Graph { seq_len: spec.seq_len, calibration: Calibration::parse(spec.calibration.as_deref()), file, session });
+            graphs.push(Graph {
+                seq_len: spec.seq_len,
+                calibration: Calibration::parse(spec.calibration.as_deref()),
+                file,
+                session,
+            });
         }
-        Ok(QnnBackend { graphs, runtime, model, pad_id: bundle.tokenizer.pad.id, allow_minmax_above_128, fault: HostFault::None })
+        Ok(QnnBackend {
+            graphs,
+            runtime,
+            model,
+            pad_id: bundle.tokenizer.pad.id,
+            allow_minmax_above_128,
+            fault: HostFault::None,
+        })
     }
 
     /// The runtime's provider, versions and build id.
@@ -136,7 +153,9 @@ impl QnnBackend {
     /// [`QnnBackend::encode`] as a flat `len * d` vector (row-major), for diagnostics and tests.
     pub fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>, BackendError> {
         let h = self.encode(ids)?;
-        h.flatten_all().and_then(|t| t.to_vec1()).map_err(|e| BackendError::Fatal { code: None, message: format!("host step: {e}") })
+        h.flatten_all()
+            .and_then(|t| t.to_vec1())
+            .map_err(|e| BackendError::Fatal { code: None, message: format!("host step: {e}") })
     }
 
     /// Runs the encoder graph on `ids` (already checked) and returns `[1, len, d]` hidden states.
@@ -206,12 +225,21 @@ fn check_shapes(s: &Session, l: usize, d: usize, file: &Path) -> Result<(), QnnE
 
 /// The context binary of a manifest graph: its `file` if present, else a binary generated from
 /// its `dlc` (once, cached in the state directory).
-fn resolve_binary(file: &Path, raw: &Value, dir: &Path, config: &QnnConfig, info: &RuntimeInfo) -> Result<PathBuf, QnnError> {
+fn resolve_binary(
+    file: &Path,
+    raw: &Value,
+    dir: &Path,
+    config: &QnnConfig,
+    info: &RuntimeInfo,
+) -> Result<PathBuf, QnnError> {
     if file.is_file() {
         return Ok(file.to_owned());
     }
     let Some(dlc) = str_field(raw, "dlc") else {
-        return Err(QnnError::Read { path: file.to_owned(), source: std::io::Error::from(std::io::ErrorKind::NotFound) });
+        return Err(QnnError::Read {
+            path: file.to_owned(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
     };
     let (Some(gen_cfg), Some(state)) = (&config.generator, &config.state_dir) else {
         return Err(QnnError::Generator(format!(
@@ -250,7 +278,10 @@ impl Backend for QnnBackend {
                 .head
                 .forward(&hidden, &[len], &[row.qtype.index() as u32], &[row.marker_pos.as_slice()])
                 .map_err(model_fatal)?;
-            let h = head.into_iter().next().ok_or_else(|| BackendError::Fatal { code: None, message: "the head returned no row".into() })?;
+            let h = head
+                .into_iter()
+                .next()
+                .ok_or_else(|| BackendError::Fatal { code: None, message: "the head returned no row".into() })?;
             out.push(RowResult { logits: h.logits, act_logits: h.act_logits });
         }
         Ok(out)

@@ -8,9 +8,9 @@
 
 use std::ffi::{CStr, c_char};
 
+use super::QnnError;
 use super::abi::{self, SystemFunctions};
 use super::status::Status;
-use super::QnnError;
 
 /// How a tensor's values are stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -137,14 +137,24 @@ unsafe fn tensor(t: *const abi::Tensor, what: &str) -> Result<TensorMeta, QnnErr
         abi::data_type::FLOAT_16 => Encoding::Float16,
         abi::data_type::UFIXED_POINT_16 => {
             if q.encoding_definition != abi::DEFINITION_DEFINED {
-                return Err(QnnError::UnsupportedTensor { name, reason: "UFIXED_POINT_16 without defined quantization".into() });
+                return Err(QnnError::UnsupportedTensor {
+                    name,
+                    reason: "UFIXED_POINT_16 without defined quantization".into(),
+                });
             }
             // SAFETY: the encoding tag selects the union member; both members are plain data.
             let (scale, offset) = match q.quantization_encoding {
-                abi::ENCODING_SCALE_OFFSET => unsafe { (q.encoding.scale_offset.scale, q.encoding.scale_offset.offset) },
-                abi::ENCODING_BW_SCALE_OFFSET => unsafe { (q.encoding.bw_scale_offset.scale, q.encoding.bw_scale_offset.offset) },
+                abi::ENCODING_SCALE_OFFSET => unsafe {
+                    (q.encoding.scale_offset.scale, q.encoding.scale_offset.offset)
+                },
+                abi::ENCODING_BW_SCALE_OFFSET => unsafe {
+                    (q.encoding.bw_scale_offset.scale, q.encoding.bw_scale_offset.offset)
+                },
                 other => {
-                    return Err(QnnError::UnsupportedTensor { name, reason: format!("quantization encoding {other} (per-axis I/O)") });
+                    return Err(QnnError::UnsupportedTensor {
+                        name,
+                        reason: format!("quantization encoding {other} (per-axis I/O)"),
+                    });
                 }
             };
             if !(scale.is_finite() && scale > 0.0) {
@@ -170,7 +180,8 @@ unsafe fn tensor(t: *const abi::Tensor, what: &str) -> Result<TensorMeta, QnnErr
 /// Reads `binary` through the system library.
 pub fn read(system: &SystemFunctions, binary: &[u8]) -> Result<BinaryMeta, QnnError> {
     let create = system.system_context_create.ok_or(QnnError::MissingFunction("systemContextCreate"))?;
-    let get_info = system.system_context_get_binary_info.ok_or(QnnError::MissingFunction("systemContextGetBinaryInfo"))?;
+    let get_info =
+        system.system_context_get_binary_info.ok_or(QnnError::MissingFunction("systemContextGetBinaryInfo"))?;
     let mut handle: abi::Handle = std::ptr::null_mut();
     // SAFETY: out-parameter.
     let rc = unsafe { create(&mut handle) };
@@ -221,8 +232,15 @@ unsafe fn walk(info: &abi::BinaryInfo) -> Result<BinaryMeta, QnnError> {
     // SAFETY: strings and arrays below belong to the same system context.
     let graph_name = unsafe { name(v1.graph_name, "graph")? };
     let count_ok = |n: u32| (1..=64).contains(&n);
-    if !count_ok(v1.num_graph_inputs) || !count_ok(v1.num_graph_outputs) || v1.graph_inputs.is_null() || v1.graph_outputs.is_null() {
-        return Err(bad(format!("graph '{graph_name}': {} inputs, {} outputs", v1.num_graph_inputs, v1.num_graph_outputs)));
+    if !count_ok(v1.num_graph_inputs)
+        || !count_ok(v1.num_graph_outputs)
+        || v1.graph_inputs.is_null()
+        || v1.graph_outputs.is_null()
+    {
+        return Err(bad(format!(
+            "graph '{graph_name}': {} inputs, {} outputs",
+            v1.num_graph_inputs, v1.num_graph_outputs
+        )));
     }
     let inputs = (0..v1.num_graph_inputs as usize)
         // SAFETY: `graphInputs` holds `numGraphInputs` tensors (stride: the union's size).

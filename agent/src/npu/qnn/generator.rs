@@ -24,7 +24,8 @@ pub struct GeneratorConfig {
 
 /// Keeps a cache key to one path component.
 fn component(s: &str) -> String {
-    let s: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
+    let s: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
     if s.is_empty() || s.starts_with('.') { format!("_{s}") } else { s }
 }
 
@@ -51,7 +52,13 @@ pub fn command(cfg: &GeneratorConfig, dlc: &Path, out_dir: &Path, name: &str) ->
 }
 
 /// The cached context binary for `dlc`, generating it first if there is none.
-pub fn ensure_context_binary(cfg: &GeneratorConfig, state_dir: &Path, qairt: &str, soc: &str, dlc: &Path) -> Result<PathBuf, QnnError> {
+pub fn ensure_context_binary(
+    cfg: &GeneratorConfig,
+    state_dir: &Path,
+    qairt: &str,
+    soc: &str,
+    dlc: &Path,
+) -> Result<PathBuf, QnnError> {
     let target = cache_path(state_dir, qairt, soc, dlc);
     if target.is_file() {
         return Ok(target);
@@ -103,15 +110,24 @@ mod tests {
         assert_eq!(
             args,
             [
-                "--backend", "/usr/lib/libQnnHtp.so", "--model", "/usr/lib/libQnnModelDlc.so", "--dlc_path",
-                "/b/laya_encoder_256_sqnr.dlc", "--binary_file", "context", "--output_dir", "/var/lib/laya/tmp",
+                "--backend",
+                "/usr/lib/libQnnHtp.so",
+                "--model",
+                "/usr/lib/libQnnModelDlc.so",
+                "--dlc_path",
+                "/b/laya_encoder_256_sqnr.dlc",
+                "--binary_file",
+                "context",
+                "--output_dir",
+                "/var/lib/laya/tmp",
             ]
         );
     }
 
     #[test]
     fn the_cache_is_keyed_by_qairt_release_and_soc() {
-        let p = cache_path(Path::new("/var/lib/laya"), "v2.37.1.250807", "qcs6490", Path::new("/b/laya_encoder_mm.dlc"));
+        let p =
+            cache_path(Path::new("/var/lib/laya"), "v2.37.1.250807", "qcs6490", Path::new("/b/laya_encoder_mm.dlc"));
         assert_eq!(p, Path::new("/var/lib/laya/qnn-context/v2.37.1.250807/qcs6490/laya_encoder_mm.bin"));
         let q = cache_path(Path::new("/s"), "../x", "a/b", Path::new("m.dlc"));
         assert_eq!(q, Path::new("/s/qnn-context/_.._x/a_b/m.bin"));

@@ -105,7 +105,10 @@ pub enum QnnError {
     MissingFunction(&'static str),
     #[error("{call} failed: {status}")]
     Call { call: &'static str, status: Status },
-    #[error("the context binary does not fit this runtime ({status}; built with {build_id}, runtime {runtime}): {}", status::REGENERATE)]
+    #[error(
+        "the context binary does not fit this runtime ({status}; built with {build_id}, runtime {runtime}): {}",
+        status::REGENERATE
+    )]
     IncompatibleBinary { status: Status, build_id: String, runtime: String },
     #[error("QNN runtime {build_id} is not in the bundle's runtime_allowlist {allowed:?}")]
     RuntimeNotAllowed { build_id: String, allowed: Vec<String> },

@@ -7,11 +7,11 @@
 use std::ffi::CString;
 use std::time::Duration;
 
+use super::QnnError;
 use super::abi::{self, CoreFunctions, Handle};
 use super::binary::{BinaryMeta, TensorMeta};
 use super::runtime::Runtime;
 use super::status::Status;
-use super::QnnError;
 
 /// The logical tensors of the Laya encoder graph.
 pub const INPUTS: [&str; 3] = ["inputs_embeds", "gmask", "smask"];
@@ -27,7 +27,11 @@ struct Bound {
 
 impl Bound {
     fn new(meta: &TensorMeta) -> Bound {
-        Bound { name: CString::new(meta.name.as_str()).unwrap_or_default(), dims: meta.dims.clone(), meta: meta.clone() }
+        Bound {
+            name: CString::new(meta.name.as_str()).unwrap_or_default(),
+            dims: meta.dims.clone(),
+            meta: meta.clone(),
+        }
     }
 
     /// The `Qnn_Tensor_t` for one execution with `data` as its client buffer.
@@ -113,12 +117,24 @@ impl Session {
         // SAFETY: `binary` is valid for its length during the call (the runtime copies what it
         // keeps); NULL config and profile are documented defaults; `context` is an out-parameter.
         let rc = unsafe {
-            create(runtime.backend, runtime.device, std::ptr::null(), binary.as_ptr().cast(), binary.len() as u64, &mut context, std::ptr::null_mut())
+            create(
+                runtime.backend,
+                runtime.device,
+                std::ptr::null(),
+                binary.as_ptr().cast(),
+                binary.len() as u64,
+                &mut context,
+                std::ptr::null_mut(),
+            )
         };
         if rc != abi::SUCCESS || context.is_null() {
             let status = Status::from_handle(rc);
             return Err(if status.is_incompatible_binary() {
-                QnnError::IncompatibleBinary { status, build_id: meta.build_id.clone(), runtime: runtime.info.build_id.clone() }
+                QnnError::IncompatibleBinary {
+                    status,
+                    build_id: meta.build_id.clone(),
+                    runtime: runtime.info.build_id.clone(),
+                }
             } else {
                 QnnError::Call { call: "contextCreateFromBinary", status }
             });
@@ -133,7 +149,8 @@ impl Session {
             output: Bound::new(out),
             meta,
         };
-        let graph_name = CString::new(session.meta.graph.name.as_str()).map_err(|_| QnnError::BinaryLayout("graph name has a NUL".into()))?;
+        let graph_name = CString::new(session.meta.graph.name.as_str())
+            .map_err(|_| QnnError::BinaryLayout("graph name has a NUL".into()))?;
         // SAFETY: `context` is live; `graph_name` is NUL-terminated; `graph` is an out-parameter.
         let rc = unsafe { retrieve(context, graph_name.as_ptr(), &mut session.graph) };
         if rc != abi::SUCCESS || session.graph.is_null() {
@@ -141,7 +158,8 @@ impl Session {
             return Err(QnnError::Call { call: "graphRetrieve", status: Status::from_handle(rc) });
         }
         if let (Some(t), Some(signal_create)) = (timeout, core.signal_create) {
-            let config = abi::SignalConfig { option: abi::SIGNAL_CONFIG_OPTION_TIMEOUT, timeout_us: t.as_micros() as u64 };
+            let config =
+                abi::SignalConfig { option: abi::SIGNAL_CONFIG_OPTION_TIMEOUT, timeout_us: t.as_micros() as u64 };
             let list: [*const abi::SignalConfig; 2] = [&config, std::ptr::null()];
             let mut signal: Handle = std::ptr::null_mut();
             // SAFETY: `list` is a NULL-terminated array of config pointers valid for the call;
@@ -184,7 +202,15 @@ impl Session {
         // buffers, which outlive the call; the buffers have the sizes the graph expects (checked
         // by the caller against the tensor metadata); the graph and signal handles are live.
         let rc = unsafe {
-            execute(self.graph, tensors.as_ptr(), tensors.len() as u32, out.as_mut_ptr(), 1, std::ptr::null_mut(), self.signal)
+            execute(
+                self.graph,
+                tensors.as_ptr(),
+                tensors.len() as u32,
+                out.as_mut_ptr(),
+                1,
+                std::ptr::null_mut(),
+                self.signal,
+            )
         };
         if rc == abi::SUCCESS { Ok(()) } else { Err(Status::from_handle(rc)) }
     }

@@ -36,10 +36,17 @@ impl RknnBackend {
         let mut specs = graphs.to_vec();
         specs.sort_by_key(|g| g.seq_len);
         for g in &specs {
-            if g.seq_len == 0 || g.marker_slots == 0 || u32::try_from(g.seq_len).is_err() || u32::try_from(g.marker_slots).is_err() {
+            if g.seq_len == 0
+                || g.marker_slots == 0
+                || u32::try_from(g.seq_len).is_err()
+                || u32::try_from(g.marker_slots).is_err()
+            {
                 return Err(RknnError::BadGraphSpec {
                     file: g.file.clone(),
-                    message: format!("seq_len {} and marker_slots {} must be positive 32-bit sizes", g.seq_len, g.marker_slots),
+                    message: format!(
+                        "seq_len {} and marker_slots {} must be positive 32-bit sizes",
+                        g.seq_len, g.marker_slots
+                    ),
                 });
             }
         }
@@ -85,7 +92,8 @@ impl RknnBackend {
         if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= n) {
             return Err(BackendError::Input(format!("row {r}: a marker at {pos} is past the row's {n} tokens")));
         }
-        let shapes: Vec<(usize, usize)> = self.sessions.iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
+        let shapes: Vec<(usize, usize)> =
+            self.sessions.iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
         choose_graph(&shapes, n, k).ok_or_else(|| {
             let have: Vec<String> = shapes.iter().map(|(l, s)| format!("{l} tokens x {s} options")).collect();
             BackendError::Input(format!(

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use libloading::Library;
 
-use super::{DEFAULT_RUNTIME_ALLOWLIST, RknnError};
 use super::abi;
+use super::{DEFAULT_RUNTIME_ALLOWLIST, RknnError};
 
 /// The function table of one loaded runtime library.
 ///
@@ -41,8 +41,7 @@ impl Runtime {
         // SAFETY: loading a shared library runs its initialisers. The path was named explicitly
         // by the operator as the RKNN runtime to use; librknnrt's initialisers only set up its
         // own state. Nothing else in this process depends on the library's symbols.
-        let lib = unsafe { Library::new(&path) }
-            .map_err(|source| RknnError::Load { path: path.clone(), source })?;
+        let lib = unsafe { Library::new(&path) }.map_err(|source| RknnError::Load { path: path.clone(), source })?;
         let lib: &'static Library = Box::leak(Box::new(lib));
         let path = path.as_path();
         Ok(Runtime {
@@ -63,8 +62,11 @@ fn symbol<T: Copy>(lib: &'static Library, path: &Path, name: &'static str) -> Re
     // SAFETY: every `T` used here is one of the `abi::*Fn` pointer types, each restating the
     // documented C signature of the symbol of that name (see abi.rs). The pointer stays valid
     // because `lib` is never unloaded.
-    let sym = unsafe { lib.get::<T>(name.as_bytes()) }
-        .map_err(|source| RknnError::Symbol { path: path.to_owned(), symbol: name, source })?;
+    let sym = unsafe { lib.get::<T>(name.as_bytes()) }.map_err(|source| RknnError::Symbol {
+        path: path.to_owned(),
+        symbol: name,
+        source,
+    })?;
     Ok(*sym)
 }
 
@@ -141,7 +143,10 @@ mod tests {
 
     #[test]
     fn a_configured_library_wins_and_an_empty_one_is_no_library() {
-        assert_eq!(resolve_library(Some(Path::new("/opt/rknn/librknnrt.so"))).unwrap(), PathBuf::from("/opt/rknn/librknnrt.so"));
+        assert_eq!(
+            resolve_library(Some(Path::new("/opt/rknn/librknnrt.so"))).unwrap(),
+            PathBuf::from("/opt/rknn/librknnrt.so")
+        );
         // RKNN_LIB is not set in unit tests; an empty configured path falls through to it.
         if std::env::var_os("RKNN_LIB").is_none() {
             assert!(matches!(resolve_library(Some(Path::new(""))), Err(RknnError::NoLibrary)));

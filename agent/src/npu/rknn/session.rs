@@ -44,8 +44,8 @@ pub(crate) struct Session {
 impl Session {
     /// `rknn_init` from the graph file's bytes.
     pub fn init(rt: Runtime, graph: &RknnGraph) -> Result<Session, RknnError> {
-        let mut bytes = std::fs::read(&graph.file)
-            .map_err(|source| RknnError::ReadGraph { path: graph.file.clone(), source })?;
+        let mut bytes =
+            std::fs::read(&graph.file).map_err(|source| RknnError::ReadGraph { path: graph.file.clone(), source })?;
         let size = u32::try_from(bytes.len()).map_err(|_| RknnError::BadGraphSpec {
             file: graph.file.clone(),
             message: format!("{} bytes is more than the runtime can load (4 GiB)", bytes.len()),
@@ -104,10 +104,18 @@ impl Session {
             }
             seen[k] = true;
             if attr.shape() != shapes[k] {
-                return Err(self.mismatch(format!("input {name:?} has shape {:?}, the bundle says {:?}", attr.shape(), shapes[k])));
+                return Err(self.mismatch(format!(
+                    "input {name:?} has shape {:?}, the bundle says {:?}",
+                    attr.shape(),
+                    shapes[k]
+                )));
             }
             if attr.type_ != abi::TENSOR_INT64 {
-                return Err(self.mismatch(format!("input {name:?} has element type {}, not int64 ({})", attr.type_, abi::TENSOR_INT64)));
+                return Err(self.mismatch(format!(
+                    "input {name:?} has element type {}, not int64 ({})",
+                    attr.type_,
+                    abi::TENSOR_INT64
+                )));
             }
             self.inputs[k] = Slot { index, fmt: attr.fmt };
         }
