@@ -8,14 +8,18 @@
 //!
 //! **Tolerances.** The host path is checked exactly: hidden states for the `refs/` rows equal the
 //! simulator's own reference outputs bit for bit, and through the fake runtime (CPU encoder) the
-//! answers equal the CPU backend's within 1e-3. Against the CPU backend on the simulator, the
-//! committed w8a16 fixture binaries do **not** meet the issue's rule (every clear decision equal,
-//! probabilities within 0.01): over all fitting fixture cases the mean probability difference is
-//! 0.005-0.011 but the largest is 0.02-0.17 and 0-10% of clear decisions flip (tiny fixture
-//! models, per-tensor uint16 activations). The simulator tests print the strict rule's verdict and
-//! assert [`Stats::check_quantized`] (mean <= 0.02, max <= 0.25, <= 15% flipped), which a wrong
-//! mask or a flipped quantization offset violates by a factor of ten (mean ~0.21, max ~0.9, 17 of
-//! 31 decisions flipped).
+//! answers equal the CPU backend's within 1e-3. Against the CPU backend on the simulator the
+//! binaries are built from checkpoints whose encoder weights sit on their uint8 grid
+//! (`tests/fixtures/qnn/<model>/checkpoint`, see tools/qnn/README.md), so the CPU reference and
+//! the binary hold the same weights and what differs is the HTP's own 16-bit arithmetic. Over
+//! every fitting fixture case, every clear decision (the CPU's top two more than 0.02 apart) is
+//! the same, as the issue asks; the mean probability difference is 0.002-0.0065, within the
+//! issue's 0.01, but single probabilities near 0.5 differ by up to 0.017-0.07: the HTP's softmax
+//! and matmuls lose about 1% (rms) per layer on these tiny random encoders, and the fixture
+//! heads' steep scorers magnify it. So [`Stats::check_quantized`] asserts: no clear decision
+//! flipped, mean <= 0.01, every probability within 0.1; a wrong mask or a flipped quantization
+//! offset violates all three (mean ~0.21, max ~0.9, half the decisions flipped). The strict
+//! per-probability verdict is printed.
 //!
 //! The fake reads `FAKE_QNN_*` knobs from the environment, so tests that set knobs run their
 //! body in a child process ([`in_child`]); no test changes its own environment.
@@ -86,10 +90,17 @@ struct G<'a> {
     io: &'a str,
 }
 
-/// An NPU bundle directory whose manifest points at the fixture checkpoint `model` and `graphs`.
-fn npu_bundle(model: &str, graphs: &[G], extra: &str) -> PathBuf {
-    let dir = temp_dir(model);
-    let ckpt = std::path::absolute(model_dir(model)).unwrap();
+/// The checkpoint the committed simulator binaries were built from: the fixture checkpoint with
+/// its encoder weights on their uint8 grid (tools/qnn/export_encoder.py), so the binaries carry
+/// the checkpoint's own weights and the comparison measures the runtime path, not weight rounding.
+fn qnn_checkpoint(model: &str) -> PathBuf {
+    workspace().join(format!("tests/fixtures/qnn/{model}/checkpoint"))
+}
+
+/// An NPU bundle directory whose manifest points at the checkpoint `ckpt` and `graphs`.
+fn npu_bundle(ckpt: &Path, graphs: &[G], extra: &str) -> PathBuf {
+    let dir = temp_dir("bundle");
+    let ckpt = std::path::absolute(ckpt).unwrap();
     let entries: Vec<String> = graphs
         .iter()
         .map(|g| {
@@ -117,7 +128,7 @@ fn fixture_bundle(model: &str, l: usize, flavour: &str) -> PathBuf {
     let file = workspace().join(format!("tests/fixtures/qnn/{model}/enc_L{l}_{flavour}_ctx_qnn.bin"));
     let io = if flavour == "u16io" { "ufixed16" } else { "float" };
     npu_bundle(
-        model,
+        &qnn_checkpoint(model),
         &[G { file: &file, seq_len: l, calibration: "min-max", io }],
         r#", "allow_minmax_above_128": true"#,
     )
@@ -168,32 +179,30 @@ impl Stats {
         self.sum_prob_diff / self.probs.max(1) as f64
     }
 
-    /// The acceptance rule the committed w8a16 fixture binaries can meet (measured over every
-    /// fitting fixture case: mean probability difference 0.005-0.011, max 0.02-0.17, 0-10% of
-    /// clear decisions flipped). The issue's stricter rule ([`Stats::check`] with 0.01) is not met
-    /// by these binaries; see the module doc.
+    /// The acceptance rule the committed w8a16 binaries meet (see the module doc): every clear
+    /// decision the same, the mean probability difference within 0.01, every probability within
+    /// [`SIM_MAX_TOL`].
     fn check_quantized(&self) -> Result<(), String> {
         if let Some(m) = self.mismatches.first() {
             return Err(m.clone());
         }
-        let flipped = self.disagreements.len() as f64 / self.decisions.max(1) as f64;
-        if self.mean_prob_diff() > SIM_MEAN_TOL || self.max_prob_diff > SIM_MAX_TOL || flipped > SIM_FLIPPED_TOL {
+        if !self.disagreements.is_empty() || self.mean_prob_diff() > SIM_MEAN_TOL || self.max_prob_diff > SIM_MAX_TOL {
             return Err(format!(
-                "mean probability difference {:.4} (limit {SIM_MEAN_TOL}), max {:.4} (limit {SIM_MAX_TOL}) at {}, {}/{} decisions flipped (limit {SIM_FLIPPED_TOL})",
+                "mean probability difference {:.4} (limit {SIM_MEAN_TOL}), max {:.4} (limit {SIM_MAX_TOL}) at {}, {}/{} clear decisions flipped{}",
                 self.mean_prob_diff(),
                 self.max_prob_diff,
                 self.worst,
                 self.disagreements.len(),
-                self.decisions
+                self.decisions,
+                self.disagreements.first().map(|d| format!(", e.g. {d}")).unwrap_or_default()
             ));
         }
         Ok(())
     }
 }
 
-const SIM_MEAN_TOL: f64 = 0.02;
-const SIM_MAX_TOL: f64 = 0.25;
-const SIM_FLIPPED_TOL: f64 = 0.15;
+const SIM_MEAN_TOL: f64 = 0.01;
+const SIM_MAX_TOL: f64 = 0.1;
 
 /// Walks one answer: choices (where the CPU's top two are more than 0.02 apart) and every
 /// probability; `score` and confidences are functions of the probabilities and are not measured
@@ -251,10 +260,18 @@ fn compare(ctx: &str, ours: &Value, cpu: &Value, key: &str, stats: &mut Stats) {
 }
 
 /// Answers fixture cases of `model` whose rows all fit `max_len` (and at least one is longer than
-/// `min_len`) through both backends, up to `limit` cases, and measures the differences.
-fn compare_cases(model: &str, qnn: &mut QnnBackend, max_len: usize, min_len: usize, limit: usize) -> Stats {
-    let b = bundle(model);
-    let mut cpu = CpuBackend::load(&model_dir(model), &b.config, b.tokenizer.pad.id).unwrap();
+/// `min_len`) through both backends, up to `limit` cases, and measures the differences; the CPU
+/// backend runs the checkpoint `ckpt`.
+fn compare_cases(
+    model: &str,
+    ckpt: &Path,
+    qnn: &mut QnnBackend,
+    max_len: usize,
+    min_len: usize,
+    limit: usize,
+) -> Stats {
+    let b = HostBundle::load(ckpt).unwrap();
+    let mut cpu = CpuBackend::load(ckpt, &b.config, b.tokenizer.pad.id).unwrap();
     let mut stats = Stats::default();
     let mut used = 0;
     for case in cases().iter().filter(|c| c.model == model) {
@@ -301,7 +318,7 @@ fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
     for model in ["bpe-t5", "wp-t4", "bpe-small"] {
         let mut qnn = load_fixture(model, l, flavour, &libs);
         let min_len = if l == 256 { 128 } else { 0 };
-        let stats = compare_cases(model, &mut qnn, l, min_len, limit);
+        let stats = compare_cases(model, &qnn_checkpoint(model), &mut qnn, l, min_len, limit);
         eprintln!(
             "{model} L{l} {flavour}: {} questions, mean probability difference {:.4}, max {:.4} ({}), {}/{} decisions differ",
             stats.questions,
@@ -312,6 +329,7 @@ fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
             stats.decisions
         );
         assert!(stats.questions >= 3, "{model} L{l} {flavour}: only {} questions compared", stats.questions);
+        assert!(stats.decisions >= 3, "{model} L{l} {flavour}: only {} clear decisions compared", stats.decisions);
         if let Err(e) = stats.check(PROB_TOL) {
             eprintln!("  (strict rule of the issue: {e})");
         }
@@ -348,10 +366,10 @@ fn wrong_masks_make_the_simulator_comparison_fail() {
     let _one = one_at_a_time();
     for flavour in ["f32io", "u16io"] {
         let mut qnn = load_fixture("bpe-t5", 128, flavour, &libs);
-        let healthy = compare_cases("bpe-t5", &mut qnn, 128, 0, 1000);
+        let healthy = compare_cases("bpe-t5", &qnn_checkpoint("bpe-t5"), &mut qnn, 128, 0, 1000);
         healthy.check_quantized().unwrap_or_else(|e| panic!("{flavour}: the healthy host must agree: {e}"));
         qnn.set_host_fault(HostFault::WrongMasks);
-        let broken = compare_cases("bpe-t5", &mut qnn, 128, 0, 1000);
+        let broken = compare_cases("bpe-t5", &qnn_checkpoint("bpe-t5"), &mut qnn, 128, 0, 1000);
         let err = broken.check_quantized().expect_err("wrong masks must be caught");
         eprintln!("{flavour} wrong masks caught: {err}");
     }
@@ -363,7 +381,7 @@ fn a_flipped_quantization_offset_makes_the_simulator_comparison_fail() {
     let _one = one_at_a_time();
     let mut qnn = load_fixture("bpe-t5", 128, "u16io", &libs);
     qnn.set_host_fault(HostFault::FlippedOffset);
-    let broken = compare_cases("bpe-t5", &mut qnn, 128, 0, 1000);
+    let broken = compare_cases("bpe-t5", &qnn_checkpoint("bpe-t5"), &mut qnn, 128, 0, 1000);
     let err = broken.check_quantized().expect_err("a flipped offset must be caught");
     eprintln!("flipped offset caught: {err}");
 }
@@ -566,7 +584,7 @@ fn load_fake(model: &str, lens: &[(usize, &str)], extra: &str) -> Result<QnnBack
     let files: Vec<(PathBuf, usize, &str)> = lens.iter().map(|&(l, c)| (fake_binary(model, l, ""), l, c)).collect();
     let graphs: Vec<G> =
         files.iter().map(|(f, l, c)| G { file: f, seq_len: *l, calibration: c, io: "float" }).collect();
-    let dir = npu_bundle(model, &graphs, extra);
+    let dir = npu_bundle(&model_dir(model), &graphs, extra);
     let lib = fake_library();
     QnnBackend::load(&HostBundle::load(&dir).unwrap(), &QnnConfig::new(lib, lib))
 }
@@ -588,7 +606,7 @@ fn some_rows(model: &str, n: usize) -> Vec<Row> {
 #[test]
 fn answers_through_the_fake_runtime_equal_the_cpu_backend() {
     let mut qnn = load_fake("wp-t4", &[(128, "min-max"), (512, "sqnr")], "").unwrap();
-    let stats = compare_cases("wp-t4", &mut qnn, 512, 0, 8);
+    let stats = compare_cases("wp-t4", &model_dir("wp-t4"), &mut qnn, 512, 0, 8);
     assert!(stats.questions > 8, "{stats:?}");
     stats.check(1e-3).unwrap();
     // And the raw logits are the CPU's to float precision (same encoder code, padded to L).
@@ -645,11 +663,11 @@ fn compiled_tensor_names_are_bound_through_the_manifests_map() {
     let file = fake_binary("bpe-small", 64, ":0");
     let g = [G { file: &file, seq_len: 64, calibration: "sqnr", io: "float" }];
     let lib = fake_library();
-    let plain = npu_bundle("bpe-small", &g, "");
+    let plain = npu_bundle(&model_dir("bpe-small"), &g, "");
     let err = QnnBackend::load(&HostBundle::load(&plain).unwrap(), &QnnConfig::new(lib, lib)).err().unwrap();
     assert!(err.to_string().contains("tensor_names"), "{err}");
     let mapped = npu_bundle(
-        "bpe-small",
+        &model_dir("bpe-small"),
         &g,
         r#", "tensor_names": {"inputs_embeds": "inputs_embeds:0", "gmask": "gmask:0", "smask": "smask:0", "hidden": "hidden:0"}"#,
     );
@@ -726,7 +744,8 @@ fn a_provider_without_core_api_2_is_refused() {
 #[test]
 fn a_manifest_io_flavour_that_contradicts_the_binary_is_refused() {
     let file = fake_binary("bpe-small", 64, "");
-    let dir = npu_bundle("bpe-small", &[G { file: &file, seq_len: 64, calibration: "sqnr", io: "ufixed16" }], "");
+    let dir =
+        npu_bundle(&model_dir("bpe-small"), &[G { file: &file, seq_len: 64, calibration: "sqnr", io: "ufixed16" }], "");
     let lib = fake_library();
     let err = QnnBackend::load(&HostBundle::load(&dir).unwrap(), &QnnConfig::new(lib, lib)).err().unwrap();
     assert!(err.to_string().contains("io \"ufixed16\""), "{err}");

@@ -116,6 +116,26 @@ def quantize_model(pre, out, z, L, la, method, clip):
     quantize(pre, out, cfg)
 
 
+def weight_grid_error(pre, qdq):
+    """The largest |DequantizeLinear(uint8 weight) - float weight| over the QDQ model's uint8
+    initializers: 0 when the export snapped the weights onto their grid (export_encoder.py)."""
+    from onnx import numpy_helper
+    src = {i.name: numpy_helper.to_array(i) for i in onnx.load(pre).graph.initializer}
+    q = onnx.load(qdq)
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    worst, n = 0.0, 0
+    for node in q.graph.node:
+        if node.op_type != "DequantizeLinear" or inits.get(node.input[0], np.zeros(0)).dtype != np.uint8:
+            continue
+        base = node.input[0].removesuffix("_quantized")
+        if base not in src:
+            continue
+        w, sc, zp = inits[node.input[0]], inits[node.input[1]], inits[node.input[2]]
+        deq = (w.astype(np.float32) - zp.astype(np.float32)) * sc
+        worst, n = max(worst, float(np.abs(deq - src[base]).max())), n + 1
+    return {"uint8_weights": n, "max_abs_dequantized_minus_float": worst}
+
+
 def strip_boundary_qdq(src, dst):
     """Remove the QuantizeLinear after each graph input and the DequantizeLinear before each graph output.
 
@@ -270,6 +290,7 @@ def main():
             calib = tried[best]
             qdq = calib["path"]
             t_quant = time.time() - t0
+            grid = weight_grid_error(pre, qdq)
 
             # --- flavours ---
             strip_path = os.path.join(bdir, f"qdq_L{L}_{best}_u16io.onnx")
@@ -353,7 +374,9 @@ def main():
                 desc = {
                     "name": name,
                     "model": model,
-                    "checkpoint": f"{R.FIXTURES}/models/{model}",
+                    "checkpoint": meta.get("checkpoint", f"{R.FIXTURES}/models/{model}"),
+                    "weights_snapped_to_uint8_grid": bool(meta.get("weights_snapped_to_uint8_grid")),
+                    "weight_grid": grid,
                     "L": L,
                     "d": meta["d"],
                     "local_attention": la,
@@ -411,7 +434,7 @@ def main():
                 line = (f"{model} L={L} {flavour}: calib={best} compile={t_comp:.1f}s quant+select={t_quant:.1f}s "
                         f"bin={os.path.getsize(bin_path)}B graph={desc['graph_names'][0]} "
                         f"pearson(eval)={fid_eval['pearson_mean']:.5f} min={fid_eval['pearson_min']:.5f} "
-                        f"maxabs={fid_eval['max_abs']:.4f}")
+                        f"maxabs={fid_eval['max_abs']:.4f} weight-grid-err={grid['max_abs_dequantized_minus_float']:.2e}")
                 print(line, flush=True)
                 summary.append(line)
     print("\n".join(summary))

@@ -63,6 +63,49 @@ def load_encoder(model):
     return agent, enc
 
 
+def snap_u8(w):
+    """`w` moved onto the uint8 grid onnxruntime's quantizer gives it (per tensor, asymmetric, the
+    range widened to hold 0: scale = (max - min) / 255, zero point = round(-min / scale)), so the
+    QDQ model's DequantizeLinear(uint8) reproduces it exactly."""
+    rmin, rmax = min(0.0, float(w.min())), max(0.0, float(w.max()))
+    scale = np.float32((rmax - rmin) / 255.0)
+    zp = np.round(-rmin / scale)
+    q = np.clip(np.round(w / scale) + zp, 0, 255)
+    return ((q - zp) * scale).astype(np.float32)
+
+
+def snap_encoder(enc):
+    """Puts every encoder weight that becomes a uint8 QNN weight (Linear and LayerNorm weights; not
+    the token embeddings, which the host gathers in float) on its uint8 grid. Returns the names."""
+    names = []
+    with torch.no_grad():
+        for name, p in enc.named_parameters():
+            # Biases become int32 (scale = input scale x weight scale): fine enough to leave as they are.
+            if name == "embeddings.tok_embeddings.weight" or not name.endswith(".weight"):
+                continue
+            p.copy_(torch.from_numpy(snap_u8(p.detach().float().numpy())))
+            names.append(name)
+    return names
+
+
+def write_checkpoint(model, enc, names, dest):
+    """A copy of the fixture checkpoint with the snapped encoder weights (float32; every other tensor
+    keeps its dtype, so an f16 checkpoint still has f16 token embeddings and head)."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    src = os.path.join(REPO, R.FIXTURES, "models", model)
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("model.safetensors"))
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    params = dict(enc.named_parameters())
+    for name in names:
+        key = f"encoder.{name}"
+        assert key in tensors, key
+        tensors[key] = params[name].detach().float().numpy().copy()
+    save_file(tensors, os.path.join(dest, "model.safetensors"))
+
+
 def stack_rows(rows, table, pad_id, L, local_attention):
     emb = np.concatenate([R.embeds(table, ids, pad_id, L) for _, _, ids in rows])
     lens = np.array([len(ids) for _, _, ids in rows], dtype=np.int32)
@@ -109,6 +152,10 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "tools", "qnn", "build"))
     ap.add_argument("--models", nargs="*", default=list(R.MODELS))
     ap.add_argument("--lengths", nargs="*", type=int, default=list(R.LENGTHS))
+    ap.add_argument("--no-snap", action="store_true",
+                    help="export the fixture checkpoints as they are (plain post-training quantization); by default the "
+                         "encoder weights are put on their uint8 grid and the snapped checkpoint is written to "
+                         "tests/fixtures/qnn/<model>/checkpoint")
     a = ap.parse_args()
     import laya
     import onnx
@@ -116,6 +163,9 @@ def main():
 
     for model in a.models:
         agent, enc = load_encoder(model)
+        snapped = [] if a.no_snap else snap_encoder(enc)
+        if snapped:
+            write_checkpoint(model, enc, snapped, os.path.join(REPO, "tests", "fixtures", "qnn", model, "checkpoint"))
         cfg = enc.config
         local_attention = int(cfg.local_attention)
         pad_id = int(cfg.pad_token_id)
@@ -186,6 +236,8 @@ def main():
                 "local_attention": local_attention,
                 "pad_token_id": pad_id,
                 "layer_types": list(cfg.layer_types),
+                "weights_snapped_to_uint8_grid": snapped,
+                "checkpoint": f"tests/fixtures/qnn/{model}/checkpoint" if snapped else f"{R.FIXTURES}/models/{model}",
                 "opset": OPSET,
                 "exporter": "torch.onnx.export(dynamo=False), do_constant_folding=True",
                 "onnx_nodes": len(m.graph.node),
