@@ -32,7 +32,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use laya_edge::bundle::HostBundle;
 use laya_edge::engine::cpu::CpuBackend;
 use laya_edge::engine::{Backend, BackendError};
-use laya_edge::npu::qnn::{HostFault, QnnBackend, QnnConfig, QnnError};
+use laya_edge::npu::qnn::{HostFault, Performance, PowerState, QnnBackend, QnnConfig, QnnError};
 use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
 use laya_edge_tests::{bundle, cases, model_dir, read_json};
@@ -581,12 +581,22 @@ fn fake_binary(model: &str, seq_len: usize, suffix: &str) -> PathBuf {
 }
 
 fn load_fake(model: &str, lens: &[(usize, &str)], extra: &str) -> Result<QnnBackend, QnnError> {
+    load_fake_with(model, lens, extra, Performance::Default)
+}
+
+fn load_fake_with(
+    model: &str,
+    lens: &[(usize, &str)],
+    extra: &str,
+    performance: Performance,
+) -> Result<QnnBackend, QnnError> {
     let files: Vec<(PathBuf, usize, &str)> = lens.iter().map(|&(l, c)| (fake_binary(model, l, ""), l, c)).collect();
     let graphs: Vec<G> =
         files.iter().map(|(f, l, c)| G { file: f, seq_len: *l, calibration: c, io: "float" }).collect();
     let dir = npu_bundle(&model_dir(model), &graphs, extra);
     let lib = fake_library();
-    QnnBackend::load(&HostBundle::load(&dir).unwrap(), &QnnConfig::new(lib, lib))
+    let config = QnnConfig { performance, ..QnnConfig::new(lib, lib) };
+    QnnBackend::load(&HostBundle::load(&dir).unwrap(), &config)
 }
 
 fn some_rows(model: &str, n: usize) -> Vec<Row> {
@@ -749,4 +759,103 @@ fn a_manifest_io_flavour_that_contradicts_the_binary_is_refused() {
     let lib = fake_library();
     let err = QnnBackend::load(&HostBundle::load(&dir).unwrap(), &QnnConfig::new(lib, lib)).err().unwrap();
     assert!(err.to_string().contains("io \"ufixed16\""), "{err}");
+}
+
+/// The fake's trace lines that start with `prefix`.
+fn traced(prefix: &str) -> Vec<String> {
+    let path = std::env::var("FAKE_QNN_TRACE").expect("FAKE_QNN_TRACE is set for this child");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter(|l| l.starts_with(prefix)).map(str::to_owned).collect()
+}
+
+#[test]
+fn a_burst_vote_reaches_the_runtime_with_dcvs_off_at_the_top_corner_and_is_withdrawn_at_shutdown() {
+    let trace = temp_dir("trace").join("trace.txt");
+    in_child(
+        "a_burst_vote_reaches_the_runtime_with_dcvs_off_at_the_top_corner_and_is_withdrawn_at_shutdown",
+        &[("FAKE_QNN_TRACE", trace.to_str().unwrap())],
+        || {
+            let mut qnn = load_fake_with("bpe-small", &[(128, "min-max")], "", Performance::Burst).unwrap();
+            assert_eq!(qnn.runtime_info().power, PowerState::Burst);
+            let rows = some_rows("bpe-small", 1);
+            qnn.run(&[&rows[0]]).unwrap();
+            assert_eq!(
+                traced("power"),
+                [
+                    "power create device=0 core=0 -> 7",
+                    "power set 7 dcvs_v3 context=7 dcvs=1/0 mode=0x10 sleep_latency=1/40 sleep_disable=0/0 \
+                     bus=1/0xa0/0xa0/0xa0 core=1/0xa0/0xa0/0xa0",
+                ]
+            );
+            drop(qnn);
+            assert_eq!(traced("power destroy"), ["power destroy 7"]);
+        },
+    );
+}
+
+#[test]
+fn without_burst_no_power_vote_is_cast() {
+    let trace = temp_dir("trace").join("trace.txt");
+    in_child("without_burst_no_power_vote_is_cast", &[("FAKE_QNN_TRACE", trace.to_str().unwrap())], || {
+        let mut qnn = load_fake("bpe-small", &[(128, "min-max")], "").unwrap();
+        assert_eq!(qnn.runtime_info().power, PowerState::Default);
+        let rows = some_rows("bpe-small", 1);
+        qnn.run(&[&rows[0]]).unwrap();
+        drop(qnn);
+        assert_eq!(traced("execute").len(), 1);
+        assert!(traced("power").is_empty(), "{:?}", traced("power"));
+    });
+}
+
+/// Loads the fake with a burst vote that the runtime refuses (`knob`), and checks the backend
+/// serves anyway, says why (`why`), and gives back any power config id it created.
+fn refused_burst_still_serves(test: &str, knob: (&str, &str), why: &str) {
+    let trace = temp_dir("trace").join("trace.txt");
+    in_child(test, &[knob, ("FAKE_QNN_TRACE", trace.to_str().unwrap())], || {
+        let mut qnn = load_fake_with("bpe-small", &[(128, "min-max")], "", Performance::Burst).unwrap();
+        match &qnn.runtime_info().power {
+            PowerState::Unsupported(w) => assert!(w.contains(why), "{w}"),
+            other => panic!("{other:?}"),
+        }
+        let rows = some_rows("bpe-small", 1);
+        qnn.run(&[&rows[0]]).unwrap();
+        assert_eq!(traced("power destroy").len(), traced("power create").len());
+    });
+}
+
+#[test]
+fn a_runtime_without_the_perf_infrastructure_serves_at_default_clocks() {
+    refused_burst_still_serves(
+        "a_runtime_without_the_perf_infrastructure_serves_at_default_clocks",
+        ("FAKE_QNN_PERF_INFRA", "0"),
+        "deviceGetInfrastructure",
+    );
+}
+
+#[test]
+fn a_refused_burst_vote_gives_its_config_id_back_and_serves_at_default_clocks() {
+    refused_burst_still_serves(
+        "a_refused_burst_vote_gives_its_config_id_back_and_serves_at_default_clocks",
+        ("FAKE_QNN_SET_POWER_ERROR", "1"),
+        "setPowerConfig",
+    );
+}
+
+#[test]
+fn the_simulator_answers_the_same_with_a_burst_vote() {
+    let Some(libs) = simulator() else { return };
+    let _one = one_at_a_time();
+    let dir = fixture_bundle("bpe-small", 128, "u16io");
+    let b = HostBundle::load(&dir).unwrap();
+    let rows = some_rows("bpe-small", 3);
+    let refs: Vec<&Row> = rows.iter().collect();
+    let plain = {
+        let mut qnn = QnnBackend::load(&b, &QnnConfig::from_lib_dir(&libs)).unwrap();
+        qnn.run(&refs).unwrap()
+    };
+    let config = QnnConfig { performance: Performance::Burst, ..QnnConfig::from_lib_dir(&libs) };
+    let mut qnn = QnnBackend::load(&b, &config).unwrap();
+    eprintln!("simulator power state with burst: {:?}", qnn.runtime_info().power);
+    assert_ne!(qnn.runtime_info().power, PowerState::Default);
+    assert_eq!(qnn.run(&refs).unwrap(), plain);
 }

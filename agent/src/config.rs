@@ -192,6 +192,8 @@ pub struct Qnn {
     pub system_lib: String,
     /// Where the DSP skeleton libraries are (`ADSP_LIBRARY_PATH`).
     pub adsp_library_path: String,
+    /// `default` (the runtime's own voting) or `burst` (DCVS off, top voltage corner).
+    pub performance: String,
 }
 
 impl Config {
@@ -208,6 +210,9 @@ impl Config {
     /// Checks values serde cannot.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !["", "default", "burst"].contains(&self.qnn.performance.as_str()) {
+            return bad(format!("qnn.performance {:?}: use default or burst", self.qnn.performance));
+        }
         if !["cpu", "null", "rknn", "qnn"].contains(&self.engine.backend.as_str()) {
             return bad(format!("engine.backend {:?}: use cpu, null, rknn or qnn", self.engine.backend));
         }
@@ -284,5 +289,9 @@ mod tests {
         assert!(c.check().unwrap_err().to_string().contains("gpu"));
         let c: Config = toml::from_str("[mqtt]\nfleet = \"north\"").unwrap();
         assert!(c.check().is_err());
+        let c: Config = toml::from_str("[qnn]\nperformance = \"turbo\"").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("turbo"));
+        let c: Config = toml::from_str("[qnn]\nperformance = \"burst\"").unwrap();
+        assert!(c.check().is_ok());
     }
 }

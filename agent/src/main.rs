@@ -195,7 +195,7 @@ fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
 
 #[cfg(feature = "qnn")]
 fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
-    use laya_edge::npu::qnn::{QnnBackend, QnnConfig};
+    use laya_edge::npu::qnn::{Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     // The libraries come from the agent's config through the worker's environment.
     let lib = |var: &str| {
@@ -203,7 +203,17 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
     };
     let mut config = QnnConfig::new(lib("LAYA_QNN_BACKEND_LIB")?, lib("LAYA_QNN_SYSTEM_LIB")?);
     config.adsp_library_path = std::env::var("ADSP_LIBRARY_PATH").ok().filter(|p| !p.is_empty());
+    config.performance = match std::env::var("LAYA_QNN_PERFORMANCE").as_deref() {
+        Ok("burst") => Performance::Burst,
+        Ok("" | "default") | Err(_) => Performance::Default,
+        Ok(other) => return Err(format!("qnn.performance {other:?}: use default or burst")),
+    };
     let backend = QnnBackend::load(&bundle, &config).map_err(|e| e.to_string())?;
+    let info = backend.runtime_info();
+    eprintln!("laya-edge worker: QNN runtime {} ({}), power {:?}", info.build_id, info.provider, info.power);
+    if let PowerState::Unsupported(why) = &info.power {
+        eprintln!("laya-edge worker: the burst vote was not applied, running at default clocks: {why}");
+    }
     Ok(Box::new(backend))
 }
 
@@ -314,6 +324,9 @@ fn worker_spec(backend: &str, model: &Path, config: &Config) -> Result<WorkerSpe
     }
     if !config.qnn.adsp_library_path.is_empty() {
         env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
+    }
+    if !config.qnn.performance.is_empty() {
+        env.push(("LAYA_QNN_PERFORMANCE".into(), config.qnn.performance.clone().into()));
     }
     Ok(WorkerSpec { program, args, env })
 }

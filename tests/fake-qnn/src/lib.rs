@@ -288,6 +288,93 @@ unsafe extern "C" fn device_create(
 ) -> ErrorHandle {
     NOT_SUPPORTED
 }
+/// Appends a line to `FAKE_QNN_TRACE`, if set.
+fn trace(line: std::fmt::Arguments) {
+    if let Ok(path) = std::env::var("FAKE_QNN_TRACE")
+        && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+    {
+        writeln!(f, "{line}").ok();
+    }
+}
+
+/// The id `createPowerConfigId` hands out.
+const POWER_ID: u32 = 7;
+
+unsafe extern "C" fn create_power_config_id(device_id: u32, core_id: u32, id: *mut u32) -> ErrorHandle {
+    if id.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null out-pointer.
+    unsafe { *id = POWER_ID };
+    trace(format_args!("power create device={device_id} core={core_id} -> {POWER_ID}"));
+    0
+}
+unsafe extern "C" fn destroy_power_config_id(id: u32) -> ErrorHandle {
+    trace(format_args!("power destroy {id}"));
+    if id == POWER_ID { 0 } else { INVALID_ARGUMENT }
+}
+unsafe extern "C" fn set_power_config(id: u32, configs: *const *const abi::PowerConfig) -> ErrorHandle {
+    if id != POWER_ID || configs.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    if knob("FAKE_QNN_SET_POWER_ERROR").is_some() {
+        return INVALID_ARGUMENT;
+    }
+    let mut i = 0;
+    loop {
+        // SAFETY: a NULL-terminated list of config pointers, as documented for setPowerConfig.
+        let Some(c) = (unsafe { (*configs.add(i)).as_ref() }) else { break };
+        if c.option == abi::POWER_CONFIG_DCVS_V3 {
+            // SAFETY: option DCVS_V3 names the dcvs_v3 arm.
+            let d = unsafe { c.value.dcvs_v3 };
+            trace(format_args!(
+                "power set {id} dcvs_v3 context={} dcvs={}/{} mode={:#x} sleep_latency={}/{} sleep_disable={}/{} bus={}/{:#x}/{:#x}/{:#x} core={}/{:#x}/{:#x}/{:#x}",
+                d.context_id,
+                d.set_dcvs_enable,
+                d.dcvs_enable,
+                d.power_mode,
+                d.set_sleep_latency,
+                d.sleep_latency,
+                d.set_sleep_disable,
+                d.sleep_disable,
+                d.set_bus_params,
+                d.bus_voltage_corner_min,
+                d.bus_voltage_corner_target,
+                d.bus_voltage_corner_max,
+                d.set_core_params,
+                d.core_voltage_corner_min,
+                d.core_voltage_corner_target,
+                d.core_voltage_corner_max
+            ));
+        } else {
+            trace(format_args!("power set {id} option {}", c.option));
+        }
+        i += 1;
+    }
+    0
+}
+
+unsafe extern "C" fn device_get_infrastructure(infra: *mut *const abi::HtpDeviceInfrastructure) -> ErrorHandle {
+    static INFRA: abi::HtpDeviceInfrastructure = abi::HtpDeviceInfrastructure {
+        infra_type: abi::HTP_INFRASTRUCTURE_TYPE_PERF,
+        perf: abi::HtpPerfInfrastructure {
+            create_power_config_id: Some(create_power_config_id),
+            destroy_power_config_id: Some(destroy_power_config_id),
+            set_power_config: Some(set_power_config),
+            set_memory_config: None,
+        },
+    };
+    if infra.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    if knob("FAKE_QNN_PERF_INFRA") == Some(0) {
+        return NOT_SUPPORTED;
+    }
+    // SAFETY: non-null out-pointer; INFRA is static.
+    unsafe { *infra = &INFRA };
+    0
+}
+
 unsafe extern "C" fn signal_create(_b: Handle, _c: *const *const abi::SignalConfig, _s: *mut Handle) -> ErrorHandle {
     NOT_SUPPORTED
 }
@@ -406,11 +493,7 @@ unsafe extern "C" fn graph_execute(
     // SAFETY: the graph handle is a live context.
     let ctx = unsafe { &*graph.cast::<Context>() };
     let (l, d, sfx) = (ctx.binary.seq_len as usize, ctx.d, ctx.binary.suffix.as_str());
-    if let Ok(path) = std::env::var("FAKE_QNN_TRACE") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            writeln!(f, "execute {} L={l}", ctx.binary.graph_name).ok();
-        }
-    }
+    trace(format_args!("execute {} L={l}", ctx.binary.graph_name));
     // SAFETY: the caller's tensors, as documented for graphExecute.
     let read = |name: &str| unsafe { input(inputs, num_inputs, &format!("{name}{sfx}")) };
     let (Some(x), Some(g), Some(s)) = (read("inputs_embeds"), read("gmask"), read("smask")) else {
@@ -460,6 +543,7 @@ fn core_functions() -> abi::CoreFunctions {
     f.log_create = Some(log_create);
     f.log_free = Some(log_free);
     f.device_create = Some(device_create);
+    f.device_get_infrastructure = Some(device_get_infrastructure);
     f.signal_create = Some(signal_create);
     f.error_get_message = Some(error_get_message);
     f

@@ -9,6 +9,11 @@
 //!   <https://docs.qualcomm.com/doc/80-63442-10/topic/api_error_codes.html>, the QNN 2.39 reference
 //!   page `api-rst/function_QnnContext_8h_1aa261465dd9bdfe51532a9d33fe4a2fa9.html`
 //! - `QnnSignal_Config_t` (option 2 = timeout in microseconds): `api-rst/file_include_QNN_QnnSignal.h.html`
+//! - HTP performance infrastructure (`QnnDevice_getInfrastructure`, `QnnHtpDevice_Infrastructure_t`,
+//!   `QnnHtpPerfInfrastructure_PowerConfig_t` with its DCVS v3 arm): the HTP backend page
+//!   <https://docs.qualcomm.com/doc/80-63442-50/topic/htp_backend.html> ("QNN HTP Performance
+//!   Infrastructure API") and the `HTP/QnnHtpPerfInfrastructure.h` reference page; the field order
+//!   cross-checked against how ONNX Runtime's and ExecuTorch's QNN integrations fill it.
 //! - `Qnn_Tensor_t`, `Qnn_QuantizeParams_t`, `QnnSystemContext_BinaryInfo_t` (V1/V2/V3) and
 //!   `QnnSystemContext_GraphInfo_t`: the QNN type reference (`QnnTypes.h`, `System/QnnSystemContext.h`
 //!   pages), cross-checked against Qualcomm's BSD-licensed ctypes mirror of the same structs.
@@ -117,6 +122,87 @@ pub type SignalCreateFn =
     unsafe extern "C" fn(backend: Handle, config: *const *const SignalConfig, signal: *mut Handle) -> ErrorHandle;
 pub type SignalFreeFn = unsafe extern "C" fn(signal: Handle) -> ErrorHandle;
 pub type ErrorGetMessageFn = unsafe extern "C" fn(error: ErrorHandle, message: *mut *const c_char) -> ErrorHandle;
+/// `QnnDevice_getInfrastructure(const QnnDevice_Infrastructure_t*)`: `QnnDevice_Infrastructure_t`
+/// is a pointer to a backend-specific object; for HTP it is [`HtpDeviceInfrastructure`].
+pub type DeviceGetInfrastructureFn = unsafe extern "C" fn(infra: *mut *const HtpDeviceInfrastructure) -> ErrorHandle;
+
+// ---------------------------------------------------------------------------------------------
+// HTP performance infrastructure (power votes).
+// ---------------------------------------------------------------------------------------------
+
+/// `QNN_HTP_DEVICE_INFRASTRUCTURE_TYPE_PERF`.
+pub const HTP_INFRASTRUCTURE_TYPE_PERF: u32 = 0;
+/// `QNN_HTP_PERF_INFRASTRUCTURE_POWER_CONFIGOPTION_DCVS_V3`.
+pub const POWER_CONFIG_DCVS_V3: u32 = 1;
+/// `QNN_HTP_PERF_INFRASTRUCTURE_POWERMODE_PERFORMANCE_MODE`.
+pub const POWER_MODE_PERFORMANCE: u32 = 0x10;
+/// `DCVS_VOLTAGE_VCORNER_MAX_VOLTAGE_CORNER`.
+pub const VOLTAGE_CORNER_MAX: u32 = 0xA0;
+
+pub type CreatePowerConfigIdFn = unsafe extern "C" fn(device_id: u32, core_id: u32, id: *mut u32) -> ErrorHandle;
+pub type DestroyPowerConfigIdFn = unsafe extern "C" fn(id: u32) -> ErrorHandle;
+/// `setPowerConfig(id, const QnnHtpPerfInfrastructure_PowerConfig_t**)`: a NULL-terminated list.
+pub type SetPowerConfigFn = unsafe extern "C" fn(id: u32, configs: *const *const PowerConfig) -> ErrorHandle;
+
+/// `QnnHtpDevice_PerfInfrastructure_t`: the HTP's power-vote functions.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HtpPerfInfrastructure {
+    pub create_power_config_id: Option<CreatePowerConfigIdFn>,
+    pub destroy_power_config_id: Option<DestroyPowerConfigIdFn>,
+    pub set_power_config: Option<SetPowerConfigFn>,
+    pub set_memory_config: Unused,
+}
+
+/// `QnnHtpDevice_Infrastructure_t`: a type tag and (for the perf type) the function table.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HtpDeviceInfrastructure {
+    pub infra_type: u32,
+    pub perf: HtpPerfInfrastructure,
+}
+
+/// `QnnHtpPerfInfrastructure_DcvsV3_t`: every member a 32-bit value; each `set_*` flag says
+/// whether the values after it are to be applied.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DcvsV3 {
+    pub context_id: u32,
+    pub set_dcvs_enable: u32,
+    pub dcvs_enable: u32,
+    pub power_mode: u32,
+    pub set_sleep_latency: u32,
+    /// Microseconds.
+    pub sleep_latency: u32,
+    pub set_sleep_disable: u32,
+    pub sleep_disable: u32,
+    pub set_bus_params: u32,
+    pub bus_voltage_corner_min: u32,
+    pub bus_voltage_corner_target: u32,
+    pub bus_voltage_corner_max: u32,
+    pub set_core_params: u32,
+    pub core_voltage_corner_min: u32,
+    pub core_voltage_corner_target: u32,
+    pub core_voltage_corner_max: u32,
+}
+
+/// The value arms of `QnnHtpPerfInfrastructure_PowerConfig_t` this backend sets. The runtime
+/// reads only the arm named by `option` through the pointer it is given, so the other (smaller)
+/// arms need no mirror.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union PowerConfigValue {
+    pub dcvs_v3: DcvsV3,
+    pub raw: u32,
+}
+
+/// `QnnHtpPerfInfrastructure_PowerConfig_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PowerConfig {
+    pub option: u32,
+    pub value: PowerConfigValue,
+}
 
 /// A table slot we never call: only its size matters.
 pub type Unused = Option<unsafe extern "C" fn()>;
@@ -166,7 +252,7 @@ pub struct CoreFunctions {
     pub mem_de_register: Unused,
     pub device_get_platform_info: Unused,
     pub device_free_platform_info: Unused,
-    pub device_get_infrastructure: Unused,
+    pub device_get_infrastructure: Option<DeviceGetInfrastructureFn>,
     pub device_create: Option<DeviceCreateFn>,
     pub device_set_config: Unused,
     pub device_get_info: Unused,
@@ -511,6 +597,16 @@ const _: () = {
     assert!(size_of::<BinaryInfoV3>() == 136);
     assert!(offset_of!(BinaryInfo, info) == 8);
     assert!(size_of::<SignalConfig>() == 16);
+    assert!(offset_of!(CoreFunctions, device_get_infrastructure) == 39 * 8);
+    assert!(size_of::<HtpPerfInfrastructure>() == 32);
+    assert!(offset_of!(HtpDeviceInfrastructure, perf) == 8);
+    assert!(size_of::<HtpDeviceInfrastructure>() == 40);
+    assert!(size_of::<DcvsV3>() == 64);
+    assert!(offset_of!(DcvsV3, sleep_latency) == 20);
+    assert!(offset_of!(DcvsV3, bus_voltage_corner_min) == 36);
+    assert!(offset_of!(DcvsV3, core_voltage_corner_max) == 60);
+    assert!(offset_of!(PowerConfig, value) == 4);
+    assert!(size_of::<PowerConfig>() == 68);
 };
 
 impl TensorV2 {

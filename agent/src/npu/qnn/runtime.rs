@@ -1,5 +1,5 @@
 //! Loading libQnnHtp.so and libQnnSystem.so from explicit paths, choosing the HTP provider, and
-//! the process-wide runtime objects: log, backend, device.
+//! the process-wide runtime objects: log, backend, device, and the device's power vote.
 //!
 //! Libraries are never unloaded. The HTP backend starts threads (and, on a board, a FastRPC
 //! session) that can outlive any handle, and QNN refuses to load a backend library twice in one
@@ -15,6 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use libloading::Library;
 
 use super::abi::{self, CoreFunctions, Handle, SystemFunctions};
+use super::power::{self, PowerState, PowerVote};
 use super::status::Status;
 use super::{QnnConfig, QnnError};
 
@@ -58,6 +59,8 @@ pub struct RuntimeInfo {
     pub build_id: String,
     /// Whether a device object was created (the x86-64 simulator may not support one).
     pub device: bool,
+    /// Whether the configured performance vote is in force.
+    pub power: PowerState,
 }
 
 /// Log messages the runtime reported (warnings and errors), for diagnostics.
@@ -78,6 +81,8 @@ pub struct Runtime {
     pub log: Handle,
     pub backend: Handle,
     pub device: Handle,
+    /// Withdrawn before the device is freed.
+    power: Option<PowerVote>,
 }
 
 // SAFETY: the handles are opaque pointers owned by the QNN runtime, which documents its API as
@@ -138,14 +143,20 @@ impl Runtime {
                 device = std::ptr::null_mut();
             }
         }
+        let (power, power_state) = match power::vote(&functions, config.performance) {
+            Ok(Some(vote)) => (Some(vote), PowerState::Burst),
+            Ok(None) => (None, PowerState::Default),
+            Err(why) => (None, PowerState::Unsupported(why)),
+        };
         let info = RuntimeInfo {
             provider: c_str(core.provider_name).unwrap_or_default(),
             core_api: core.api_version.core,
             backend_api: core.api_version.backend,
             build_id,
             device: !device.is_null(),
+            power: power_state,
         };
-        Ok(Runtime { core: functions, system: system.functions, info, log, backend, device })
+        Ok(Runtime { core: functions, system: system.functions, info, log, backend, device, power })
     }
 
     /// The runtime's message for an error handle, where it provides one.
@@ -166,8 +177,9 @@ fn free_log(functions: &CoreFunctions, log: Handle) {
 }
 
 impl Drop for Runtime {
-    /// Frees in reverse order of creation: device, backend, log.
+    /// Frees in reverse order of creation: power vote, device, backend, log.
     fn drop(&mut self) {
+        drop(self.power.take());
         if let (Some(free), false) = (self.core.device_free, self.device.is_null()) {
             // SAFETY: created by `deviceCreate`, freed once, after every context using it.
             unsafe { free(self.device) };
