@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use laya_topics::Value;
 
 use crate::bundle::HostBundle;
@@ -170,31 +170,19 @@ impl QnnBackend {
             ))
         })?;
         let d = self.model.encoder.config.hidden_size;
-        let window = self.model.encoder.config.sliding_window();
         let graph = &mut self.graphs[gi];
         let l = graph.seq_len;
-        let fatal = |e: candle_core::Error| BackendError::Fatal { code: None, message: format!("host step: {e}") };
-        let mut padded = ids.to_vec();
-        padded.resize(l, self.pad_id);
-        let ids_t = Tensor::from_vec(padded, (1, l), &Device::Cpu).map_err(fatal)?;
-        let embeds = self.model.encoder.embed(&ids_t).map_err(model_fatal)?;
-        let embeds: Vec<f32> = embeds.flatten_all().and_then(|t| t.to_vec1()).map_err(fatal)?;
-        let (gmask, smask) = host::biases(len, l, window, self.fault);
         let s = &graph.session;
-        let mut inputs = [
-            host::encode(&embeds, s.input(0).encoding, self.fault),
-            host::encode(&gmask, s.input(1).encoding, self.fault),
-            host::encode(&smask, s.input(2).encoding, self.fault),
-        ];
+        let encodings = [s.input(0).encoding, s.input(1).encoding, s.input(2).encoding];
+        let mut inputs = host::prepare_inputs(&self.model.encoder, ids, self.pad_id, l, encodings, self.fault)
+            .map_err(model_fatal)?;
         let out_meta = s.output().clone();
         let mut out = vec![0u8; out_meta.elements() * out_meta.encoding.bytes_per_element()];
         if let Err(st) = graph.session.execute(&mut inputs, &mut out) {
             let detail = self.runtime.error_message(st.0).map(|m| format!(" [{m}]")).unwrap_or_default();
             return Err(st.backend_error(&format!("graphExecute (L={l}){detail}")));
         }
-        let hidden = host::decode(&out, out_meta.encoding);
-        let hidden = Tensor::from_vec(hidden, (1, l, d), &Device::Cpu).map_err(fatal)?;
-        hidden.narrow(1, 0, len).map_err(fatal)
+        host::read_output(&out, out_meta.encoding, l, d, len).map_err(model_fatal)
     }
 }
 

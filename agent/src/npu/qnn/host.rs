@@ -6,7 +6,10 @@
 //! the graph starts at the embedding LayerNorm. The biases are the CPU reference's
 //! (`model::masks`): 0 where a query may attend to a key, `f32::MIN` where it may not.
 
-use crate::model::masks;
+use candle_core::{Device, Tensor};
+
+use crate::model::encoder::Encoder;
+use crate::model::{ModelError, masks};
 
 use super::binary::Encoding;
 
@@ -75,6 +78,32 @@ pub fn quantize_u16(x: f32, scale: f32, offset: i32, fault: HostFault) -> u16 {
 /// `float = (q + offset) * scale`.
 pub fn dequantize_u16(q: u16, scale: f32, offset: i32) -> f32 {
     ((q as i64 + offset as i64) as f64 * scale as f64) as f32
+}
+
+/// The graph's three inputs for one row, as the bytes its tensors take: the token embeddings of
+/// `ids` padded to `l` with `pad_id`, the global and the sliding-window bias, each converted to
+/// its tensor's encoding (`encodings` in the order `inputs_embeds`, `gmask`, `smask`).
+pub fn prepare_inputs(
+    encoder: &Encoder,
+    ids: &[u32],
+    pad_id: u32,
+    l: usize,
+    encodings: [Encoding; 3],
+    fault: HostFault,
+) -> Result<[Vec<u8>; 3], ModelError> {
+    let mut padded = ids.to_vec();
+    padded.resize(l, pad_id);
+    let ids_t = Tensor::from_vec(padded, (1, l), &Device::Cpu)?;
+    let embeds: Vec<f32> = encoder.embed(&ids_t)?.flatten_all()?.to_vec1()?;
+    let (gmask, smask) = biases(ids.len(), l, encoder.config.sliding_window(), fault);
+    Ok([encode(&embeds, encodings[0], fault), encode(&gmask, encodings[1], fault), encode(&smask, encodings[2], fault)])
+}
+
+/// The graph's output bytes (`[1, l, d]` in `encoding`) as float hidden states of the row's
+/// `len` real tokens.
+pub fn read_output(bytes: &[u8], encoding: Encoding, l: usize, d: usize, len: usize) -> Result<Tensor, ModelError> {
+    let hidden = Tensor::from_vec(decode(bytes, encoding), (1, l, d), &Device::Cpu)?;
+    Ok(hidden.narrow(1, 0, len)?)
 }
 
 /// Encodes float values as a tensor's bytes (little-endian, as the runtime reads them).
