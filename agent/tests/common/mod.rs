@@ -272,3 +272,87 @@ pub async fn wait_online(port: u16, device: &str) {
 pub fn text(v: &Value) -> String {
     json::to_string(v, Style::COMPACT)
 }
+
+/// Runs `laya-edge predict` on `input` (JSON lines) and returns its output lines.
+pub fn run_predict(model: &Path, backend: &str, input: &str, env: &[(&str, &Path)]) -> Vec<Value> {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        .args(["predict", "--backend", backend, "--model"])
+        .arg(model)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("predict runs");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("exit");
+    assert!(out.status.success(), "predict --backend {backend} failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| json::parse_str(l, ParseOptions::default()).expect("json"))
+        .collect()
+}
+
+/// How close an NPU backend's answers must be to the CPU backend's.
+pub struct Closeness<'a> {
+    /// Largest difference of any probability.
+    pub tol: f64,
+    /// A `choice` must be the CPU's where the CPU's top two probabilities are more than this
+    /// apart (0: always).
+    pub clear_gap: f64,
+    /// Keys not compared (parts of the answer the backend does not compute).
+    pub skip: &'a [&'a str],
+}
+
+/// Walks two answers (`answers` objects or whole replies): the same structure and strings, every
+/// float within `c.tol`, and the same `choice` wherever the CPU's decision is clear.
+pub fn assert_answers_close(ours: &Value, cpu: &Value, c: &Closeness, at: &str) {
+    match (ours, cpu) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                if c.skip.contains(&k.as_str()) || k == "timing_ms" || k == "backend" {
+                    continue;
+                }
+                let w = y.get(k).unwrap_or_else(|| panic!("{at}: the CPU answer has no {k}"));
+                if k == "choice" && c.clear_gap > 0.0 {
+                    let mut p: Vec<f64> = y
+                        .get("probabilities")
+                        .and_then(Value::as_object)
+                        .map(|m| {
+                            m.values().filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None }).collect()
+                        })
+                        .unwrap_or_default();
+                    p.sort_by(|a, b| b.total_cmp(a));
+                    if p.len() >= 2 && p[0] - p[1] <= c.clear_gap {
+                        continue;
+                    }
+                }
+                assert_answers_close(v, w, c, &format!("{at}.{k}"));
+            }
+        }
+        (Value::Float(x), Value::Float(y)) => assert!((x - y).abs() <= c.tol, "{at}: {x} vs cpu {y}"),
+        (x, y) => assert_eq!(x, y, "{at}"),
+    }
+}
+
+/// The first `n` recorded requests of fixture model `model` (as JSON lines) none of whose token
+/// rows is longer than `max_tokens` (requests laya refused have no rows and are kept).
+pub fn fixture_requests(model: &str, n: usize, max_tokens: usize) -> String {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/cases.jsonl"),
+    )
+    .expect("cases");
+    let fits = |c: &Value| {
+        c.get("layout").and_then(Value::as_object).is_none_or(|layout| {
+            layout
+                .values()
+                .all(|q| q.get("input_ids").and_then(Value::as_array).is_none_or(|ids| ids.len() <= max_tokens))
+        })
+    };
+    text.lines()
+        .filter_map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).ok())
+        .filter(|c| c.get("model") == Some(&Value::from(model)) && fits(c))
+        .take(n)
+        .map(|c| json::to_string(c.get("request").expect("request"), Style::COMPACT) + "\n")
+        .collect()
+}
