@@ -1,8 +1,9 @@
 //! The `laya-edge` binary end to end.
 
-use std::io::Write;
+mod common;
+
+use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use laya_topics::Value;
 use laya_topics::json::{ParseOptions, parse_str};
@@ -12,20 +13,8 @@ fn fixtures() -> PathBuf {
 }
 
 fn run(args: &[&str], stdin: &str) -> (String, String, bool) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
-    let out = child.wait_with_output().expect("the binary exits");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        out.status.success(),
-    )
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    common::run_cli(&args, &[], stdin)
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! their own, `laya-edge serve` agents, and an MQTT 5 test client.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -273,24 +274,34 @@ pub fn text(v: &Value) -> String {
     json::to_string(v, Style::COMPACT)
 }
 
-/// Runs `laya-edge predict` on `input` (JSON lines) and returns its output lines.
-pub fn run_predict(model: &Path, backend: &str, input: &str, env: &[(&str, &Path)]) -> Vec<Value> {
+/// Runs the `laya-edge` binary with `args`, `env` and `stdin`; returns stdout, stderr and
+/// whether it succeeded.
+pub fn run_cli(args: &[&OsStr], env: &[(&str, &Path)], stdin: &str) -> (String, String, bool) {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
-        .args(["predict", "--backend", backend, "--model"])
-        .arg(model)
+        .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("predict runs");
-    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
-    let out = child.wait_with_output().expect("exit");
-    assert!(out.status.success(), "predict --backend {backend} failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| json::parse_str(l, ParseOptions::default()).expect("json"))
-        .collect()
+        .expect("the binary starts");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    let out = child.wait_with_output().expect("the binary exits");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+/// Runs `laya-edge predict` on `input` (JSON lines) and returns its output lines.
+pub fn run_predict(model: &Path, backend: &str, input: &str, env: &[(&str, &Path)]) -> Vec<Value> {
+    let args =
+        [OsStr::new("predict"), OsStr::new("--backend"), OsStr::new(backend), OsStr::new("--model"), model.as_os_str()];
+    let (out, err, ok) = run_cli(&args, env, input);
+    assert!(ok, "predict --backend {backend} failed: {err}");
+    out.lines().map(|l| json::parse_str(l, ParseOptions::default()).expect("json")).collect()
 }
 
 /// How close an NPU backend's answers must be to the CPU backend's.
