@@ -210,7 +210,14 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
     };
     let backend = QnnBackend::load(&bundle, &config).map_err(|e| e.to_string())?;
     let info = backend.runtime_info();
-    eprintln!("laya-edge worker: QNN runtime {} ({}), power {:?}", info.build_id, info.provider, info.power);
+    eprintln!(
+        "laya-edge worker: QNN runtime {} ({}), device object: {}, QnnSignal execute timeout: {} (else the watchdog's deadline), power {:?}",
+        info.build_id,
+        info.provider,
+        if info.device { "yes" } else { "no (default device)" },
+        if backend.has_execute_timeout() { "yes" } else { "not supported" },
+        info.power
+    );
     if let PowerState::Unsupported(why) = &info.power {
         eprintln!("laya-edge worker: the burst vote was not applied, running at default clocks: {why}");
     }
