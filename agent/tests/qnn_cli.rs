@@ -6,15 +6,20 @@
 //! Tolerances as in tests/qnn.rs (which measures them over every fitting fixture case): every
 //! clear decision the CPU's, every probability within 0.1.
 //!
-//! Without the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`) the tests are
-//! skipped with a loud message; CI always provides them.
+//! Without the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`) those tests
+//! are skipped with a loud message; CI always provides them. What the simulator cannot do on
+//! demand (hang, fail) the watchdog test does with the fake runtime (tests/fake-qnn).
 
 mod common;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
+use laya_edge::engine::supervisor::{Policy, RestartReason};
+use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
@@ -118,4 +123,77 @@ async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
         &QNN,
         "answers",
     );
+}
+
+/// A bundle of one fake graph (128 tokens, float I/O) over the fixture checkpoint `model`.
+fn fake_bundle(name: &str, model: &str) -> PathBuf {
+    let dir = temp_dir(&format!("qnn-fake-{name}"));
+    let ckpt = std::path::absolute(workspace().join("tests/fixtures/laya-0.3.20/models").join(model)).expect("path");
+    let ckpt = json::to_string(&Value::Str(ckpt.display().to_string()), json::Style::COMPACT);
+    std::fs::write(
+        dir.join("enc_128.fake.bin"),
+        format!(
+            r#"{{"fake_qnn_binary": 1, "checkpoint": {ckpt}, "seq_len": 128, "graph_name": "enc_128", "tensor_suffix": ""}}"#
+        ),
+    )
+    .expect("binary");
+    std::fs::write(
+        dir.join("laya-bundle.json"),
+        format!(
+            r#"{{"backend": "qnn", "checkpoint": {ckpt}, "graphs": [{{"file": "enc_128.fake.bin", "seq_len": 128, "calibration": "min-max", "io": "float"}}]}}"#
+        ),
+    )
+    .expect("manifest");
+    dir
+}
+
+fn qnn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
+    let args: Vec<OsString> =
+        vec!["worker".into(), "--backend".into(), "qnn".into(), "--model".into(), bundle.as_os_str().to_owned()];
+    let mut env: Vec<(OsString, OsString)> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    env.push(("LAYA_QNN_BACKEND_LIB".into(), lib.as_os_str().to_owned()));
+    env.push(("LAYA_QNN_SYSTEM_LIB".into(), lib.as_os_str().to_owned()));
+    WorkerSpec { program: PathBuf::from(env!("CARGO_BIN_EXE_laya-edge")), args, env }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_or_failing_qnn_runtime_is_restarted_by_the_watchdog_and_a_recovered_restart_is_retried_in_place() {
+    let lib = build_fake_library("fake-qnn", "fake_qnn");
+    let bundle = fake_bundle("watchdog", "bpe-small");
+    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let policy = Policy {
+        fixed_deadline: Some(Duration::from_millis(3000)),
+        load_allowance: Duration::ZERO,
+        ..Policy::default()
+    };
+    let start = |env: &[(&str, &str)]| {
+        Engine::start(EngineConfig { policy: policy.clone(), primary: qnn_worker(&bundle, &lib, env), fallback: None })
+    };
+
+    // Healthy: answered by the worker, no restart.
+    let engine = start(&[]);
+    let ok = engine.run(vec![row.clone()]).await.expect("answered");
+    assert_eq!(ok.rows[0].logits.len(), 1);
+    assert_eq!(engine.status().backend.as_deref(), Some("qnn"));
+    assert!(engine.restarts().is_empty());
+
+    // Every worker hangs in graphExecute: killed at the deadline, restarted, killed again.
+    let engine = start(&[("FAKE_QNN_HANG_ON_EXECUTE", "1")]);
+    assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
+    let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+    assert_eq!(reasons, ["deadline", "deadline"]);
+
+    // 1011 (subsystem restart, not recovered) on each worker's first execute: the fatal path,
+    // the worker replaced and the call re-run once.
+    let engine = start(&[("FAKE_QNN_EXECUTE_ERROR", "1011"), ("FAKE_QNN_EXECUTE_ERROR_ON", "1")]);
+    assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
+    let restarts = engine.restarts();
+    assert_eq!(restarts.len(), 2);
+    assert!(restarts.iter().all(|r| r.reason == RestartReason::Fatal(Some(1011))), "{restarts:?}");
+
+    // 1007 (subsystem restart, recovered) on the first execute: retried in the same worker.
+    let engine = start(&[("FAKE_QNN_EXECUTE_ERROR", "1007"), ("FAKE_QNN_EXECUTE_ERROR_ON", "1")]);
+    let again = engine.run(vec![row.clone()]).await.expect("answered after the retry");
+    assert_eq!(again.rows, ok.rows);
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
 }

@@ -6,7 +6,6 @@ mod common;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -18,22 +17,7 @@ use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
 
 fn fake_library() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["build", "-p", "fake-rknn", "--message-format=json"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("cargo runs");
-    assert!(out.status.success(), "cargo build -p fake-rknn failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| json::parse_str(l, ParseOptions::default()).ok())
-        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("fake_rknn"))
-        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
-        .filter_map(|f| f.as_str().map(PathBuf::from))
-        .find(|p| p.extension().is_some_and(|e| e == "so"))
-        .expect("cargo reports the fake library")
+    build_fake_library("fake-rknn", "fake_rknn")
 }
 
 /// An RKNN bundle: fake graphs of 128 and 512 tokens over a fixture checkpoint.

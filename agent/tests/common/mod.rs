@@ -367,3 +367,24 @@ pub fn fixture_requests(model: &str, n: usize, max_tokens: usize) -> String {
         .map(|c| json::to_string(c.get("request").expect("request"), Style::COMPACT) + "\n")
         .collect()
 }
+
+/// Builds a fake runtime cdylib of this workspace (`cargo build -p package`) and returns the
+/// path of its shared library (target `target`).
+pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "-p", package, "--message-format=json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(out.status.success(), "cargo build -p {package} failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| json::parse_str(l, ParseOptions::default()).ok())
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(target))
+        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|p| p.extension().is_some_and(|e| e == "so"))
+        .expect("cargo reports the fake library")
+}
