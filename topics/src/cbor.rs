@@ -8,6 +8,7 @@
 
 use ciborium::Value as Cbor;
 
+use crate::json::MAX_INT_DIGITS;
 use crate::value::{Integer, Map, Value};
 
 /// Why a CBOR document was refused.
@@ -19,7 +20,14 @@ pub enum CborError {
     TooDeep(usize),
     #[error("CBOR {0} cannot be represented in a request")]
     Unsupported(&'static str),
+    #[error("an integer longer than {0} digits")]
+    IntegerTooLong(usize),
 }
+
+/// The longest bignum magnitude accepted, in bytes: enough for every integer of
+/// [`MAX_INT_DIGITS`] decimal digits (256^1786 > 10^4300). The JSON parser refuses longer
+/// integers; without the same bound here a bignum would cost time quadratic in its length.
+const MAX_BIGNUM_BYTES: usize = 1786;
 
 /// Decodes one CBOR document, refusing nesting deeper than `max_depth`.
 pub fn decode(bytes: &[u8], max_depth: usize) -> Result<Value, CborError> {
@@ -84,8 +92,15 @@ fn decimal_to_bytes(decimal: &str) -> Vec<u8> {
     bytes
 }
 
-fn bignum(tag: u64, bytes: &[u8]) -> Integer {
-    let magnitude = bytes_to_decimal(bytes);
+fn bignum(tag: u64, bytes: &[u8]) -> Result<Integer, CborError> {
+    let significant = &bytes[bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len())..];
+    if significant.len() > MAX_BIGNUM_BYTES {
+        return Err(CborError::IntegerTooLong(MAX_INT_DIGITS));
+    }
+    let magnitude = bytes_to_decimal(significant);
+    if magnitude.len() > MAX_INT_DIGITS {
+        return Err(CborError::IntegerTooLong(MAX_INT_DIGITS));
+    }
     let text = if tag == 2 {
         magnitude
     } else {
@@ -93,7 +108,7 @@ fn bignum(tag: u64, bytes: &[u8]) -> Integer {
         let plus_one = add_one(&magnitude);
         format!("-{plus_one}")
     };
-    Integer::parse(&text).unwrap_or_else(|| Integer::from(0i64))
+    Ok(Integer::parse(&text).unwrap_or_else(|| Integer::from(0i64)))
 }
 
 fn add_one(decimal: &str) -> String {
@@ -149,7 +164,7 @@ fn from_cbor(cbor: Cbor) -> Result<Value, CborError> {
         Cbor::Text(s) => Value::Str(s),
         Cbor::Bytes(_) => return Err(CborError::Unsupported("byte strings")),
         Cbor::Tag(tag @ (2 | 3), inner) => match *inner {
-            Cbor::Bytes(b) => Value::Int(bignum(tag, &b)),
+            Cbor::Bytes(b) => Value::Int(bignum(tag, &b)?),
             _ => return Err(CborError::Malformed("a bignum tag without bytes".into())),
         },
         // Other tags (dates, URIs, ...) carry a plain value: keep the value.
@@ -192,6 +207,22 @@ mod tests {
     fn roundtrip(json: &str) -> String {
         let v = parse_str(json, ParseOptions::default()).unwrap();
         to_string(&decode(&encode(&v), 64).unwrap(), Style::PYTHON)
+    }
+
+    #[test]
+    fn bignums_are_held_to_the_json_parsers_digit_limit() {
+        let longest = "9".repeat(MAX_INT_DIGITS);
+        assert_eq!(roundtrip(&longest), longest);
+        assert_eq!(roundtrip(&format!("-{longest}")), format!("-{longest}"));
+        // One digit more, and a magnitude far past it: refused, not converted.
+        let too_long =
+            Cbor::Tag(2, Box::new(Cbor::Bytes(decimal_to_bytes(&format!("1{}", "0".repeat(MAX_INT_DIGITS))))));
+        let huge = Cbor::Tag(3, Box::new(Cbor::Bytes(vec![0xff; 256 * 1024])));
+        for c in [too_long, huge] {
+            let mut bytes = Vec::new();
+            ciborium::ser::into_writer(&c, &mut bytes).unwrap();
+            assert!(matches!(decode(&bytes, 64), Err(CborError::IntegerTooLong(MAX_INT_DIGITS))));
+        }
     }
 
     #[test]

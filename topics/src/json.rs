@@ -59,7 +59,7 @@ impl Default for ParseOptions {
 }
 
 /// Python refuses to convert integers longer than this (`sys.int_info.default_max_str_digits`).
-const MAX_INT_DIGITS: usize = 4300;
+pub(crate) const MAX_INT_DIGITS: usize = 4300;
 
 /// Parses one JSON document from bytes (UTF-8, an optional BOM is skipped like `json.loads`
 /// does for bytes).
