@@ -18,7 +18,7 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot};
 
 use super::RowResult;
-use super::protocol::{FromWorker, MAX_FRAME, ToWorker};
+use super::protocol::{FromWorker, ToWorker, frame_len};
 use super::supervisor::{
     Action, CallError, CallId, Event, Policy, RestartReason, Role, Supervisor, Timer, WorkerState,
 };
@@ -134,7 +134,7 @@ impl Engine {
             rx,
             pending: HashMap::new(),
             next_call: 1,
-            timers: Vec::new(),
+            timer: None,
             worker: None,
             next_instance: 1,
             status: status.clone(),
@@ -168,7 +168,8 @@ struct Driver {
     rx: mpsc::Receiver<Command_>,
     pending: HashMap<CallId, Pending>,
     next_call: CallId,
-    timers: Vec<(Instant, Timer)>,
+    /// The supervisor's live timer: arming one supersedes the previous (it bumps the generation).
+    timer: Option<(Instant, Timer)>,
     worker: Option<Worker>,
     next_instance: u64,
     status: Arc<Mutex<EngineStatus>>,
@@ -182,10 +183,10 @@ const LAST_WORDS: Duration = Duration::from_secs(2);
 async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<FromWorker, String>> {
     let mut len = [0u8; 4];
     out.read_exact(&mut len).await.ok()?;
-    let n = u32::from_le_bytes(len) as usize;
-    if n > MAX_FRAME {
-        return Some(Err(format!("frame of {n} bytes")));
-    }
+    let n = match frame_len(len) {
+        Ok(n) => n,
+        Err(e) => return Some(Err(e.to_string())),
+    };
     let mut payload = vec![0u8; n];
     out.read_exact(&mut payload).await.ok()?;
     Some(FromWorker::decode(&payload).map_err(|e| e.to_string()))
@@ -197,7 +198,7 @@ impl Driver {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         self.apply(Event::Start, &wtx).await;
         loop {
-            let next_timer = self.timers.iter().map(|(at, _)| *at).min();
+            let next_timer = self.timer.map(|(at, _)| at);
             let sleep = async {
                 match next_timer {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -241,10 +242,7 @@ impl Driver {
                     self.apply(event, &wtx).await;
                 }
                 _ = sleep => {
-                    let now = Instant::now();
-                    let due: Vec<Timer> = self.timers.iter().filter(|(at, _)| *at <= now).map(|(_, t)| *t).collect();
-                    self.timers.retain(|(at, _)| *at > now);
-                    for t in due {
+                    if let Some((_, t)) = self.timer.take() {
                         self.apply(Event::Timer(t), &wtx).await;
                     }
                 }
@@ -278,7 +276,6 @@ impl Driver {
             s.degraded = self.sup.degraded();
             s.worker = self.sup.state();
             s.queued = self.sup.queued();
-            s.restarts = self.sup.restart_counts().iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
         }
     }
 
@@ -313,13 +310,15 @@ impl Driver {
                 let frames = wtx.clone();
                 let reader = tokio::spawn(async move {
                     while let Some(frame) = read_frame(&mut stdout).await {
-                        let msg = match frame {
-                            Ok(f) => WorkerMsg::Frame(f),
+                        let (msg, garbled) = match frame {
+                            Ok(f) => (WorkerMsg::Frame(f), false),
                             Err(e) => {
-                                WorkerMsg::Frame(FromWorker::LoadFailed { message: format!("garbled frame: {e}") })
+                                let message = format!("garbled frame: {e}");
+                                (WorkerMsg::Frame(FromWorker::LoadFailed { message }), true)
                             }
                         };
-                        if frames.send((instance, msg)).await.is_err() {
+                        // After a garbled frame the stream is out of step: nothing more can be read.
+                        if frames.send((instance, msg)).await.is_err() || garbled {
                             break;
                         }
                     }
@@ -369,7 +368,7 @@ impl Driver {
                 None
             }
             Action::SetTimer(t, after) => {
-                self.timers.push((Instant::now() + after, t));
+                self.timer = Some((Instant::now() + after, t));
                 None
             }
             Action::Deliver(call) => {
@@ -392,6 +391,9 @@ impl Driver {
             Action::Restarted(role, reason) => {
                 if let Ok(mut r) = self.restarts.lock() {
                     r.push(RestartRecord { role, reason });
+                }
+                if let Ok(mut s) = self.status.lock() {
+                    s.restarts = self.sup.restart_counts().iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
                 }
                 None
             }

@@ -277,6 +277,12 @@ impl FromWorker {
     }
 }
 
+/// The payload length a frame's 4-byte prefix announces, refused above [`MAX_FRAME`].
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, FrameError> {
+    let n = u32::from_le_bytes(prefix) as usize;
+    if n > MAX_FRAME { Err(FrameError::TooLarge(n)) } else { Ok(n) }
+}
+
 /// Reads the length prefix; `Ok(None)` on a clean end of stream.
 pub fn read_frame(input: &mut impl std::io::Read) -> Result<Option<Vec<u8>>, std::io::Error> {
     let mut len = [0u8; 4];
@@ -285,10 +291,7 @@ pub fn read_frame(input: &mut impl std::io::Read) -> Result<Option<Vec<u8>>, std
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
-    let n = u32::from_le_bytes(len) as usize;
-    if n > MAX_FRAME {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, FrameError::TooLarge(n)));
-    }
+    let n = frame_len(len).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     let mut payload = vec![0u8; n];
     input.read_exact(&mut payload)?;
     Ok(Some(payload))
