@@ -15,6 +15,19 @@ cd "$(dirname "$0")/.."
 
 say() { printf '== yocto: %s\n' "$*"; }
 
+# Fallback for standalone runs (.ci/run installs these up front): as root with apt-get, install
+# the packages, running apt-get update at most once per run. Returns non-zero if it could not.
+apt_updated=
+apt_install() {  # apt_install PACKAGE...
+    command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] || return 1
+    say "installing $*"
+    if [ -z "$apt_updated" ]; then
+        apt_updated=1
+        apt-get update -qq || return 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
 # --- tools ------------------------------------------------------------------------------
 cache_root="${LAYA_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/laya-edge}"
 req=tools/yocto/requirements.txt
@@ -29,9 +42,7 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.installed" ]; then
     if ! "$python" -m venv "$venv" 2>/dev/null; then
         # Debian's python3 keeps venv/ensurepip in a separate package.
         rm -rf "$venv"
-        if command -v apt-get >/dev/null 2>&1; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-        fi
+        apt_install python3-venv || true
         "$python" -m venv "$venv"
     fi
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$req"
@@ -71,10 +82,8 @@ conf=yocto-layer/recipes-laya/laya-edge/files/laya-edge.toml
 say "$conf parses"
 
 # --- 6. systemd unit --------------------------------------------------------------------
-if ! command -v systemd-analyze >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
-    && [ "$(id -u)" = 0 ]; then
-    say "installing systemd for systemd-analyze"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || true
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    apt_install systemd || true
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     say "SKIPPED systemd-analyze verify: systemd-analyze is not installed and could not be"

@@ -6,8 +6,9 @@
 #
 # Extracts libQnnHtp.so, libQnnSystem.so, libHtpPrepare.so and the three libc++ runtime libraries
 # they link against (onnxruntime_qnn.libs/), flattened into OUT_DIR: the vendor libraries carry
-# RPATH $ORIGIN, so they find their libc++ beside them. Re-running with the libraries present only
-# prints the directory.
+# RPATH $ORIGIN, so they find their libc++ beside them. OUT_DIR/.version records the wheel version
+# extracted; re-running with the libraries present and that version equal to VERSION only prints
+# the directory (after a bump of VERSION they are extracted again).
 set -eu
 
 VERSION=2.7.0            # onnxruntime-qnn: QNN 2.51.0 (build v2.51.0.260929181845)
@@ -16,12 +17,15 @@ OUT=${1:-"$ROOT/target/qnn-runtime"}
 CACHE=${LAYA_QNN_WHEEL_CACHE:-"$ROOT/target/qnn-wheel-cache"}
 PYTHON=${PYTHON:-python3}
 
-if [ -f "$OUT/libQnnHtp.so" ] && [ -f "$OUT/libQnnSystem.so" ] && [ -f "$OUT/libHtpPrepare.so" ]; then
+STAMP="$OUT/.version"
+if [ -f "$OUT/libQnnHtp.so" ] && [ -f "$OUT/libQnnSystem.so" ] && [ -f "$OUT/libHtpPrepare.so" ] \
+    && [ "$(cat "$STAMP" 2>/dev/null)" = "$VERSION" ]; then
     echo "$OUT"
     exit 0
 fi
 
 mkdir -p "$CACHE" "$OUT"
+rm -f "$STAMP"   # an interrupted extraction leaves no stamp
 WHEEL=$(ls "$CACHE"/onnxruntime_qnn-"$VERSION"-*manylinux*x86_64.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$WHEEL" ]; then
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: \
@@ -41,4 +45,5 @@ with zipfile.ZipFile(wheel) as z:
             with z.open(name) as src, open(os.path.join(out, os.path.basename(name)), "wb") as dst:
                 dst.write(src.read())
 PY
+echo "$VERSION" > "$STAMP"
 echo "$OUT"

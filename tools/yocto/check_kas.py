@@ -35,14 +35,14 @@ def check(path: Path) -> list[str]:
         problems.append(f"includes from repositories kas would have to clone: {missing}")
     if not config.get("machine"):
         problems.append("no machine")
-    repos = config.get("repos", {})
-    own = [name for name, repo in repos.items() if not (repo or {}).get("url")
-           and not (repo or {}).get("path")]
-    if own != ["laya-edge"] or "yocto-layer" not in (repos["laya-edge"] or {}).get("layers", {}):
+    # A repository given with no keys at all (`name:`) loads as None.
+    repos = {name: repo or {} for name, repo in config.get("repos", {}).items()}
+    own = [name for name, repo in repos.items() if not repo.get("url") and not repo.get("path")]
+    if own != ["laya-edge"] or "yocto-layer" not in repos["laya-edge"].get("layers", {}):
         problems.append("the laya-edge repository (this one) with layer yocto-layer is missing")
     default_branch = config.get("defaults", {}).get("repos", {}).get("branch")
     for name, repo in repos.items():
-        if not (repo or {}).get("url"):
+        if not repo.get("url"):
             continue
         branch = repo.get("branch", default_branch)
         wanted = OTHER_BRANCHES.get(name, RELEASE_BRANCH)

@@ -144,14 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if the .inc differs from what Cargo.lock gives")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT,
-                        help="repository root (default: this script's repository)")
     args = parser.parse_args(argv)
 
-    root = args.root.resolve()
-    inc = root / INC_PATH
+    inc = REPO_ROOT / INC_PATH
     try:
-        wanted = render(root)
+        wanted = render(REPO_ROOT)
     except LockError as e:
         print(f"crates_inc: {e}", file=sys.stderr)
         return 2

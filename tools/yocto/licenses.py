@@ -53,21 +53,20 @@ def parse_spdx(expr: str):
         tokens.append(m.group(1))
         pos = m.end()
 
-    def parse_or(i):
-        left, i = parse_and(i)
+    def parse_seq(i, op, parse_item):
+        """parse_item (op parse_item)*: a lone item as itself, else (op, items)."""
+        left, i = parse_item(i)
         items = [left]
-        while i < len(tokens) and tokens[i].upper() == "OR":
-            right, i = parse_and(i + 1)
+        while i < len(tokens) and tokens[i].upper() == op.upper():
+            right, i = parse_item(i + 1)
             items.append(right)
-        return (("or", items) if len(items) > 1 else left), i
+        return ((op, items) if len(items) > 1 else left), i
+
+    def parse_or(i):
+        return parse_seq(i, "or", parse_and)
 
     def parse_and(i):
-        left, i = parse_atom(i)
-        items = [left]
-        while i < len(tokens) and tokens[i].upper() == "AND":
-            right, i = parse_atom(i + 1)
-            items.append(right)
-        return (("and", items) if len(items) > 1 else left), i
+        return parse_seq(i, "and", parse_atom)
 
     def parse_atom(i):
         if i >= len(tokens):
