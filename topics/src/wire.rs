@@ -24,6 +24,17 @@ pub enum DecodeError {
     Cbor(#[from] cbor::CborError),
 }
 
+impl DecodeError {
+    /// Whether the document nests deeper than allowed (a size limit, not malformed input).
+    pub fn is_too_deep(&self) -> bool {
+        matches!(
+            self,
+            DecodeError::Json(json::ParseError { kind: json::ParseErrorKind::TooDeep(_), .. })
+                | DecodeError::Cbor(cbor::CborError::TooDeep(_))
+        )
+    }
+}
+
 impl Encoding {
     /// From the MQTT 5 content type if it names one, else from the payload's first byte (JSON
     /// documents start with whitespace, `{`, `[`, `"`, a digit, `-`, or a literal's letter).

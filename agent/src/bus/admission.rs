@@ -92,6 +92,17 @@ impl Admission {
 
     /// Decides what to do with a message received at `now`.
     pub fn decide(&self, msg: &Incoming<'_>, now: Instant, replies: &ReplyCache) -> Decision {
+        self.decide_with(msg, now, |id, topic| replies.get(id, topic).map(<[u8]>::to_vec))
+    }
+
+    /// [`Admission::decide`] with the reply cache behind `cached(id, reply topic)`, so a shared
+    /// cache is locked only for the lookup, not while the payload is decoded.
+    pub fn decide_with(
+        &self,
+        msg: &Incoming<'_>,
+        now: Instant,
+        cached: impl FnOnce(&Value, &str) -> Option<Vec<u8>>,
+    ) -> Decision {
         let encoding = Encoding::detect(msg.content_type, msg.payload);
         let refuse = |code: ErrorCode, message: String, id: Option<Value>, to: Option<ReplyTo>| match to {
             Some(reply_to) => Decision::Refuse { error: ErrorReply { id, code, message }, reply_to },
@@ -121,7 +132,7 @@ impl Admission {
         let doc = match encoding.decode(msg.payload, self.limits.nesting_depth) {
             Ok(d) => d,
             Err(e) => {
-                let code = if e.to_string().contains("nesting") { ErrorCode::TooLarge } else { ErrorCode::BadRequest };
+                let code = if e.is_too_deep() { ErrorCode::TooLarge } else { ErrorCode::BadRequest };
                 return refuse(code, e.to_string(), None, response);
             }
         };
@@ -132,8 +143,8 @@ impl Admission {
                 return Decision::Drop { reason: "no response topic and no usable request id to reply under".into() };
             }
         };
-        if let Some(payload) = id.as_ref().and_then(|i| replies.get(i, &reply_to.topic)) {
-            return Decision::Resend { reply_to, payload: payload.to_vec() };
+        if let Some(payload) = id.as_ref().and_then(|i| cached(i, &reply_to.topic)) {
+            return Decision::Resend { reply_to, payload };
         }
         let request = match Request::from_value(doc) {
             Ok(r) => r,

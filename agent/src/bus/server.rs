@@ -100,10 +100,9 @@ impl Shared {
     /// Handles one question end to end; the caller acknowledges it afterwards.
     async fn handle(self: &Arc<Self>, publish: &Publish, received: Instant) {
         let incoming = incoming(publish);
-        let decision = {
-            let replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
-            self.admission.decide(&incoming, received, &replies)
-        };
+        let decision = self.admission.decide_with(&incoming, received, |id, topic| {
+            self.replies.lock().unwrap_or_else(|e| e.into_inner()).get(id, topic).map(<[u8]>::to_vec)
+        });
         match decision {
             Decision::Drop { reason } => {
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
