@@ -257,17 +257,10 @@ pub fn request(id: &str) -> Value {
 
 /// Waits until the agent's retained status says online.
 pub async fn wait_online(port: u16, device: &str) {
-    let mut c = Client::connect(port, &format!("status-watch-{device}-{}", free_port())).await;
-    c.subscribe(&format!("laya/v1/{device}/status")).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Some(p) = c.next(Duration::from_secs(1)).await
-            && decode(&p).get("state") == Some(&Value::from("online"))
-        {
-            return;
-        }
-    }
-    panic!("{device} never came online");
+    let options = MqttOptions::new(format!("status-watch-{device}-{}", free_port()), "127.0.0.1", port);
+    laya_edge::bus::ask::wait_online(options, &laya_topics::topic::Schema::default(), device, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{device} never came online: {e}"));
 }
 
 pub fn text(v: &Value) -> String {
