@@ -26,11 +26,12 @@ impl Backend for CpuBackend {
     }
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
-        let out = self.model.forward(rows, self.pad_id).map_err(|e| match e {
-            e @ (ModelError::TokenOutOfRange { .. }
-            | ModelError::MarkerOutOfRange { .. }
-            | ModelError::EmptyRow { .. }) => BackendError::Input(e.to_string()),
-            other => BackendError::Fatal { code: None, message: other.to_string() },
+        let out = self.model.forward(rows, self.pad_id).map_err(|e| {
+            if e.is_input() {
+                BackendError::Input(e.to_string())
+            } else {
+                BackendError::Fatal { code: None, message: e.to_string() }
+            }
         })?;
         Ok(out.into_iter().map(|o| RowResult { logits: o.logits, act_logits: o.act_logits }).collect())
     }

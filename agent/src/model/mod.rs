@@ -44,6 +44,33 @@ pub enum ModelError {
     EmptyRow { row: usize },
 }
 
+impl ModelError {
+    /// Whether the rows, not the model, are at fault.
+    pub fn is_input(&self) -> bool {
+        matches!(
+            self,
+            ModelError::TokenOutOfRange { .. } | ModelError::MarkerOutOfRange { .. } | ModelError::EmptyRow { .. }
+        )
+    }
+}
+
+/// Checks row `r` before any stage runs it: not empty, every marker inside the row and, with
+/// `vocab`, every token inside the vocabulary. Every backend refuses the same rows the same way.
+pub fn check_row(r: usize, row: &Row, vocab: Option<usize>) -> Result<(), ModelError> {
+    if row.input_ids.is_empty() {
+        return Err(ModelError::EmptyRow { row: r });
+    }
+    if let Some(vocab) = vocab
+        && let Some(&id) = row.input_ids.iter().find(|&&id| id as usize >= vocab)
+    {
+        return Err(ModelError::TokenOutOfRange { row: r, id, vocab });
+    }
+    if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= row.input_ids.len()) {
+        return Err(ModelError::MarkerOutOfRange { row: r, pos, len: row.input_ids.len() });
+    }
+    Ok(())
+}
+
 /// The Laya model on the CPU.
 pub struct CpuModel {
     pub encoder: Encoder,
@@ -70,17 +97,8 @@ impl CpuModel {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let vocab = self.encoder.config.vocab_size;
         for (r, row) in rows.iter().enumerate() {
-            if row.input_ids.is_empty() {
-                return Err(ModelError::EmptyRow { row: r });
-            }
-            if let Some(&id) = row.input_ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ModelError::TokenOutOfRange { row: r, id, vocab });
-            }
-            if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= row.input_ids.len()) {
-                return Err(ModelError::MarkerOutOfRange { row: r, pos, len: row.input_ids.len() });
-            }
+            check_row(r, row, Some(self.encoder.config.vocab_size))?;
         }
         let b = rows.len();
         let lengths: Vec<usize> = rows.iter().map(|r| r.input_ids.len()).collect();

@@ -246,16 +246,7 @@ impl Backend for QnnBackend {
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let vocab = self.model.encoder.config.vocab_size;
         for (r, row) in rows.iter().enumerate() {
-            let err = |e: ModelError| BackendError::Input(e.to_string());
-            if row.input_ids.is_empty() {
-                return Err(err(ModelError::EmptyRow { row: r }));
-            }
-            if let Some(&id) = row.input_ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(err(ModelError::TokenOutOfRange { row: r, id, vocab }));
-            }
-            if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= row.input_ids.len()) {
-                return Err(err(ModelError::MarkerOutOfRange { row: r, pos, len: row.input_ids.len() }));
-            }
+            crate::model::check_row(r, row, Some(vocab)).map_err(|e| BackendError::Input(e.to_string()))?;
         }
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {

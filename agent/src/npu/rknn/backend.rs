@@ -86,12 +86,8 @@ impl RknnBackend {
     /// Checks a row and picks the graph that runs it.
     fn session_for(&self, r: usize, row: &Row) -> Result<usize, BackendError> {
         let (n, k) = (row.input_ids.len(), row.marker_pos.len());
-        if n == 0 {
-            return Err(BackendError::Input(format!("row {r} is empty")));
-        }
-        if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= n) {
-            return Err(BackendError::Input(format!("row {r}: a marker at {pos} is past the row's {n} tokens")));
-        }
+        // The graph itself has no vocabulary check to mirror: the ids go in as they are.
+        crate::model::check_row(r, row, None).map_err(|e| BackendError::Input(e.to_string()))?;
         let shapes: Vec<(usize, usize)> =
             self.sessions.iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
         choose_graph(&shapes, n, k).ok_or_else(|| {
