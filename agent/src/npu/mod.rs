@@ -9,6 +9,8 @@
 //! - [`rknn`] (feature `rknn`): Rockchip RK3588 through librknnrt (issue #6).
 //! - `qnn` (feature `qnn`): Qualcomm QCS6490 through QNN (issue #7).
 
+#[cfg(any(feature = "qnn", feature = "rknn"))]
+mod library;
 #[cfg(feature = "qnn")]
 pub mod qnn;
 #[cfg(feature = "rknn")]

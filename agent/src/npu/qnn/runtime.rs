@@ -1,43 +1,30 @@
 //! Loading libQnnHtp.so and libQnnSystem.so from explicit paths, choosing the HTP provider, and
 //! the process-wide runtime objects: log, backend, device, and the device's power vote.
 //!
-//! Libraries are never unloaded. The HTP backend starts threads (and, on a board, a FastRPC
-//! session) that can outlive any handle, and QNN refuses to load a backend library twice in one
-//! process (`QNN_COMMON_ERROR_LOADING_BINARIES`, 1009). So each path is opened once per process
-//! and the handle is leaked; the worker process that owns the backend exits instead of unloading.
+//! Libraries are opened once per process and never unloaded ([`crate::npu::library`]): the HTP
+//! backend starts threads (and, on a board, a FastRPC session) that can outlive any handle, and
+//! QNN refuses to load a backend library twice in one process (`QNN_COMMON_ERROR_LOADING_BINARIES`,
+//! 1009).
 
-use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
+
+use crate::npu::library::{self, OpenError};
 
 use super::abi::{self, CoreFunctions, Handle, SystemFunctions};
 use super::power::{self, PowerState, PowerVote};
 use super::status::Status;
 use super::{QnnConfig, QnnError};
 
-/// Opens `path` once per process and returns the leaked handle.
+/// Opens `path` once per process ([`library::open_once`]).
 fn open_once(path: &Path) -> Result<&'static Library, QnnError> {
-    static OPEN: OnceLock<Mutex<HashMap<PathBuf, &'static Library>>> = OnceLock::new();
-    if !path.is_file() {
-        return Err(QnnError::LibraryNotFound(path.to_owned()));
-    }
-    // An absolute path: dlopen only searches the system when the name has no slash.
-    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-    let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(lib) = open.get(&path) {
-        return Ok(lib);
-    }
-    // SAFETY: loading a shared library runs its initialisers. The path was configured
-    // explicitly as the QNN library to use (backend or system library of a QAIRT release, or the
-    // test fake); their initialisers only set up their own state.
-    let lib = unsafe { Library::new(&path) }.map_err(|source| QnnError::Load { path: path.clone(), source })?;
-    let lib: &'static Library = Box::leak(Box::new(lib));
-    open.insert(path, lib);
-    Ok(lib)
+    library::open_once(path).map(|(_, lib)| lib).map_err(|e| match e {
+        OpenError::NotFound(path) => QnnError::LibraryNotFound(path),
+        OpenError::Load { path, source } => QnnError::Load { path, source },
+    })
 }
 
 fn c_str(p: *const c_char) -> Option<String> {

@@ -12,12 +12,12 @@ use libloading::Library;
 
 use super::abi;
 use super::{DEFAULT_RUNTIME_ALLOWLIST, RknnError};
+use crate::npu::library::{self, OpenError};
 
 /// The function table of one loaded runtime library.
 ///
-/// The library handle is leaked on purpose: librknnrt (and the fake runtime's CPU reference)
-/// start threads that may outlive any handle we hold, and unloading code those threads still run
-/// would crash the process. The worker process that owns a backend exits instead of unloading.
+/// The library is opened once per process and never unloaded ([`crate::npu::library`]):
+/// librknnrt (and the fake runtime's CPU reference) start threads that may outlive any handle.
 #[derive(Clone, Copy)]
 pub(crate) struct Runtime {
     pub init: abi::InitFn,
@@ -33,16 +33,10 @@ pub(crate) struct Runtime {
 impl Runtime {
     /// Loads the library at `path` (which must be an existing file) and looks up every function.
     pub fn load(path: &Path) -> Result<Runtime, RknnError> {
-        if !path.is_file() {
-            return Err(RknnError::LibraryNotFound(path.to_owned()));
-        }
-        // An absolute path: dlopen only searches when the name has no slash.
-        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-        // SAFETY: loading a shared library runs its initialisers. The path was named explicitly
-        // by the operator as the RKNN runtime to use; librknnrt's initialisers only set up its
-        // own state. Nothing else in this process depends on the library's symbols.
-        let lib = unsafe { Library::new(&path) }.map_err(|source| RknnError::Load { path: path.clone(), source })?;
-        let lib: &'static Library = Box::leak(Box::new(lib));
+        let (path, lib) = library::open_once(path).map_err(|e| match e {
+            OpenError::NotFound(path) => RknnError::LibraryNotFound(path),
+            OpenError::Load { path, source } => RknnError::Load { path, source },
+        })?;
         let path = path.as_path();
         Ok(Runtime {
             init: symbol(lib, path, "rknn_init")?,
