@@ -202,7 +202,7 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
         std::env::var(var).map_err(|_| format!("the qnn backend needs {var} (qnn.backend_lib / qnn.system_lib)"))
     };
     let mut config = QnnConfig::new(lib("LAYA_QNN_BACKEND_LIB")?, lib("LAYA_QNN_SYSTEM_LIB")?);
-    config.adsp_library_path = std::env::var("ADSP_LIBRARY_PATH").ok().filter(|p| !p.is_empty());
+    // ADSP_LIBRARY_PATH, if configured, is already in this process's environment (worker_spec).
     config.performance = match std::env::var("LAYA_QNN_PERFORMANCE").as_deref() {
         Ok("burst") => Performance::Burst,
         Ok("" | "default") | Err(_) => Performance::Default,

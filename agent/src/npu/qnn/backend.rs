@@ -22,8 +22,6 @@ use super::{QnnConfig, QnnError};
 /// A loaded graph with what the manifest says about it.
 struct Graph {
     seq_len: usize,
-    calibration: Calibration,
-    file: PathBuf,
     session: Session,
 }
 
@@ -31,6 +29,8 @@ struct Graph {
 pub struct QnnBackend {
     // Field order is drop order: sessions (contexts) before the runtime (device, backend, log).
     graphs: Vec<Graph>,
+    /// Each graph's sequence length and calibration, for choosing one per row.
+    shapes: Vec<(usize, Calibration)>,
     runtime: Runtime,
     model: CpuModel,
     pad_id: u32,
@@ -76,6 +76,7 @@ impl QnnBackend {
             });
         }
         let mut graphs = Vec::new();
+        let mut shapes = Vec::new();
         for spec in &manifest.graphs {
             let file = resolve_binary(&spec.file, &spec.raw, &bundle.dir, config, &runtime.info)?;
             let bytes = std::fs::read(&file).map_err(|source| QnnError::Read { path: file.clone(), source })?;
@@ -100,15 +101,12 @@ impl QnnBackend {
                     }
                 }
             }
-            graphs.push(Graph {
-                seq_len: spec.seq_len,
-                calibration: Calibration::parse(spec.calibration.as_deref()),
-                file,
-                session,
-            });
+            shapes.push((spec.seq_len, Calibration::parse(spec.calibration.as_deref())));
+            graphs.push(Graph { seq_len: spec.seq_len, session });
         }
         Ok(QnnBackend {
             graphs,
+            shapes,
             runtime,
             model,
             pad_id: bundle.tokenizer.pad.id,
@@ -120,11 +118,6 @@ impl QnnBackend {
     /// The runtime's provider, versions and build id.
     pub fn runtime_info(&self) -> &RuntimeInfo {
         &self.runtime.info
-    }
-
-    /// `(seq_len, context binary)` of every loaded graph.
-    pub fn graphs(&self) -> Vec<(usize, &Path)> {
-        self.graphs.iter().map(|g| (g.seq_len, g.file.as_path())).collect()
     }
 
     /// What each graph's context binary says about itself (read through libQnnSystem).
@@ -146,8 +139,12 @@ impl QnnBackend {
 
     /// The graph a row of `len` tokens runs on.
     pub fn graph_for(&self, len: usize) -> Option<usize> {
-        let g: Vec<(usize, Calibration)> = self.graphs.iter().map(|g| (g.seq_len, g.calibration)).collect();
-        host::choose_graph(&g, len, self.allow_minmax_above_128).map(|i| self.graphs[i].seq_len)
+        self.choose(len).map(|i| self.graphs[i].seq_len)
+    }
+
+    /// The index of the graph a row of `len` tokens runs on.
+    fn choose(&self, len: usize) -> Option<usize> {
+        host::choose_graph(&self.shapes, len, self.allow_minmax_above_128)
     }
 
     /// [`QnnBackend::encode`] as a flat `len * d` vector (row-major), for diagnostics and tests.
@@ -161,8 +158,7 @@ impl QnnBackend {
     /// Runs the encoder graph on `ids` (already checked) and returns `[1, len, d]` hidden states.
     pub fn encode(&mut self, ids: &[u32]) -> Result<Tensor, BackendError> {
         let len = ids.len();
-        let table: Vec<(usize, Calibration)> = self.graphs.iter().map(|g| (g.seq_len, g.calibration)).collect();
-        let gi = host::choose_graph(&table, len, self.allow_minmax_above_128).ok_or_else(|| {
+        let gi = self.choose(len).ok_or_else(|| {
             BackendError::Input(format!(
                 "a row of {len} tokens fits no graph of this bundle (lengths {:?}; min-max graphs stop at {})",
                 self.graphs.iter().map(|g| g.seq_len).collect::<Vec<_>>(),

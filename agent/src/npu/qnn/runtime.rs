@@ -8,7 +8,6 @@
 
 use std::ffi::{CStr, c_char, c_void};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use libloading::Library;
 
@@ -50,15 +49,10 @@ pub struct RuntimeInfo {
     pub power: PowerState,
 }
 
-/// Log messages the runtime reported (warnings and errors), for diagnostics.
-static LOG_MESSAGES: AtomicU64 = AtomicU64::new(0);
-
 /// QNN's log callback. It receives a printf format and a `va_list`, which stable Rust cannot
-/// format, so it only counts the runtime's warnings and errors; registering it keeps the runtime
-/// from printing to the worker's stderr on its own.
-unsafe extern "C" fn log_callback(_fmt: *const c_char, _level: u32, _timestamp: u64, _args: *mut c_void) {
-    LOG_MESSAGES.fetch_add(1, Ordering::Relaxed);
-}
+/// format, so it drops the runtime's warnings and errors; registering it keeps the runtime from
+/// printing to the worker's stderr on its own.
+unsafe extern "C" fn log_callback(_fmt: *const c_char, _level: u32, _timestamp: u64, _args: *mut c_void) {}
 
 /// The loaded core and system libraries and the process-wide runtime objects.
 pub struct Runtime {
@@ -85,10 +79,13 @@ impl Runtime {
     /// Loads both libraries, picks the provider with core API major 2 and backend id 6 (HTP),
     /// and creates log, backend and (where supported) device.
     pub fn load(config: &QnnConfig) -> Result<Runtime, QnnError> {
-        if let Some(adsp) = &config.adsp_library_path {
+        if let Some(adsp) = &config.adsp_library_path
+            && std::env::var_os("ADSP_LIBRARY_PATH").as_deref() != Some(std::ffi::OsStr::new(adsp))
+        {
             // SAFETY: set before the backend library is loaded, which is the point: the FastRPC
-            // loader reads ADSP_LIBRARY_PATH when the DSP session opens. The worker process is
-            // single-threaded at this point of its start-up.
+            // loader reads ADSP_LIBRARY_PATH when the DSP session opens. Only a library user that
+            // configures the path itself gets here, before it starts threads; the agent's worker
+            // receives the variable in its environment from the agent and never sets it.
             unsafe { std::env::set_var("ADSP_LIBRARY_PATH", adsp) };
         }
         let core_lib = open_once(&config.backend_lib)?;

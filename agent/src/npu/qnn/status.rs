@@ -82,11 +82,6 @@ impl Status {
         matches!(self.0, 5004 | 5005 | 5008)
     }
 
-    /// "Not supported": optional features (device creation, signals) the simulator may lack.
-    pub fn is_not_supported(self) -> bool {
-        self.0 == 1000
-    }
-
     /// The supervisor's reading of a failed call named `what`.
     pub fn backend_error(self, what: &str) -> BackendError {
         let code = Some(self.0 as i64);
