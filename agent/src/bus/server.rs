@@ -35,13 +35,9 @@ use crate::systemd::Notifier;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
-    Bundle(#[from] crate::bundle::BundleError),
-    #[error(transparent)]
     Connection(#[from] connection::ConnectionError),
     #[error(transparent)]
     Topic(#[from] laya_topics::topic::TopicError),
-    #[error("the MQTT client stopped: {0}")]
-    Client(String),
 }
 
 /// Counters for telemetry.

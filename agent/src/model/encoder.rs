@@ -141,11 +141,6 @@ impl Encoder {
         })
     }
 
-    /// The token-embedding table `[vocab, d]` (the QNN host step gathers rows from it).
-    pub fn embedding_table(&self) -> &Tensor {
-        &self.tok_embeddings
-    }
-
     /// Stage 1: `[B, L]` token ids -> `[B, L, d]` raw token embeddings.
     pub fn embed(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
         let (b, l) = ids.dims2()?;

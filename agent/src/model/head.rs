@@ -26,7 +26,6 @@ struct HeadLayer {
 
 /// The decision head's weights.
 pub struct Head {
-    d: usize,
     nhead: usize,
     type_emb: Tensor,
     layers: Vec<HeadLayer>,
@@ -102,7 +101,6 @@ impl Head {
             });
         }
         Ok(Head {
-            d,
             nhead: (d / 64).max(1),
             type_emb: w.get("type_emb.weight")?,
             layers,
@@ -187,10 +185,5 @@ impl Head {
         let act_in = Tensor::cat(&[&pooled, &feats], 1)?;
         let act: Vec<Vec<f32>> = self.act2.forward(&self.act1.forward(&act_in)?.gelu_erf()?)?.to_vec2()?;
         Ok(logits_out.into_iter().zip(act).map(|(logits, act_logits)| HeadOutput { logits, act_logits }).collect())
-    }
-
-    /// Hidden size.
-    pub fn hidden_size(&self) -> usize {
-        self.d
     }
 }
