@@ -25,9 +25,8 @@
 //! body in a child process ([`in_child`]); no test changes its own environment.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
 use laya_edge::bundle::HostBundle;
 use laya_edge::engine::cpu::CpuBackend;
@@ -35,7 +34,7 @@ use laya_edge::engine::{Backend, BackendError};
 use laya_edge::npu::qnn::{HostFault, Performance, PowerState, QnnBackend, QnnConfig, QnnError};
 use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
-use laya_edge_tests::{bundle, cases, model_dir, read_json};
+use laya_edge_tests::{bundle, cases, json_str, model_dir, read_json};
 use laya_topics::json::{Style, to_string};
 use laya_topics::{Request, Value};
 
@@ -65,10 +64,6 @@ fn simulator() -> Option<PathBuf> {
 fn one_at_a_time() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn json_str(s: &str) -> String {
-    to_string(&Value::Str(s.to_owned()), Style::COMPACT)
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -172,9 +167,7 @@ impl Stats {
         }
         Ok(())
     }
-}
 
-impl Stats {
     fn mean_prob_diff(&self) -> f64 {
         self.sum_prob_diff / self.probs.max(1) as f64
     }
@@ -225,15 +218,16 @@ fn compare(ctx: &str, ours: &Value, cpu: &Value, key: &str, stats: &mut Stats) {
                         })
                         .unwrap_or_default();
                     p.sort_by(|x, y| y.total_cmp(x));
-                    if p.len() < 2 || p[0] - p[1] > 0.02 {
+                    let clear = p.len() < 2 || p[0] - p[1] > 0.02;
+                    if clear {
                         stats.decisions += 1;
-                    }
-                    if (p.len() < 2 || p[0] - p[1] > 0.02) && v != w {
-                        stats.disagreements.push(format!(
-                            "{ctx}: {} vs cpu {}",
-                            to_string(v, Style::COMPACT),
-                            to_string(w, Style::COMPACT)
-                        ));
+                        if v != w {
+                            stats.disagreements.push(format!(
+                                "{ctx}: {} vs cpu {}",
+                                to_string(v, Style::COMPACT),
+                                to_string(w, Style::COMPACT)
+                            ));
+                        }
                     }
                     continue;
                 }
@@ -322,7 +316,7 @@ fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
         eprintln!(
             "{model} L{l} {flavour}: {} questions, mean probability difference {:.4}, max {:.4} ({}), {}/{} decisions differ",
             stats.questions,
-            stats.sum_prob_diff / stats.probs.max(1) as f64,
+            stats.mean_prob_diff(),
             stats.max_prob_diff,
             stats.worst,
             stats.disagreements.len(),
@@ -533,35 +527,13 @@ fn the_binary_metadata_read_through_libqnnsystem_matches_the_fixture_description
 
 /// Builds the fake runtime (once per process) and returns the path of `libfake_qnn.so`.
 fn fake_library() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        if let Some(p) = std::env::var_os(FAKE_LIB) {
-            return PathBuf::from(p);
-        }
-        laya_edge_tests::build_fake_library("fake-qnn", "fake_qnn")
-    })
+    laya_edge_tests::cached_fake_library(FAKE_LIB, "fake-qnn", "fake_qnn")
 }
 
 /// Runs `body` in a child process of this test binary with `env` set (the fake's knobs are
 /// process-wide).
 fn in_child(test: &str, env: &[(&str, &str)], body: impl FnOnce()) {
-    if std::env::var_os(CHILD).is_some() {
-        body();
-        return;
-    }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .env(FAKE_LIB, fake_library())
-        .envs(env.iter().copied())
-        .output()
-        .expect("the test binary runs");
-    assert!(
-        out.status.success(),
-        "child {test} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    laya_edge_tests::in_child(CHILD, FAKE_LIB, fake_library(), test, env, body)
 }
 
 fn fake_binary(model: &str, seq_len: usize, suffix: &str) -> PathBuf {

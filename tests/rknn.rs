@@ -12,7 +12,6 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,7 @@ use laya_edge::engine::{Backend, BackendError, RowResult};
 use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnError, RknnGraph, Status};
 use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
-use laya_edge_tests::{bundle, cases, model_dir};
+use laya_edge_tests::{bundle, cases, json_str, model_dir};
 use laya_topics::{Request, Value};
 
 /// Set in the child processes [`in_child`] starts.
@@ -31,13 +30,7 @@ const FAKE_LIB: &str = "LAYA_RKNN_TEST_FAKE_LIB";
 
 /// Builds the fake runtime (once per process) and returns the path of `libfake_rknn.so`.
 fn fake_library() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        if let Some(p) = std::env::var_os(FAKE_LIB) {
-            return PathBuf::from(p);
-        }
-        laya_edge_tests::build_fake_library("fake-rknn", "fake_rknn")
-    })
+    laya_edge_tests::cached_fake_library(FAKE_LIB, "fake-rknn", "fake_rknn")
 }
 
 /// Writes a fake graph file for `checkpoint` compiled to `seq_len` tokens and 64 marker slots.
@@ -52,10 +45,7 @@ fn fake_graph_with_slots(checkpoint: &Path, seq_len: usize, marker_slots: usize)
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("graph-{}-{seq_len}.fake.rknn", N.fetch_add(1, Ordering::SeqCst)));
     let ckpt = std::path::absolute(checkpoint).unwrap();
-    let ckpt = laya_topics::json::to_string(
-        &Value::Str(ckpt.to_string_lossy().into_owned()),
-        laya_topics::json::Style::COMPACT,
-    );
+    let ckpt = json_str(&ckpt.to_string_lossy());
     let text = format!(
         r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt}, "seq_len": {seq_len}, "marker_slots": {marker_slots}}}"#
     );
@@ -91,26 +81,11 @@ fn row(n: usize, k: usize, seed: u32) -> Row {
 /// Runs `body` in a child process (this test binary, only this test) with `env` set, and
 /// asserts that it passed. In the child, runs `body` directly.
 fn in_child(test: &str, env: &[(&str, &str)], body: impl FnOnce()) {
-    if std::env::var_os(CHILD).is_some() {
-        body();
-        return;
-    }
-    let out = child(test, env).output().expect("the test binary runs");
-    assert!(
-        out.status.success(),
-        "child {test} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    laya_edge_tests::in_child(CHILD, FAKE_LIB, fake_library(), test, env, body)
 }
 
 fn child(test: &str, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .env(FAKE_LIB, fake_library())
-        .envs(env.iter().copied());
-    cmd
+    laya_edge_tests::child_command(CHILD, FAKE_LIB, fake_library(), test, env)
 }
 
 fn fatal(e: BackendError) -> (Option<i64>, String) {

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use laya_edge::bundle::HostBundle;
@@ -96,6 +97,11 @@ pub fn text(v: &Value) -> String {
     json::to_string(v, json::Style::COMPACT)
 }
 
+/// A string as a JSON string literal (quoted and escaped), for writing JSON files by hand.
+pub fn json_str(s: &str) -> String {
+    text(&Value::Str(s.to_owned()))
+}
+
 /// Builds a fake runtime cdylib of this workspace (`cargo build -p PACKAGE`, in the profile of
 /// the running test binary) and returns the shared library cargo reports for `target`.
 pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
@@ -117,4 +123,48 @@ pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
         .filter_map(|f| f.as_str().map(PathBuf::from))
         .find(|p| p.extension().is_some_and(|e| e == "so" || e == "dylib"))
         .unwrap_or_else(|| panic!("cargo reports no library for {target}"))
+}
+
+/// The fake runtime library of `package` (see [`build_fake_library`]), built at most once per
+/// process: the path in the environment variable `lib_var` if set (what [`in_child`] hands its
+/// children, so they do not run cargo again), else the library cargo builds.
+pub fn cached_fake_library(lib_var: &str, package: &str, target: &str) -> &'static Path {
+    static LIBS: OnceLock<Mutex<HashMap<String, &'static Path>>> = OnceLock::new();
+    let map = LIBS.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(package.to_owned()).or_insert_with(|| {
+        let lib = match std::env::var_os(lib_var) {
+            Some(p) => PathBuf::from(p),
+            None => build_fake_library(package, target),
+        };
+        Box::leak(lib.into_boxed_path())
+    })
+}
+
+/// The command that runs only the test `test` of this test binary in a child process, with
+/// `child_var=1`, `lib_var` = `lib` (the fake library) and `env` set.
+pub fn child_command(child_var: &str, lib_var: &str, lib: &Path, test: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(child_var, "1")
+        .env(lib_var, lib)
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// Runs `body` in a child process ([`child_command`]) and asserts that it passed; in the child
+/// (`child_var` set), runs `body` directly. Fake runtimes read their knobs from the environment,
+/// which is process-wide, so tests that set knobs run this way and never change their own.
+pub fn in_child(child_var: &str, lib_var: &str, lib: &Path, test: &str, env: &[(&str, &str)], body: impl FnOnce()) {
+    if std::env::var_os(child_var).is_some() {
+        body();
+        return;
+    }
+    let out = child_command(child_var, lib_var, lib, test, env).output().expect("the test binary runs");
+    assert!(
+        out.status.success(),
+        "child {test} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

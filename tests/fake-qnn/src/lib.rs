@@ -63,7 +63,8 @@ struct Tensors {
     outputs: Vec<abi::Tensor>,
 }
 
-fn tensors(b: &FakeBinary, d: u32) -> Tensors {
+/// The graph's tensors, or `None` if the binary's tensor suffix holds a NUL byte.
+fn tensors(b: &FakeBinary, d: u32) -> Option<Tensors> {
     let l = b.seq_len;
     let specs: [(&str, Vec<u32>, u32); 4] = [
         ("inputs_embeds", vec![1, l, d], abi::tensor_type::APP_WRITE),
@@ -75,7 +76,7 @@ fn tensors(b: &FakeBinary, d: u32) -> Tensors {
     let mut dims = Vec::new();
     let mut all = Vec::new();
     for (i, (name, mut shape, ty)) in specs.into_iter().enumerate() {
-        let cname = CString::new(format!("{name}{}", b.suffix)).unwrap();
+        let cname = CString::new(format!("{name}{}", b.suffix)).ok()?;
         let mut v = abi::TensorV2::zeroed();
         v.id = i as u32 + 1;
         v.name = cname.as_ptr();
@@ -88,7 +89,7 @@ fn tensors(b: &FakeBinary, d: u32) -> Tensors {
         dims.push(shape);
     }
     let outputs = all.split_off(3);
-    Tensors { _names: names, _dims: dims, inputs: all, outputs }
+    Some(Tensors { _names: names, _dims: dims, inputs: all, outputs })
 }
 
 // ------------------------------------------------------------------------------------------
@@ -128,9 +129,9 @@ unsafe extern "C" fn system_context_get_binary_info(
     let Some(d) = hidden_size(&b.checkpoint) else { return CONTEXT_CREATE_FROM_BINARY };
     // SAFETY: `handle` came from `system_context_create`.
     let ctx = unsafe { &mut *handle.cast::<SystemContext>() };
-    let mut t = tensors(&b, d);
-    let name = CString::new(b.graph_name.clone()).unwrap();
-    let build = CString::new("v2.51.0.fake").unwrap();
+    let Some(mut t) = tensors(&b, d) else { return CONTEXT_CREATE_FROM_BINARY };
+    let Ok(name) = CString::new(b.graph_name.clone()) else { return CONTEXT_CREATE_FROM_BINARY };
+    let build = c"v2.51.0.fake".to_owned();
     let graph = abi::GraphInfo {
         version: 3,
         info: abi::GraphInfoV3 {
@@ -190,14 +191,38 @@ unsafe extern "C" fn system_context_free(handle: Handle) -> ErrorHandle {
     0
 }
 
-struct SyncSystem(abi::SystemInterface);
-// SAFETY: the table is immutable after construction; its pointers are to static strings.
-unsafe impl Sync for SyncSystem {}
-unsafe impl Send for SyncSystem {}
 struct SyncPtr<T>(*const T);
 // SAFETY: points to a leaked, immutable table.
 unsafe impl<T> Sync for SyncPtr<T> {}
 unsafe impl<T> Send for SyncPtr<T> {}
+
+/// The body of a `*_getProviders` export: on the first call leaks the provider table `make()`
+/// and a one-element list of it into `list`, then writes the list and its length to the
+/// out-pointers.
+///
+/// # Safety
+/// `providers` and `count` are NULL or valid out-pointers.
+unsafe fn publish_providers<T: 'static>(
+    list: &OnceLock<SyncPtr<*const T>>,
+    make: impl FnOnce() -> T,
+    providers: *mut *const *const T,
+    count: *mut u32,
+) -> ErrorHandle {
+    if providers.is_null() || count.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let list = list.get_or_init(|| {
+        let iface: &'static T = Box::leak(Box::new(make()));
+        let arr: &'static [*const T; 1] = Box::leak(Box::new([iface as *const T]));
+        SyncPtr(arr.as_ptr())
+    });
+    // SAFETY: checked non-null.
+    unsafe {
+        *providers = list.0;
+        *count = 1;
+    }
+    0
+}
 
 /// # Safety
 /// Out-pointers as documented for `QnnSystemInterface_getProviders`.
@@ -207,30 +232,19 @@ pub unsafe extern "C" fn QnnSystemInterface_getProviders(
     count: *mut u32,
 ) -> ErrorHandle {
     static LIST: OnceLock<SyncPtr<*const abi::SystemInterface>> = OnceLock::new();
-    if providers.is_null() || count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let list = LIST.get_or_init(|| {
-        let iface: &'static SyncSystem = Box::leak(Box::new(SyncSystem(abi::SystemInterface {
-            backend_id: 0,
-            provider_name: c"FAKE_SYSTEM".as_ptr(),
-            system_api_version: abi::Version { major: 1, minor: 15, patch: 0 },
-            functions: abi::SystemFunctions {
-                system_context_create: Some(system_context_create),
-                system_context_get_binary_info: Some(system_context_get_binary_info),
-                system_context_get_metadata: None,
-                system_context_free: Some(system_context_free),
-            },
-        })));
-        let arr: &'static [*const abi::SystemInterface; 1] = Box::leak(Box::new([&iface.0 as *const _]));
-        SyncPtr(arr.as_ptr())
-    });
-    // SAFETY: checked non-null.
-    unsafe {
-        *providers = list.0;
-        *count = 1;
-    }
-    0
+    let make = || abi::SystemInterface {
+        backend_id: 0,
+        provider_name: c"FAKE_SYSTEM".as_ptr(),
+        system_api_version: abi::Version { major: 1, minor: 15, patch: 0 },
+        functions: abi::SystemFunctions {
+            system_context_create: Some(system_context_create),
+            system_context_get_binary_info: Some(system_context_get_binary_info),
+            system_context_get_metadata: None,
+            system_context_free: Some(system_context_free),
+        },
+    };
+    // SAFETY: the caller's out-pointers, per this function's contract.
+    unsafe { publish_providers(&LIST, make, providers, count) }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -270,7 +284,10 @@ unsafe extern "C" fn backend_create(
 unsafe extern "C" fn backend_get_build_id(id: *mut *const c_char) -> ErrorHandle {
     static ID: OnceLock<CString> = OnceLock::new();
     let s = ID.get_or_init(|| {
-        CString::new(std::env::var("FAKE_QNN_BUILD_ID").unwrap_or_else(|_| "v2.51.0.fake".into())).unwrap()
+        std::env::var("FAKE_QNN_BUILD_ID")
+            .ok()
+            .and_then(|id| CString::new(id).ok())
+            .unwrap_or_else(|| c"v2.51.0.fake".to_owned())
     });
     if !id.is_null() {
         // SAFETY: non-null out-pointer; the string is static.
@@ -525,11 +542,6 @@ unsafe extern "C" fn graph_execute(
     0
 }
 
-struct SyncCore(abi::Interface);
-// SAFETY: immutable after construction; pointers to static strings only.
-unsafe impl Sync for SyncCore {}
-unsafe impl Send for SyncCore {}
-
 fn core_functions() -> abi::CoreFunctions {
     // SAFETY: an all-NULL table is valid: every slot is an `Option` of a function pointer.
     let mut f: abi::CoreFunctions = unsafe { std::mem::zeroed() };
@@ -557,27 +569,15 @@ pub unsafe extern "C" fn QnnInterface_getProviders(
     count: *mut u32,
 ) -> ErrorHandle {
     static LIST: OnceLock<SyncPtr<*const abi::Interface>> = OnceLock::new();
-    if providers.is_null() || count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let list = LIST.get_or_init(|| {
-        let major = knob("FAKE_QNN_API_MAJOR").unwrap_or(2) as u32;
-        let iface: &'static SyncCore = Box::leak(Box::new(SyncCore(abi::Interface {
-            backend_id: abi::BACKEND_ID_HTP,
-            provider_name: c"FAKE_HTP".as_ptr(),
-            api_version: abi::ApiVersion {
-                core: abi::Version { major, minor: 40, patch: 0 },
-                backend: abi::Version { major: 5, minor: 51, patch: 0 },
-            },
-            functions: core_functions(),
-        })));
-        let arr: &'static [*const abi::Interface; 1] = Box::leak(Box::new([&iface.0 as *const _]));
-        SyncPtr(arr.as_ptr())
-    });
-    // SAFETY: checked non-null.
-    unsafe {
-        *providers = list.0;
-        *count = 1;
-    }
-    0
+    let make = || abi::Interface {
+        backend_id: abi::BACKEND_ID_HTP,
+        provider_name: c"FAKE_HTP".as_ptr(),
+        api_version: abi::ApiVersion {
+            core: abi::Version { major: knob("FAKE_QNN_API_MAJOR").unwrap_or(2) as u32, minor: 40, patch: 0 },
+            backend: abi::Version { major: 5, minor: 51, patch: 0 },
+        },
+        functions: core_functions(),
+    };
+    // SAFETY: the caller's out-pointers, per this function's contract.
+    unsafe { publish_providers(&LIST, make, providers, count) }
 }
