@@ -15,10 +15,14 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
 use laya_edge::bus::admission::{Admission, Decision, Incoming, ReplyCache};
 use laya_edge::config::Config;
+use laya_topics::Value;
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
 const N: usize = 500;
+
+/// The agent's timing fields (`timing_ms` of each reply).
+const STAGES: [&str; 5] = ["queue", "tokenize", "infer", "decode", "total"];
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
@@ -85,8 +89,12 @@ fn main() {
         .spawn()
         .expect("agent");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let request = laya_topics::json::parse(payload, Default::default()).expect("json");
     let times = rt.block_on(async {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        let watch = MqttOptions::new("bench-watch", "127.0.0.1", port);
+        laya_edge::bus::ask::wait_online(watch, &Schema::default(), "bench", Duration::from_secs(60))
+            .await
+            .expect("the agent comes online");
         let mut options = MqttOptions::new("bench-client", "127.0.0.1", port);
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
@@ -94,41 +102,59 @@ fn main() {
         let (client, mut eventloop) = AsyncClient::new(options, 100);
         client.subscribe("laya/v1/bench-client/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
         let mut times = Vec::with_capacity(N);
+        let mut agent_ms: Vec<Vec<f64>> = vec![Vec::with_capacity(N); STAGES.len()];
         let mut sent_at = None;
         let mut i = 0;
         loop {
             match eventloop.poll().await.expect("connection") {
-                Event::Incoming(Packet::SubAck(_)) | Event::Incoming(Packet::Publish(_)) => {
+                Event::Incoming(packet @ (Packet::SubAck(_) | Packet::Publish(_))) => {
                     if let Some(t) = sent_at.take() {
                         times.push(Instant::now() - t);
+                        // The agent's own account of its share (timing_ms of the reply).
+                        if let Packet::Publish(p) = &packet
+                            && let Ok(reply) = Encoding::Json.decode(&p.payload, 16)
+                        {
+                            for (k, v) in STAGES.iter().zip(agent_ms.iter_mut()) {
+                                if let Some(Value::Float(ms)) = reply.get("timing_ms").and_then(|t| t.get(k)) {
+                                    v.push(*ms);
+                                }
+                            }
+                        }
                         if times.len() == N + 20 {
                             break;
                         }
                     }
+                    // A new id per question: a repeated id would be answered from the reply cache.
+                    let mut question = request.clone();
+                    if let Value::Object(m) = &mut question {
+                        m.insert("id".into(), Value::Str(format!("b{i}")));
+                    }
+                    let bytes = Encoding::Json.encode(&question);
                     let props = PublishProperties {
                         response_topic: Some("laya/v1/bench-client/reply/b".into()),
                         ..Default::default()
                     };
+                    sent_at = Some(Instant::now());
                     client
-                        .publish_with_properties(
-                            "laya/v1/bench/ask",
-                            QoS::AtLeastOnce,
-                            false,
-                            Encoding::Json
-                                .encode(&laya_topics::json::parse(payload, Default::default()).expect("json")),
-                            props,
-                        )
+                        .publish_with_properties("laya/v1/bench/ask", QoS::AtLeastOnce, false, bytes, props)
                         .await
                         .expect("publish");
-                    sent_at = Some(Instant::now());
                     i += 1;
                 }
                 _ => {}
             }
         }
-        let _ = i;
-        times
+        (times, agent_ms)
     });
+    let (times, agent_ms) = times;
+    let stages: Vec<String> = STAGES
+        .iter()
+        .zip(agent_ms)
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            format!("\"{k}\": {:.3}", v.get(v.len() / 2).copied().unwrap_or(f64::NAN))
+        })
+        .collect();
     let _ = agent.kill();
     let _ = agent.wait();
     if let Some(mut m) = mosquitto {
@@ -138,10 +164,11 @@ fn main() {
     let mut t: Vec<Duration> = times[20..].to_vec(); // first 20: warm-up
     t.sort();
     println!(
-        "{{\"bench\": \"mqtt_overhead\", \"questions\": {}, \"round_trip_ms_p50\": {:.3}, \"round_trip_ms_p99\": {:.3}, \"admission_us\": {:.2}}}",
+        "{{\"bench\": \"mqtt_overhead\", \"questions\": {}, \"round_trip_ms_p50\": {:.3}, \"round_trip_ms_p99\": {:.3}, \"agent_ms_p50\": {{{}}}, \"admission_us\": {:.2}}}",
         t.len(),
         percentile(&t, 0.5),
         percentile(&t, 0.99),
+        stages.join(", "),
         admission_us
     );
 }
