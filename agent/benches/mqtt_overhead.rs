@@ -4,6 +4,11 @@
 //! broker hops). Also the in-process admission + reply encoding alone. Not a test: see
 //! BENCHMARKS.md.
 //!
+//! Every request has a new id and a new state (a repeated request would be answered from the
+//! reply cache, or tokenized from memory). Two workloads: `fleet`, where each request asks two
+//! of a fixed set of six questions, as an application does, and `unseen`, where every
+//! instruction and option is new, so the tokenizer's memo never helps (the worst case).
+//!
 //!     cargo bench --bench mqtt_overhead
 
 use std::process::{Command, Stdio};
@@ -20,6 +25,91 @@ use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
 const N: usize = 500;
+/// Requests per workload not measured (connection and caches warming up).
+const WARM_UP: usize = 20;
+
+const WORDS: [&str; 40] = [
+    "the",
+    "app",
+    "crashes",
+    "when",
+    "I",
+    "log",
+    "in",
+    "again",
+    "after",
+    "update",
+    "my",
+    "invoice",
+    "shows",
+    "a",
+    "double",
+    "charge",
+    "please",
+    "help",
+    "refund",
+    "order",
+    "screen",
+    "stays",
+    "black",
+    "since",
+    "yesterday",
+    "upgrade",
+    "plan",
+    "price",
+    "too",
+    "high",
+    "password",
+    "reset",
+    "email",
+    "never",
+    "arrives",
+    "sync",
+    "fails",
+    "on",
+    "android",
+    "thanks",
+];
+
+/// The questions an application asks, again and again.
+const FLEET_QUESTIONS: [&str; 6] = [
+    r#""bug": {"type": "noul", "instructions": "Is this a bug report?"}"#,
+    r#""team": {"type": "choice", "instructions": "Which team?", "criteria": ["billing", "technical", "sales"]}"#,
+    r#""urgency": {"type": "score", "instructions": "How urgent is this?", "criteria": ["not urgent", "low", "medium", "high", "critical"]}"#,
+    r#""refund": {"type": "noul", "instructions": "Is the customer asking for a refund?"}"#,
+    r#""mood": {"type": "choice", "instructions": "How does the customer feel?", "criteria": {"angry": "upset, threatening to leave", "neutral": "matter of fact", "happy": "satisfied"}}"#,
+    r#""churn": {"type": "noul", "instructions": "Might the customer cancel?"}"#,
+];
+
+/// A small deterministic generator (no randomness needed beyond variety).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+/// Request `i` of a workload: a new id and state; the fleet's questions or never-seen ones.
+fn request(i: usize, unseen: bool, rng: &mut Lcg) -> Vec<u8> {
+    let words: Vec<&str> = (0..6 + rng.below(15)).map(|_| WORDS[rng.below(WORDS.len())]).collect();
+    let state = format!("Ticket {i}: {}.", words.join(" "));
+    let questions = if unseen {
+        format!(
+            r#""q{i}a": {{"type": "noul", "instructions": "Is ticket {i} about {}?"}}, "q{i}b": {{"type": "choice", "instructions": "Which queue takes ticket {i}?", "criteria": ["{} {i}", "{} {i}", "{} {i}"]}}"#,
+            WORDS[rng.below(WORDS.len())],
+            WORDS[rng.below(WORDS.len())],
+            WORDS[rng.below(WORDS.len())],
+            WORDS[rng.below(WORDS.len())]
+        )
+    } else {
+        let a = rng.below(FLEET_QUESTIONS.len());
+        let b = (a + 1 + rng.below(FLEET_QUESTIONS.len() - 1)) % FLEET_QUESTIONS.len();
+        format!("{}, {}", FLEET_QUESTIONS[a], FLEET_QUESTIONS[b])
+    };
+    format!(r#"{{"id": "b{i}", "state": "{state}", "questions": {{{questions}}}}}"#).into_bytes()
+}
 
 /// The agent's timing fields (`timing_ms` of each reply).
 const STAGES: [&str; 5] = ["queue", "tokenize", "infer", "decode", "total"];
@@ -89,8 +179,12 @@ fn main() {
         .spawn()
         .expect("agent");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let request = laya_topics::json::parse(payload, Default::default()).expect("json");
-    let times = rt.block_on(async {
+    let workloads = ["fleet", "unseen"];
+    let mut rng = Lcg(0x1a7a);
+    let per = N + WARM_UP;
+    let requests: Vec<Vec<u8>> = (0..workloads.len() * per).map(|i| request(i, i >= per, &mut rng)).collect();
+    // Per reply: the round trip and the agent's own stage timings.
+    let measured: Vec<(Duration, Vec<f64>)> = rt.block_on(async {
         let watch = MqttOptions::new("bench-watch", "127.0.0.1", port);
         laya_edge::bus::ask::wait_online(watch, &Schema::default(), "bench", Duration::from_secs(60))
             .await
@@ -101,74 +195,69 @@ fn main() {
         options.set_network_options(net);
         let (client, mut eventloop) = AsyncClient::new(options, 100);
         client.subscribe("laya/v1/bench-client/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
-        let mut times = Vec::with_capacity(N);
-        let mut agent_ms: Vec<Vec<f64>> = vec![Vec::with_capacity(N); STAGES.len()];
+        let mut measured = Vec::with_capacity(requests.len());
         let mut sent_at = None;
-        let mut i = 0;
+        let mut next = requests.iter();
         loop {
             match eventloop.poll().await.expect("connection") {
                 Event::Incoming(packet @ (Packet::SubAck(_) | Packet::Publish(_))) => {
                     if let Some(t) = sent_at.take() {
-                        times.push(Instant::now() - t);
-                        // The agent's own account of its share (timing_ms of the reply).
-                        if let Packet::Publish(p) = &packet
-                            && let Ok(reply) = Encoding::Json.decode(&p.payload, 16)
-                        {
-                            for (k, v) in STAGES.iter().zip(agent_ms.iter_mut()) {
+                        let elapsed = Instant::now() - t;
+                        let mut stages = vec![f64::NAN; STAGES.len()];
+                        if let Packet::Publish(p) = &packet {
+                            let reply = Encoding::Json.decode(&p.payload, 16).expect("a JSON reply");
+                            assert!(reply.get("answers").is_some(), "not answered: {reply:?}");
+                            for (k, v) in STAGES.iter().zip(stages.iter_mut()) {
                                 if let Some(Value::Float(ms)) = reply.get("timing_ms").and_then(|t| t.get(k)) {
-                                    v.push(*ms);
+                                    *v = *ms;
                                 }
                             }
                         }
-                        if times.len() == N + 20 {
-                            break;
-                        }
+                        measured.push((elapsed, stages));
                     }
-                    // A new id per question: a repeated id would be answered from the reply cache.
-                    let mut question = request.clone();
-                    if let Value::Object(m) = &mut question {
-                        m.insert("id".into(), Value::Str(format!("b{i}")));
-                    }
-                    let bytes = Encoding::Json.encode(&question);
+                    let Some(bytes) = next.next() else { break };
                     let props = PublishProperties {
                         response_topic: Some("laya/v1/bench-client/reply/b".into()),
                         ..Default::default()
                     };
                     sent_at = Some(Instant::now());
                     client
-                        .publish_with_properties("laya/v1/bench/ask", QoS::AtLeastOnce, false, bytes, props)
+                        .publish_with_properties("laya/v1/bench/ask", QoS::AtLeastOnce, false, bytes.clone(), props)
                         .await
                         .expect("publish");
-                    i += 1;
                 }
                 _ => {}
             }
         }
-        (times, agent_ms)
+        measured
     });
-    let (times, agent_ms) = times;
-    let stages: Vec<String> = STAGES
-        .iter()
-        .zip(agent_ms)
-        .map(|(k, mut v)| {
-            v.sort_by(f64::total_cmp);
-            format!("\"{k}\": {:.3}", v.get(v.len() / 2).copied().unwrap_or(f64::NAN))
-        })
-        .collect();
     let _ = agent.kill();
     let _ = agent.wait();
     if let Some(mut m) = mosquitto {
         let _ = m.kill();
         let _ = m.wait();
     }
-    let mut t: Vec<Duration> = times[20..].to_vec(); // first 20: warm-up
-    t.sort();
-    println!(
-        "{{\"bench\": \"mqtt_overhead\", \"questions\": {}, \"round_trip_ms_p50\": {:.3}, \"round_trip_ms_p99\": {:.3}, \"agent_ms_p50\": {{{}}}, \"admission_us\": {:.2}}}",
-        t.len(),
-        percentile(&t, 0.5),
-        percentile(&t, 0.99),
-        stages.join(", "),
-        admission_us
-    );
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let mut report = Vec::new();
+    for (w, name) in workloads.iter().enumerate() {
+        let run = &measured[w * per + WARM_UP..(w + 1) * per];
+        let mut t: Vec<Duration> = run.iter().map(|(d, _)| *d).collect();
+        t.sort();
+        let stages: Vec<String> = STAGES
+            .iter()
+            .enumerate()
+            .map(|(k, name)| format!("\"{name}\": {:.3}", median(run.iter().map(|(_, s)| s[k]).collect())))
+            .collect();
+        report.push(format!(
+            "\"{name}\": {{\"questions\": {}, \"round_trip_ms_p50\": {:.3}, \"round_trip_ms_p99\": {:.3}, \"agent_ms_p50\": {{{}}}}}",
+            t.len(),
+            percentile(&t, 0.5),
+            percentile(&t, 0.99),
+            stages.join(", ")
+        ));
+    }
+    println!("{{\"bench\": \"mqtt_overhead\", {}, \"admission_us\": {admission_us:.2}}}", report.join(", "));
 }

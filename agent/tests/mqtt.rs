@@ -88,6 +88,54 @@ async fn an_mqtt311_client_is_answered_on_the_reply_topic() {
     assert_eq!(v.get("backend"), Some(&Value::from("null")));
 }
 
+/// The next telemetry document on `c` (subscribed to the device's telemetry) that `want` accepts.
+async fn telemetry_where(c: &mut Client, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let p = c.next(left).await.unwrap_or_else(|| panic!("no telemetry with {what}"));
+        let v = decode(&p);
+        if want(&v) {
+            return v;
+        }
+    }
+}
+
+fn counter(v: &Value, path: &[&str]) -> i64 {
+    path.iter().try_fold(v, |v, k| v.get(k)).and_then(Value::as_i64).unwrap_or_else(|| panic!("{path:?} in {v:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_counts_answers_and_a_repeated_question_is_not_tokenized_again() {
+    let broker = Broker::start("telemetry", "");
+    let _agent = Agent::start(&broker, "dev-tm", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-tm").await;
+    let mut watch = Client::connect(broker.port, "tm-watch").await;
+    watch.subscribe("laya/v1/dev-tm/telemetry").await;
+    let mut c = Client::connect(broker.port, "tm-asker").await;
+    c.subscribe("laya/v1/tm-asker/reply/#").await;
+    let before = telemetry_where(&mut watch, "no answer yet", |v| counter(v, &["answered"]) == 0).await;
+    assert_eq!(before.get("device"), Some(&Value::from("dev-tm")));
+    assert_eq!(before.get("serving"), Some(&Value::from("primary")));
+    let mut seen = Vec::new();
+    for (i, id) in ["t1", "t2"].into_iter().enumerate() {
+        let reply_to = format!("laya/v1/tm-asker/reply/{id}");
+        c.ask("laya/v1/dev-tm/ask", Encoding::Json.encode(&request(id)), Some(&reply_to), None, Encoding::Json).await;
+        let reply = c.next(Duration::from_secs(30)).await.expect("a reply");
+        assert_eq!(decode(&reply).get("id"), Some(&Value::from(id)));
+        let answered = i as i64 + 1;
+        seen.push(telemetry_where(&mut watch, "the answer counted", |v| counter(v, &["answered"]) == answered).await);
+    }
+    let memo = |v: &Value, k: &str| counter(v, &["token_memo", k]);
+    // The first request tokenizes its instructions and options; the second, asking the same
+    // questions under a new id, finds every one of them remembered.
+    let texts = memo(&seen[0], "misses") - memo(&before, "misses");
+    assert!(texts >= 4, "two instructions and at least two options per question: {texts}");
+    assert_eq!(memo(&seen[1], "misses"), memo(&seen[0], "misses"));
+    assert_eq!(memo(&seen[1], "hits") - memo(&seen[0], "hits"), texts);
+    assert_eq!(memo(&seen[1], "entries"), memo(&seen[1], "misses"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_subscription_spreads_a_fleets_questions_over_three_agents() {
     let broker = Broker::start("fleet", "");

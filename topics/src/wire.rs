@@ -222,6 +222,64 @@ impl Status {
     }
 }
 
+/// How often the agent found a question's instructions and options already tokenized.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenMemo {
+    pub hits: u64,
+    pub misses: u64,
+    /// Texts remembered now.
+    pub entries: u64,
+}
+
+/// The periodic telemetry document, published at QoS 0 and not retained.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Telemetry {
+    pub device: String,
+    pub uptime_s: u64,
+    /// Replies published (answers and error replies of admitted requests).
+    pub answered: u64,
+    /// Replies re-sent from the reply cache for redelivered requests.
+    pub resent: u64,
+    /// Messages that could not even be answered with an error (no reply topic).
+    pub dropped: u64,
+    /// Error replies by error code.
+    pub refused: Vec<(String, u64)>,
+    pub in_flight: u64,
+    pub backend: String,
+    /// Whether the configured backend serves (`primary`) or the CPU fallback does (`fallback`).
+    pub primary: bool,
+    pub degraded: bool,
+    /// Worker restarts by reason.
+    pub restarts: Vec<(String, u64)>,
+    pub token_memo: TokenMemo,
+}
+
+impl Telemetry {
+    pub fn to_value(&self) -> Value {
+        let counts = |pairs: &[(String, u64)]| -> Value {
+            Value::Object(pairs.iter().map(|(k, v)| (k.clone(), Value::Int((*v).into()))).collect())
+        };
+        let mut memo = Map::new();
+        memo.insert("hits".into(), Value::Int(self.token_memo.hits.into()));
+        memo.insert("misses".into(), Value::Int(self.token_memo.misses.into()));
+        memo.insert("entries".into(), Value::Int(self.token_memo.entries.into()));
+        let mut m = Map::new();
+        m.insert("device".into(), self.device.as_str().into());
+        m.insert("uptime_s".into(), Value::Int(self.uptime_s.into()));
+        m.insert("answered".into(), Value::Int(self.answered.into()));
+        m.insert("resent".into(), Value::Int(self.resent.into()));
+        m.insert("dropped".into(), Value::Int(self.dropped.into()));
+        m.insert("refused".into(), counts(&self.refused));
+        m.insert("in_flight".into(), Value::Int(self.in_flight.into()));
+        m.insert("backend".into(), self.backend.as_str().into());
+        m.insert("serving".into(), if self.primary { "primary" } else { "fallback" }.into());
+        m.insert("degraded".into(), Value::Bool(self.degraded));
+        m.insert("restarts".into(), counts(&self.restarts));
+        m.insert("token_memo".into(), Value::Object(memo));
+        Value::Object(m)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +302,31 @@ mod tests {
         );
         assert!(!ErrorCode::BadRequest.retryable());
         assert_eq!(ErrorCode::parse("too_large"), Some(ErrorCode::TooLarge));
+    }
+
+    #[test]
+    fn telemetry_names_every_counter_and_the_serving_role() {
+        let t = Telemetry {
+            device: "d1".into(),
+            uptime_s: 7,
+            answered: 5,
+            resent: 1,
+            dropped: 0,
+            refused: vec![("overloaded".into(), 2)],
+            in_flight: 3,
+            backend: "qnn".into(),
+            primary: false,
+            degraded: true,
+            restarts: vec![("deadline".into(), 4)],
+            token_memo: TokenMemo { hits: 9, misses: 2, entries: 2 },
+        };
+        assert_eq!(
+            json::to_string(&t.to_value(), json::Style::COMPACT),
+            concat!(
+                r#"{"device":"d1","uptime_s":7,"answered":5,"resent":1,"dropped":0,"refused":{"overloaded":2},"#,
+                r#""in_flight":3,"backend":"qnn","serving":"fallback","degraded":true,"restarts":{"deadline":4},"#,
+                r#""token_memo":{"hits":9,"misses":2,"entries":2}}"#
+            )
+        );
     }
 }

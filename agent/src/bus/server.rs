@@ -18,7 +18,7 @@ use rumqttc::v5::{AsyncClient, Event};
 use tokio::sync::{Semaphore, mpsc};
 
 use laya_topics::topic::{Channel, Schema};
-use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Status, Timing};
+use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo};
 use laya_topics::{Map, Value};
 
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo};
@@ -232,32 +232,27 @@ impl Shared {
 
     fn telemetry(&self, started: Instant) -> Vec<u8> {
         let es = self.engine.status();
-        let mut m = Map::new();
-        m.insert("device".into(), self.device.as_str().into());
-        m.insert("uptime_s".into(), Value::Int(started.elapsed().as_secs().into()));
-        m.insert("answered".into(), Value::Int(self.counters.answered.load(Ordering::Relaxed).into()));
-        m.insert("resent".into(), Value::Int(self.counters.resent.load(Ordering::Relaxed).into()));
-        m.insert("dropped".into(), Value::Int(self.counters.dropped.load(Ordering::Relaxed).into()));
-        let refused: Map = self
-            .counters
-            .refused
-            .lock()
-            .map(|r| r.iter().map(|(k, v)| ((*k).to_owned(), Value::Int((*v).into()))).collect())
-            .unwrap_or_default();
-        m.insert("refused".into(), Value::Object(refused));
-        m.insert(
-            "in_flight".into(),
-            Value::int((self.admission.limits.queue - self.permits.available_permits()) as i64),
-        );
-        m.insert("backend".into(), self.backend.as_str().into());
-        m.insert(
-            "serving".into(),
-            if es.role == crate::engine::supervisor::Role::Primary { "primary" } else { "fallback" }.into(),
-        );
-        m.insert("degraded".into(), Value::Bool(es.degraded));
-        let restarts: Map = es.restarts.iter().map(|(k, v)| (k.clone(), Value::Int((*v).into()))).collect();
-        m.insert("restarts".into(), Value::Object(restarts));
-        Encoding::Json.encode(&Value::Object(m))
+        let memo = self.bundle.tokenizer.memo_stats();
+        let t = Telemetry {
+            device: self.device.clone(),
+            uptime_s: started.elapsed().as_secs(),
+            answered: self.counters.answered.load(Ordering::Relaxed),
+            resent: self.counters.resent.load(Ordering::Relaxed),
+            dropped: self.counters.dropped.load(Ordering::Relaxed),
+            refused: self
+                .counters
+                .refused
+                .lock()
+                .map(|r| r.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect())
+                .unwrap_or_default(),
+            in_flight: (self.admission.limits.queue - self.permits.available_permits()) as u64,
+            backend: self.backend.clone(),
+            primary: es.role == crate::engine::supervisor::Role::Primary,
+            degraded: es.degraded,
+            restarts: es.restarts,
+            token_memo: TokenMemo { hits: memo.hits, misses: memo.misses, entries: memo.entries as u64 },
+        };
+        Encoding::Json.encode(&t.to_value())
     }
 }
 

@@ -80,12 +80,12 @@ pub fn build_row(
     let mask = tok.mask.text.as_str();
     let options = render_options(q);
     let instructions = q.instructions.replace(mask, " ");
-    let mut head_ids = tok.encode(&format!("{} question: {instructions}", q.qtype.name()))?;
+    let mut head_ids = tok.encode_recurring(&format!("{} question: {instructions}", q.qtype.name()))?;
 
     let mut option_ids: Vec<Vec<u32>> = Vec::with_capacity(options.len());
     for option in &options {
         let mut ids = vec![tok.mask.id];
-        let mut text_ids = tok.encode(&format!(" {}", option.replace(mask, " ")))?;
+        let mut text_ids = tok.encode_recurring(&format!(" {}", option.replace(mask, " ")))?;
         text_ids.truncate(OPTION_TOKEN_CAP);
         ids.extend(text_ids);
         option_ids.push(ids);

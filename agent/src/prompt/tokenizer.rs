@@ -3,8 +3,17 @@
 //! laya calls its Hugging Face tokenizer as `tok(text, add_special_tokens=False)`; the same
 //! `tokenizer.json` through the `tokenizers` crate gives the same ids. Transformers switches off
 //! any truncation or padding stored in `tokenizer.json` for such a call, so we do too.
+//!
+//! A fleet asks the same few questions about ever new states, so the instructions and option
+//! texts of a request have nearly always been tokenized before, and tokenizing them again was
+//! two thirds of the agent's own time per question. [`Tokenizer::encode_recurring`] keeps the ids
+//! of recent short texts; the state, new every time, goes through [`Tokenizer::encode`]. A text
+//! always tokenizes to the same ids, so a remembered encoding is the encoding.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
@@ -43,9 +52,58 @@ pub struct SpecialTokenNames {
     pub pad: Option<String>,
 }
 
+/// Texts remembered by [`Tokenizer::encode_recurring`], at most.
+pub const RECURRING_ENTRIES: usize = 2048;
+/// Longer texts are not remembered (a few MiB at most for the whole memo).
+pub const RECURRING_MAX_BYTES: usize = 512;
+
+/// Encodings of recently seen texts, in two generations: lookups search both and move a hit
+/// from the old to the young one; when the young one is full it becomes the old one and the old
+/// one is dropped. Texts in use stay, one-off texts age out, and no text is ever stale.
+#[derive(Default)]
+struct Memo {
+    young: HashMap<Box<str>, Box<[u32]>>,
+    old: HashMap<Box<str>, Box<[u32]>>,
+}
+
+impl Memo {
+    fn get(&mut self, text: &str) -> Option<Vec<u32>> {
+        if let Some(ids) = self.young.get(text) {
+            return Some(ids.to_vec());
+        }
+        let (text, ids) = self.old.remove_entry(text)?;
+        let out = ids.to_vec();
+        self.insert(text, ids);
+        Some(out)
+    }
+
+    fn insert(&mut self, text: Box<str>, ids: Box<[u32]>) {
+        if self.young.len() >= RECURRING_ENTRIES / 2 {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(text, ids);
+    }
+
+    fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+}
+
+/// How often [`Tokenizer::encode_recurring`] found a text remembered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Texts remembered now.
+    pub entries: usize,
+}
+
 /// A checkpoint's tokenizer with its CLS, SEP, MASK and PAD tokens resolved.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    memo: Mutex<Memo>,
+    hits: AtomicU64,
+    misses: AtomicU64,
     pub cls: SpecialToken,
     pub sep: SpecialToken,
     pub mask: SpecialToken,
@@ -125,7 +183,16 @@ impl Tokenizer {
         let sep = resolve("sep_token", "SEP token")?;
         let mask = resolve("mask_token", "MASK token")?;
         let pad = resolve("pad_token", "PAD token")?;
-        Ok(Tokenizer { inner, cls, sep, mask, pad })
+        Ok(Tokenizer {
+            inner,
+            memo: Mutex::default(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            cls,
+            sep,
+            mask,
+            pad,
+        })
     }
 
     /// `tok(text, add_special_tokens=False)["input_ids"]`.
@@ -136,8 +203,86 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
+    /// [`encode`](Self::encode) for texts that come back (instructions, options): the ids of a
+    /// recent text up to [`RECURRING_MAX_BYTES`] long are remembered.
+    pub fn encode_recurring(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        if text.len() > RECURRING_MAX_BYTES {
+            return self.encode(text);
+        }
+        // A panic elsewhere while the lock was held leaves a memo that is still consistent.
+        let remembered = self.memo.lock().unwrap_or_else(|e| e.into_inner()).get(text);
+        if let Some(ids) = remembered {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(ids);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let ids = self.encode(text)?;
+        self.memo.lock().unwrap_or_else(|e| e.into_inner()).insert(text.into(), ids.as_slice().into());
+        Ok(ids)
+    }
+
+    /// Hits and misses of [`encode_recurring`](Self::encode_recurring) since loading.
+    pub fn memo_stats(&self) -> MemoStats {
+        MemoStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            entries: self.memo.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        }
+    }
+
     /// The vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models/bpe-t5/tokenizer");
+        Tokenizer::load(&dir).expect("fixture tokenizer")
+    }
+
+    #[test]
+    fn a_remembered_encoding_is_the_fresh_encoding() {
+        let tok = tokenizer();
+        let texts = ["noul question: Is this a bug report?", " billing", " technical", "", " ünïcödé 🙂 [MASK]"];
+        for t in texts {
+            let fresh = tok.encode(t).expect("encode");
+            assert_eq!(tok.encode_recurring(t).expect("first"), fresh, "{t:?}");
+            assert_eq!(tok.encode_recurring(t).expect("second"), fresh, "{t:?}");
+        }
+        assert_eq!(tok.memo_stats(), MemoStats { hits: 5, misses: 5, entries: 5 });
+    }
+
+    #[test]
+    fn the_memo_stays_bounded_and_keeps_the_texts_in_use() {
+        let tok = tokenizer();
+        let hot = "choice question: Which team?";
+        for i in 0..3 * RECURRING_ENTRIES {
+            tok.encode_recurring(&format!(" option {i}")).expect("encode");
+            if i % 100 == 0 {
+                tok.encode_recurring(hot).expect("hot");
+            }
+            assert!(tok.memo_stats().entries <= RECURRING_ENTRIES);
+        }
+        let before = tok.memo_stats();
+        assert_eq!(before.misses, 3 * RECURRING_ENTRIES as u64 + 1, "only the hot text was ever found");
+        tok.encode_recurring(hot).expect("hot");
+        tok.encode_recurring(" option 0").expect("aged out");
+        let after = tok.memo_stats();
+        assert_eq!((after.hits - before.hits, after.misses - before.misses), (1, 1));
+    }
+
+    #[test]
+    fn long_texts_are_encoded_but_not_remembered() {
+        let tok = tokenizer();
+        let long = "word ".repeat(RECURRING_MAX_BYTES);
+        let fresh = tok.encode(&long).expect("encode");
+        assert_eq!(tok.encode_recurring(&long).expect("first"), fresh);
+        assert_eq!(tok.encode_recurring(&long).expect("second"), fresh);
+        assert_eq!(tok.memo_stats(), MemoStats { hits: 0, misses: 0, entries: 0 });
     }
 }
