@@ -472,6 +472,16 @@ async fn ask_command(
     Ok(())
 }
 
+/// The service's runtime: one thread. Its work is I/O and short host steps (the model runs in the
+/// worker process, large requests are tokenized in the blocking pool), and on two cores every
+/// hand-over between runtime threads cost ~20 µs of a question's ~0.2 ms (BENCHMARKS.md).
+fn serve_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -488,7 +498,7 @@ fn main() -> ExitCode {
         },
         Command::Predict { model, backend, threads } => predict(&model, backend, threads),
         Command::Serve { config, broker, device, model, backend, demo } => {
-            runtime().and_then(|rt| rt.block_on(serve(config, broker, device, model, backend, demo)))
+            serve_runtime().and_then(|rt| rt.block_on(serve(config, broker, device, model, backend, demo)))
         }
         Command::CheckConfig { config } => load_config(config.as_deref()).map(|c| {
             println!("{c:#?}");

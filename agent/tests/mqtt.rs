@@ -25,16 +25,21 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
     wait_online(broker.port, "dev1").await;
     let mut c = Client::connect(broker.port, "asker-rr").await;
     c.subscribe("laya/v1/asker-rr/reply/#").await;
-    for (i, enc) in [Encoding::Json, Encoding::Cbor].into_iter().enumerate() {
+    // The third request is large enough to be tokenized in the blocking pool, not in place.
+    let long_state = "The app crashes when I log in, please help. ".repeat(60);
+    for (i, (enc, state)) in
+        [(Encoding::Json, None), (Encoding::Cbor, None), (Encoding::Json, Some(long_state.as_str()))]
+            .into_iter()
+            .enumerate()
+    {
         let id = format!("r{i}");
-        c.ask(
-            "laya/v1/dev1/ask",
-            enc.encode(&request(&id)),
-            Some(&format!("laya/v1/asker-rr/reply/{id}")),
-            Some(b"corr-42"),
-            enc,
-        )
-        .await;
+        let mut req = request(&id);
+        if let (Some(s), Value::Object(m)) = (state, &mut req) {
+            m.insert("state".into(), Value::from(s));
+        }
+        let body = enc.encode(&req);
+        assert_eq!(state.is_some(), body.len() > 2048, "request {i} is {} bytes", body.len());
+        c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/asker-rr/reply/{id}")), Some(b"corr-42"), enc).await;
         let p = c.next(Duration::from_secs(60)).await.expect("a reply");
         let props = p.properties.clone().expect("properties");
         assert_eq!(props.correlation_data.as_deref(), Some(&b"corr-42"[..]));
@@ -55,7 +60,7 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
             bundle.tokenizer.pad.id,
         )
         .expect("cpu");
-        let req = laya_topics::Request::from_value(request(&id)).expect("request");
+        let req = laya_topics::Request::from_value(req).expect("request");
         let want = laya_edge::pipeline::answer(&bundle, &mut cpu, &req).expect("answer").to_value();
         assert_eq!(text(v.get("answers").expect("answers")), text(want.get("answers").expect("answers")));
     }

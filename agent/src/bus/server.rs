@@ -1,8 +1,10 @@
 //! `laya-edge serve`: questions in over MQTT, typed decisions out.
 //!
-//! One task polls rumqttc's event loop and does nothing else, so the connection is never starved;
-//! each admitted question is handled by its own task (tokenize in a blocking thread, the engine's
-//! worker for the model, decode, publish the reply, then acknowledge the question). A question is
+//! The service runs on a single-threaded runtime (`laya-edge serve`), so no task may block it for
+//! long. One task polls rumqttc's event loop and does nothing else; each admitted question is
+//! handled by its own task (tokenize, the engine's worker for the model, decode, publish the
+//! reply, then acknowledge the question). A small request is tokenized in place (a hand-over to
+//! another thread would cost more than its tokenizing); a large one in the blocking pool. A question is
 //! acknowledged only after its reply or error reply has been handed to the client, so a crash at
 //! any point leaves it unacknowledged and the broker delivers it again to this persistent session.
 //! While a task waits for the engine, others are tokenizing: the worker is never idle for host work.
@@ -39,6 +41,10 @@ pub enum ServeError {
     #[error(transparent)]
     Topic(#[from] laya_topics::topic::TopicError),
 }
+
+/// Requests up to this size are tokenized on the runtime's thread (half a millisecond at most
+/// on this machine: ~450 tokens); larger ones in the blocking pool.
+const INLINE_TOKENIZE_BYTES: usize = 2048;
 
 /// Counters for telemetry.
 #[derive(Debug, Default)]
@@ -111,7 +117,8 @@ impl Shared {
             }
             Decision::Answer { request, reply_to, deadline } => {
                 let id = request.id.clone();
-                let payload = self.answer(request, &reply_to, deadline, received).await;
+                let inline = publish.payload.len() <= INLINE_TOKENIZE_BYTES;
+                let payload = self.answer(request, &reply_to, deadline, received, inline).await;
                 if let (Some(id), Some(bytes)) = (id.as_ref(), payload.as_ref())
                     && let Ok(mut cache) = self.replies.lock()
                 {
@@ -128,6 +135,7 @@ impl Shared {
         to: &ReplyTo,
         deadline: Option<Instant>,
         received: Instant,
+        inline: bool,
     ) -> Option<Vec<u8>> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
@@ -135,10 +143,8 @@ impl Shared {
         let t0 = Instant::now();
         let request = Arc::new(request);
         let req = request.clone();
-        let prepared = tokio::task::spawn_blocking(move || {
-            prompt::prepare(&bundle.tokenizer, &req, limits_for(&req, bundle.config.limits))
-        })
-        .await;
+        let prepare = move || prompt::prepare(&bundle.tokenizer, &req, limits_for(&req, bundle.config.limits));
+        let prepared = if inline { Ok(prepare()) } else { tokio::task::spawn_blocking(prepare).await };
         let prepared = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
