@@ -194,6 +194,14 @@ pub struct Qnn {
     pub adsp_library_path: String,
     /// `default` (the runtime's own voting) or `burst` (DCVS off, top voltage corner).
     pub performance: String,
+    /// `qnn-context-binary-generator`, for bundles whose graphs ship only a DLC; empty: none.
+    pub generator: String,
+    /// The DLC loader the generator needs (`libQnnModelDlc.so`).
+    pub model_lib: String,
+    /// Where generated context binaries are cached; empty: systemd's `$STATE_DIRECTORY`.
+    pub state_dir: String,
+    /// The SoC generated binaries are for (part of their cache key); empty: `qcs6490`.
+    pub soc: String,
 }
 
 impl Config {
@@ -210,6 +218,9 @@ impl Config {
     /// Checks values serde cannot.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !self.qnn.generator.is_empty() && (self.qnn.model_lib.is_empty() || self.qnn.backend_lib.is_empty()) {
+            return bad("qnn.generator needs qnn.model_lib (libQnnModelDlc.so) and qnn.backend_lib".into());
+        }
         if !["", "default", "burst"].contains(&self.qnn.performance.as_str()) {
             return bad(format!("qnn.performance {:?}: use default or burst", self.qnn.performance));
         }
@@ -292,6 +303,11 @@ mod tests {
         let c: Config = toml::from_str("[qnn]\nperformance = \"turbo\"").unwrap();
         assert!(c.check().unwrap_err().to_string().contains("turbo"));
         let c: Config = toml::from_str("[qnn]\nperformance = \"burst\"").unwrap();
+        assert!(c.check().is_ok());
+        let generator = "[qnn]\nbackend_lib = \"/l/libQnnHtp.so\"\ngenerator = \"/q/qnn-context-binary-generator\"\n";
+        let c: Config = toml::from_str(generator).unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("model_lib"));
+        let c: Config = toml::from_str(&format!("{generator}model_lib = \"/l/libQnnModelDlc.so\"")).unwrap();
         assert!(c.check().is_ok());
     }
 }

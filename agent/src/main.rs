@@ -195,7 +195,7 @@ fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
 
 #[cfg(feature = "qnn")]
 fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
-    use laya_edge::npu::qnn::{Performance, PowerState, QnnBackend, QnnConfig};
+    use laya_edge::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     // The libraries come from the agent's config through the worker's environment.
     let lib = |var: &str| {
@@ -208,6 +208,20 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
         Ok("" | "default") | Err(_) => Performance::Default,
         Ok(other) => return Err(format!("qnn.performance {other:?}: use default or burst")),
     };
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(program) = var("LAYA_QNN_GENERATOR") {
+        let model_lib = var("LAYA_QNN_MODEL_LIB").ok_or("qnn.generator needs qnn.model_lib (libQnnModelDlc.so)")?;
+        config.generator = Some(GeneratorConfig {
+            program: program.into(),
+            backend_lib: config.backend_lib.clone(),
+            model_lib: model_lib.into(),
+        });
+    }
+    // systemd's StateDirectory= (the unit's /var/lib/laya-edge) unless configured.
+    config.state_dir = var("LAYA_QNN_STATE_DIR").or_else(|| var("STATE_DIRECTORY")).map(PathBuf::from);
+    if let Some(soc) = var("LAYA_QNN_SOC") {
+        config.soc = soc.to_string_lossy().into_owned();
+    }
     let backend = QnnBackend::load(&bundle, &config).map_err(|e| e.to_string())?;
     let info = backend.runtime_info();
     eprintln!(
@@ -332,8 +346,15 @@ fn worker_spec(backend: &str, model: &Path, config: &Config) -> Result<WorkerSpe
     if !config.qnn.adsp_library_path.is_empty() {
         env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
     }
-    if !config.qnn.performance.is_empty() {
-        env.push(("LAYA_QNN_PERFORMANCE".into(), config.qnn.performance.clone().into()));
+    let qnn = [
+        ("LAYA_QNN_PERFORMANCE", &config.qnn.performance),
+        ("LAYA_QNN_GENERATOR", &config.qnn.generator),
+        ("LAYA_QNN_MODEL_LIB", &config.qnn.model_lib),
+        ("LAYA_QNN_STATE_DIR", &config.qnn.state_dir),
+        ("LAYA_QNN_SOC", &config.qnn.soc),
+    ];
+    for (var, value) in qnn.into_iter().filter(|(_, v)| !v.is_empty()) {
+        env.push((var.into(), value.clone().into()));
     }
     Ok(WorkerSpec { program, args, env })
 }

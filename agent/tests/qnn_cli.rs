@@ -197,3 +197,86 @@ async fn a_hung_or_failing_qnn_runtime_is_restarted_by_the_watchdog_and_a_recove
     assert_eq!(again.rows, ok.rows);
     assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_and_cached() {
+    let lib = build_fake_library("fake-qnn", "fake_qnn");
+    // The bundle ships a "DLC" (for the fake runtime, its binary) and no context binary.
+    let bundle = fake_bundle("dlc", "bpe-small");
+    std::fs::rename(bundle.join("enc_128.fake.bin"), bundle.join("enc_128.dlc")).expect("dlc");
+    let manifest = std::fs::read_to_string(bundle.join("laya-bundle.json")).expect("manifest");
+    let manifest =
+        manifest.replace(r#""file": "enc_128.fake.bin","#, r#""file": "enc_128.fake.bin", "dlc": "enc_128.dlc","#);
+    std::fs::write(bundle.join("laya-bundle.json"), manifest).expect("manifest");
+    // A stand-in for qnn-context-binary-generator: logs its arguments, "compiles" by copying.
+    let dir = temp_dir("qnn-generator");
+    let log = dir.join("generator.log");
+    let generator = dir.join("qnn-context-binary-generator");
+    std::fs::write(
+        &generator,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\nwhile [ $# -gt 0 ]; do case \"$1\" in\n  --dlc_path) dlc=$2;;\n  \
+             --binary_file) name=$2;;\n  --output_dir) out=$2;;\nesac; shift; done\ncp \"$dlc\" \"$out/$name.bin\"\n",
+            log.display()
+        ),
+    )
+    .expect("generator");
+    std::fs::set_permissions(&generator, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let state = dir.join("state");
+    let broker = Broker::start("qnn-dlc", "");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"qcs-dlc\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n\
+             [qnn]\nbackend_lib = \"{lib}\"\nsystem_lib = \"{lib}\"\ngenerator = \"{}\"\n\
+             model_lib = \"/opt/qairt/lib/libQnnModelDlc.so\"\nstate_dir = \"{}\"\nsoc = \"qcm6490\"\n",
+            broker.url(),
+            bundle.display(),
+            generator.display(),
+            state.display(),
+            lib = lib.display(),
+        ),
+    )
+    .expect("config");
+    let mut c = Client::connect(broker.port, "dlc-asker").await;
+    c.subscribe("laya/v1/dlc-asker/reply/#").await;
+    for run in ["generated", "cached"] {
+        let mut agent = Agent::with_config(config.clone(), Vec::new());
+        wait_online(broker.port, "qcs-dlc").await;
+        c.ask(
+            "laya/v1/qcs-dlc/ask",
+            Encoding::Json.encode(&request(run)),
+            Some(&format!("laya/v1/dlc-asker/reply/{run}")),
+            None,
+            Encoding::Json,
+        )
+        .await;
+        let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
+        assert_eq!(reply.get("backend"), Some(&Value::from("qnn")), "{run}: {reply:?}");
+        assert!(reply.get("answers").is_some(), "{run}: {reply:?}");
+        assert!(agent.terminate().success(), "{run}");
+    }
+    let calls = std::fs::read_to_string(&log).expect("the generator ran");
+    assert_eq!(calls.lines().count(), 1, "generated once, then loaded from the cache: {calls}");
+    assert!(
+        calls.contains(&format!(
+            "--backend {} --model /opt/qairt/lib/libQnnModelDlc.so --dlc_path {}",
+            lib.display(),
+            bundle.join("enc_128.dlc").display()
+        )),
+        "{calls}"
+    );
+    let cached: Vec<PathBuf> = std::fs::read_dir(state.join("qnn-context"))
+        .expect("the cache")
+        .flatten()
+        .map(|build| build.path().join("qcm6490/enc_128.bin"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(cached.len(), 1, "one binary, keyed by the runtime's build id and the configured SoC");
+    assert_eq!(
+        std::fs::read(&cached[0]).expect("cached"),
+        std::fs::read(bundle.join("enc_128.dlc")).expect("dlc"),
+        "the generator's output"
+    );
+}

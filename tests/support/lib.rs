@@ -102,12 +102,27 @@ pub fn json_str(s: &str) -> String {
     text(&Value::Str(s.to_owned()))
 }
 
+/// Removes what cargo tells a test process about its package: build scripts that track one of
+/// these (ring's tracks `CARGO_MANIFEST_DIR`) would otherwise be rebuilt by this nested build and
+/// again by the next `cargo test`, a minute each time on two cores.
+fn forget_test_package(cmd: &mut std::process::Command) {
+    const OF_THE_PACKAGE: [&str; 6] =
+        ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"];
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| OF_THE_PACKAGE.iter().any(|p| k.starts_with(p)) || k == "CARGO_RUSTC_CURRENT_DIR")
+        {
+            cmd.env_remove(k);
+        }
+    }
+}
+
 /// Builds a fake runtime cdylib of this workspace (`cargo build -p PACKAGE`, in the profile of
 /// the running test binary) and returns the shared library cargo reports for `target`.
 pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.args(["build", "-p", package, "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+    forget_test_package(&mut cmd);
     let exe = std::env::current_exe().expect("the test binary's path");
     if exe.components().any(|c| c.as_os_str() == "release") {
         cmd.arg("--release");
