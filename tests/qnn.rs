@@ -694,7 +694,7 @@ fn an_unrecovered_subsystem_restart_is_fatal() {
 fn an_incompatible_context_binary_is_fatal_with_the_regenerate_message() {
     for code in ["5004", "5005", "5008"] {
         in_child(
-            &format!("an_incompatible_context_binary_is_fatal_with_the_regenerate_message"),
+            "an_incompatible_context_binary_is_fatal_with_the_regenerate_message",
             &[("FAKE_QNN_CREATE_ERROR", code)],
             || {
                 let err = load_fake("bpe-small", &[(128, "min-max")], "").err().expect("the load fails");

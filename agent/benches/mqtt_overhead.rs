@@ -199,34 +199,33 @@ fn main() {
         let mut sent_at = None;
         let mut next = requests.iter();
         loop {
-            match eventloop.poll().await.expect("connection") {
-                Event::Incoming(packet @ (Packet::SubAck(_) | Packet::Publish(_))) => {
-                    if let Some(t) = sent_at.take() {
-                        let elapsed = Instant::now() - t;
-                        let mut stages = vec![f64::NAN; STAGES.len()];
-                        if let Packet::Publish(p) = &packet {
-                            let reply = Encoding::Json.decode(&p.payload, 16).expect("a JSON reply");
-                            assert!(reply.get("answers").is_some(), "not answered: {reply:?}");
-                            for (k, v) in STAGES.iter().zip(stages.iter_mut()) {
-                                if let Some(Value::Float(ms)) = reply.get("timing_ms").and_then(|t| t.get(k)) {
-                                    *v = *ms;
-                                }
+            if let Event::Incoming(packet @ (Packet::SubAck(_) | Packet::Publish(_))) =
+                eventloop.poll().await.expect("connection")
+            {
+                if let Some(t) = sent_at.take() {
+                    let elapsed = Instant::now() - t;
+                    let mut stages = vec![f64::NAN; STAGES.len()];
+                    if let Packet::Publish(p) = &packet {
+                        let reply = Encoding::Json.decode(&p.payload, 16).expect("a JSON reply");
+                        assert!(reply.get("answers").is_some(), "not answered: {reply:?}");
+                        for (k, v) in STAGES.iter().zip(stages.iter_mut()) {
+                            if let Some(Value::Float(ms)) = reply.get("timing_ms").and_then(|t| t.get(k)) {
+                                *v = *ms;
                             }
                         }
-                        measured.push((elapsed, stages));
                     }
-                    let Some(bytes) = next.next() else { break };
-                    let props = PublishProperties {
-                        response_topic: Some("laya/v1/bench-client/reply/b".into()),
-                        ..Default::default()
-                    };
-                    sent_at = Some(Instant::now());
-                    client
-                        .publish_with_properties("laya/v1/bench/ask", QoS::AtLeastOnce, false, bytes.clone(), props)
-                        .await
-                        .expect("publish");
+                    measured.push((elapsed, stages));
                 }
-                _ => {}
+                let Some(bytes) = next.next() else { break };
+                let props = PublishProperties {
+                    response_topic: Some("laya/v1/bench-client/reply/b".into()),
+                    ..Default::default()
+                };
+                sent_at = Some(Instant::now());
+                client
+                    .publish_with_properties("laya/v1/bench/ask", QoS::AtLeastOnce, false, bytes.clone(), props)
+                    .await
+                    .expect("publish");
             }
         }
         measured

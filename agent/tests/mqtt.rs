@@ -230,10 +230,10 @@ async fn a_broker_restart_under_load_loses_no_question() {
     let mut answered = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(90);
     while answered.len() < n && Instant::now() < deadline {
-        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
-            if let Some(id) = decode(&p).get("id").and_then(Value::as_str) {
-                answered.insert(id.to_owned());
-            }
+        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await
+            && let Some(id) = decode(&p).get("id").and_then(Value::as_str)
+        {
+            answered.insert(id.to_owned());
         }
     }
     let missing: Vec<usize> = (0..n).filter(|i| !answered.contains(&format!("q{i}"))).collect();

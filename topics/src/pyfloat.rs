@@ -147,6 +147,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::excessive_precision)] // the exact tie, spelled out
     fn repr_matches_python_for_the_documented_forms() {
         let cases = [
             (1e-7, "1e-07"),

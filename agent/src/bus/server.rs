@@ -313,7 +313,7 @@ pub async fn run(
     // The event loop's own task: poll, forward, reconnect with backoff and jitter.
     enum Net {
         Connected { session_present: bool },
-        Question(Publish),
+        Question(Box<Publish>),
         Closed,
     }
     let (net_tx, mut net_rx) = mpsc::channel::<Net>(1024);
@@ -332,7 +332,7 @@ pub async fn run(
                     }
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
-                    if net_tx.send(Net::Question(p)).await.is_err() {
+                    if net_tx.send(Net::Question(Box::new(p))).await.is_err() {
                         break;
                     }
                 }

@@ -16,12 +16,17 @@
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2: f32 = std::f32::consts::LN_2;
 const SQRT1_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+// The constants below keep numpy's own spelling (npy_math's loops), longer than an f32 holds.
 /// Cody-Waite split of -ln 2.
+#[allow(clippy::excessive_precision)]
 const CODY_WAITE_HIGH: f32 = -6.931_457_52e-1;
+#[allow(clippy::excessive_precision)]
 const CODY_WAITE_LOW: f32 = -1.428_606_77e-6;
 /// Adding and subtracting 1.5 * 2^23 rounds a float to the nearest integer (ties to even).
 const RINT_MAGIC: f32 = 12_582_912.0;
+#[allow(clippy::excessive_precision)]
 const EXP_XMAX: f32 = 88.722_839_355_468_75;
+#[allow(clippy::excessive_precision)]
 const EXP_XMIN: f32 = -103.972_084_045_410_156_25;
 
 #[allow(clippy::excessive_precision)]

@@ -338,9 +338,8 @@ unsafe extern "C" fn set_power_config(id: u32, configs: *const *const abi::Power
         return INVALID_ARGUMENT;
     }
     let mut i = 0;
-    loop {
-        // SAFETY: a NULL-terminated list of config pointers, as documented for setPowerConfig.
-        let Some(c) = (unsafe { (*configs.add(i)).as_ref() }) else { break };
+    // SAFETY: a NULL-terminated list of config pointers, as documented for setPowerConfig.
+    while let Some(c) = unsafe { (*configs.add(i)).as_ref() } {
         if c.option == abi::POWER_CONFIG_DCVS_V3 {
             // SAFETY: option DCVS_V3 names the dcvs_v3 arm.
             let d = unsafe { c.value.dcvs_v3 };
@@ -499,10 +498,10 @@ unsafe extern "C" fn graph_execute(
             std::thread::park();
         }
     }
-    if let Some(code) = knob("FAKE_QNN_EXECUTE_ERROR") {
-        if knob("FAKE_QNN_EXECUTE_ERROR_ON").is_none_or(|on| on == n) {
-            return code;
-        }
+    if let Some(code) = knob("FAKE_QNN_EXECUTE_ERROR")
+        && knob("FAKE_QNN_EXECUTE_ERROR_ON").is_none_or(|on| on == n)
+    {
+        return code;
     }
     if graph.is_null() || inputs.is_null() || outputs.is_null() || num_outputs != 1 {
         return INVALID_ARGUMENT;

@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn masked_positions_quantize_to_the_lowest_value_and_attended_ones_to_the_zero_point() {
         // The fixture masks: scale 100/65535, offset -65535 (float 0.0 is q = 65535).
-        let (scale, offset) = (0.0015259021893143654f32, -65535);
+        let (scale, offset) = (0.001_525_902_2_f32, -65535);
         assert_eq!(quantize_u16(masks::MASKED, scale, offset, HostFault::None), 0);
         assert_eq!(quantize_u16(0.0, scale, offset, HostFault::None), 65535);
         assert_eq!(quantize_u16(-100.0, scale, offset, HostFault::None), 0);
@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn quantization_round_trips_within_half_a_step() {
-        let (scale, offset) = (1.646630698814988e-05f32, -34940);
+        let (scale, offset) = (1.646_630_7e-5_f32, -34940);
         for x in [-0.5f32, -0.01, 0.0, 0.123, 0.49] {
             let y = dequantize_u16(quantize_u16(x, scale, offset, HostFault::None), scale, offset);
             assert!((x - y).abs() <= scale / 2.0 + 1e-9, "{x} -> {y}");
