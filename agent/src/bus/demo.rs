@@ -1,5 +1,5 @@
 //! `laya-edge serve --demo`: an in-process broker (rumqttd) on 127.0.0.1 so the whole service can
-//! be tried with nothing installed.
+//! be tried with nothing installed. One MQTT 5 listener: the agent and `laya-edge ask` speak 5.
 
 use std::net::TcpListener;
 
@@ -16,16 +16,6 @@ max_outgoing_packet_count = 200
 max_segment_size = 104857600
 max_segment_count = 10
 
-[v4.1]
-name = "demo-v4"
-listen = "127.0.0.1:{v4}"
-next_connection_delay_ms = 1
-[v4.1.connections]
-connection_timeout_ms = 60000
-max_payload_size = 2097152
-max_inflight_count = 100
-dynamic_filters = true
-
 [v5.1]
 name = "demo-v5"
 listen = "127.0.0.1:{port}"
@@ -35,8 +25,7 @@ connection_timeout_ms = 60000
 max_payload_size = 2097152
 max_inflight_count = 100
 dynamic_filters = true
-"#,
-        v4 = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+"#
     );
     let config: rumqttd::Config = toml::from_str(&text).map_err(|e| format!("demo broker config: {e}"))?;
     std::thread::Builder::new()
