@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use fake_build::build_fake_library;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::Policy;
 use laya_edge::prompt::{QType, Row};

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use fake_build::build_fake_library;
 use laya_edge::bundle::HostBundle;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
@@ -100,44 +101,6 @@ pub fn text(v: &Value) -> String {
 /// A string as a JSON string literal (quoted and escaped), for writing JSON files by hand.
 pub fn json_str(s: &str) -> String {
     text(&Value::Str(s.to_owned()))
-}
-
-/// Removes what cargo tells a test process about its package: build scripts that track one of
-/// these (ring's tracks `CARGO_MANIFEST_DIR`) would otherwise be rebuilt by this nested build and
-/// again by the next `cargo test`, a minute each time on two cores.
-fn forget_test_package(cmd: &mut std::process::Command) {
-    const OF_THE_PACKAGE: [&str; 6] =
-        ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"];
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(|k| OF_THE_PACKAGE.iter().any(|p| k.starts_with(p)) || k == "CARGO_RUSTC_CURRENT_DIR")
-        {
-            cmd.env_remove(k);
-        }
-    }
-}
-
-/// Builds a fake runtime cdylib of this workspace (`cargo build -p PACKAGE`, in the profile of
-/// the running test binary) and returns the shared library cargo reports for `target`.
-pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = std::process::Command::new(cargo);
-    cmd.args(["build", "-p", package, "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-    forget_test_package(&mut cmd);
-    let exe = std::env::current_exe().expect("the test binary's path");
-    if exe.components().any(|c| c.as_os_str() == "release") {
-        cmd.arg("--release");
-    }
-    let out = cmd.stderr(std::process::Stdio::inherit()).output().expect("cargo runs");
-    assert!(out.status.success(), "cargo build -p {package} failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| json::parse(l.as_bytes(), ParseOptions::default()).ok())
-        .filter(|m| m.get("reason").and_then(Value::as_str) == Some("compiler-artifact"))
-        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(target))
-        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default())
-        .filter_map(|f| f.as_str().map(PathBuf::from))
-        .find(|p| p.extension().is_some_and(|e| e == "so" || e == "dylib"))
-        .unwrap_or_else(|| panic!("cargo reports no library for {target}"))
 }
 
 /// The fake runtime library of `package` (see [`build_fake_library`]), built at most once per
