@@ -145,6 +145,9 @@ pub struct Engine {
     pub retry_primary_s: u64,
     /// Extra time the first call after a worker start may take (model load, graph finalize).
     pub load_allowance_ms: u64,
+    /// How long a worker may take to load its backend before it is killed and restarted
+    /// (generating QNN context binaries from DLCs on first start takes ~33 s a graph).
+    pub startup_timeout_s: u64,
     /// Tensor-math threads for the CPU backend (0: all cores).
     pub threads: usize,
     /// Faults for the `null` backend (testing only), e.g. `hang@3`.
@@ -161,6 +164,7 @@ impl Default for Engine {
             restart_window_s: 300,
             retry_primary_s: 300,
             load_allowance_ms: 60_000,
+            startup_timeout_s: 120,
             threads: 0,
             null_faults: String::new(),
         }

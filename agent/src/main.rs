@@ -218,7 +218,9 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
         });
     }
     // systemd's StateDirectory= (the unit's /var/lib/laya-edge) unless configured.
-    config.state_dir = var("LAYA_QNN_STATE_DIR").or_else(|| var("STATE_DIRECTORY")).map(PathBuf::from);
+    let systemd_state = var("STATE_DIRECTORY")
+        .and_then(|v| v.to_str().and_then(|v| v.split(':').next()).filter(|v| !v.is_empty()).map(PathBuf::from));
+    config.state_dir = var("LAYA_QNN_STATE_DIR").map(PathBuf::from).or(systemd_state);
     if let Some(soc) = var("LAYA_QNN_SOC") {
         config.soc = soc.to_string_lossy().into_owned();
     }
@@ -364,6 +366,7 @@ fn policy(config: &Config, has_fallback: bool) -> Policy {
     Policy {
         fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
         load_allowance: Duration::from_millis(e.load_allowance_ms),
+        startup_timeout: Duration::from_secs(e.startup_timeout_s.max(1)),
         max_restarts: e.max_restarts,
         restart_window: Duration::from_secs(e.restart_window_s),
         fallback: has_fallback,
@@ -398,7 +401,8 @@ async fn serve(
 ) -> Result<(), String> {
     let mut config = load_config(config_path.as_deref())?;
     if demo {
-        let port = bus::demo::start_broker()?;
+        // It waits (up to 2 s) for the broker to listen: not on the runtime's only thread.
+        let port = tokio::task::spawn_blocking(bus::demo::start_broker).await.map_err(|e| e.to_string())??;
         config.mqtt.broker = format!("mqtt://127.0.0.1:{port}");
         config.mqtt.device = "demo".into();
         config.model.dir = demo_model().display().to_string();

@@ -38,7 +38,8 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
             m.insert("state".into(), Value::from(s));
         }
         let body = enc.encode(&req);
-        assert_eq!(state.is_some(), body.len() > 2048, "request {i} is {} bytes", body.len());
+        let inline = laya_edge::bus::server::INLINE_TOKENIZE_BYTES;
+        assert_eq!(state.is_some(), body.len() > inline, "request {i} is {} bytes", body.len());
         c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/asker-rr/reply/{id}")), Some(b"corr-42"), enc).await;
         let p = c.next(Duration::from_secs(60)).await.expect("a reply");
         let props = p.properties.clone().expect("properties");
@@ -139,6 +140,33 @@ async fn telemetry_counts_answers_and_a_repeated_question_is_not_tokenized_again
     assert_eq!(memo(&seen[1], "misses"), memo(&seen[0], "misses"));
     assert_eq!(memo(&seen[1], "hits") - memo(&seen[0], "hits"), texts);
     assert_eq!(memo(&seen[1], "entries"), memo(&seen[1], "misses"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_slower_to_load_than_the_configured_startup_timeout_is_replaced() {
+    let broker = Broker::start("startup", "");
+    // The first worker takes 30 s to load; the ones after it load at once.
+    let marker = temp_dir("startup-once").join("loaded-slowly");
+    let _ = std::fs::remove_file(&marker);
+    let engine = format!(
+        "[engine]\nbackend = \"null\"\nstartup_timeout_s = 1\nnull_faults = \"load-sleep=30000,once={}\"\n",
+        marker.display()
+    );
+    let _agent = Agent::start(&broker, "dev-startup", &engine);
+    wait_online(broker.port, "dev-startup").await;
+    let mut watch = Client::connect(broker.port, "startup-watch").await;
+    watch.subscribe("laya/v1/dev-startup/telemetry").await;
+    let mut c = Client::connect(broker.port, "startup-asker").await;
+    c.subscribe("laya/v1/startup-asker/reply/#").await;
+    let reply_to = "laya/v1/startup-asker/reply/s1";
+    c.ask("laya/v1/dev-startup/ask", Encoding::Json.encode(&request("s1")), Some(reply_to), None, Encoding::Json).await;
+    // Well before the slow worker would have loaded.
+    let reply = decode(&c.next(Duration::from_secs(20)).await.expect("answered by the replacement worker"));
+    assert!(reply.get("answers").is_some(), "{reply:?}");
+    telemetry_where(&mut watch, "the restart counted", |v| {
+        v.get("restarts").and_then(|r| r.get("load_failed")).and_then(Value::as_i64) == Some(1)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -236,7 +236,7 @@ pub struct TokenMemo {
 pub struct Telemetry {
     pub device: String,
     pub uptime_s: u64,
-    /// Replies published (answers and error replies of admitted requests).
+    /// Answers published (error replies are counted in `refused`).
     pub answered: u64,
     /// Replies re-sent from the reply cache for redelivered requests.
     pub resent: u64,

@@ -42,9 +42,11 @@ pub enum ServeError {
     Topic(#[from] laya_topics::topic::TopicError),
 }
 
-/// Requests up to this size are tokenized on the runtime's thread (half a millisecond at most
-/// on this machine: ~450 tokens); larger ones in the blocking pool.
-const INLINE_TOKENIZE_BYTES: usize = 2048;
+/// JSON requests up to this size are tokenized on the runtime's thread (half a millisecond at
+/// most on this machine: ~450 tokens); larger ones in the blocking pool. CBOR is denser than the
+/// text it becomes (a 3-byte half float prints as up to 17 characters), so its limit is an
+/// eighth of this.
+pub const INLINE_TOKENIZE_BYTES: usize = 2048;
 
 /// Counters for telemetry.
 #[derive(Debug, Default)]
@@ -117,7 +119,11 @@ impl Shared {
             }
             Decision::Answer { request, reply_to, deadline } => {
                 let id = request.id.clone();
-                let inline = publish.payload.len() <= INLINE_TOKENIZE_BYTES;
+                let limit = match reply_to.encoding {
+                    Encoding::Json => INLINE_TOKENIZE_BYTES,
+                    Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
+                };
+                let inline = publish.payload.len() <= limit;
                 let payload = self.answer(request, &reply_to, deadline, received, inline).await;
                 if let (Some(id), Some(bytes)) = (id.as_ref(), payload.as_ref())
                     && let Ok(mut cache) = self.replies.lock()
@@ -144,7 +150,12 @@ impl Shared {
         let request = Arc::new(request);
         let req = request.clone();
         let prepare = move || prompt::prepare(&bundle.tokenizer, &req, limits_for(&req, bundle.config.limits));
-        let prepared = if inline { Ok(prepare()) } else { tokio::task::spawn_blocking(prepare).await };
+        // A panic must not lose the question: it gets an error reply like any other failure.
+        let prepared = if inline {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare)).map_err(|_| "it panicked".to_owned())
+        } else {
+            tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string())
+        };
         let prepared = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {

@@ -3,9 +3,9 @@
 //! without one, in tests and benchmarks.
 //!
 //! Faults are given as a spec, e.g. `sleep=200`, `hang@3`, `abort@2`, `exit@2`,
-//! `error=fatal@1`, `error=transient@1`, `error=input`, `load-fail`; several are joined with
-//! commas. `@N` applies the fault to the N-th call only (counting from 1 in this process), no
-//! `@` applies it to every call. `once=PATH` makes the faults apply in one process only: the
+//! `error=fatal@1`, `error=transient@1`, `error=input`, `load-fail`, `load-sleep=5000` (a slow
+//! load); several are joined with commas. `@N` applies the fault to the N-th call only (counting
+//! from 1 in this process), no `@` applies it to every call. `once=PATH` makes the faults apply in one process only: the
 //! first worker that loads creates PATH, later workers (after a restart) find it and run clean.
 
 use std::time::Duration;
@@ -28,6 +28,8 @@ pub enum Fault {
     Error(BackendError),
     /// Fail to load.
     LoadFail,
+    /// Take this long to load.
+    LoadSleep(Duration),
     /// Apply the other faults only if this marker file does not exist yet (then create it).
     Once(std::path::PathBuf),
 }
@@ -50,6 +52,9 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
         let fault = match what.split_once('=') {
             Some(("sleep", ms)) => {
                 Fault::Sleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad sleep in {part:?}"))?))
+            }
+            Some(("load-sleep", ms)) => {
+                Fault::LoadSleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad load-sleep in {part:?}"))?))
             }
             Some(("error", "fatal")) => {
                 Fault::Error(BackendError::Fatal { code: Some(-1), message: "injected fatal error".into() })
@@ -90,6 +95,11 @@ impl NullBackend {
         if faults.iter().any(|f| f.fault == Fault::LoadFail) {
             return Err("injected load failure".into());
         }
+        for f in &faults {
+            if let Fault::LoadSleep(d) = f.fault {
+                std::thread::sleep(d);
+            }
+        }
         Ok(NullBackend { faults, calls: 0 })
     }
 
@@ -127,7 +137,7 @@ impl Backend for NullBackend {
                 Fault::Abort => std::process::abort(),
                 Fault::Exit => std::process::exit(3),
                 Fault::Error(e) => return Err(e.clone()),
-                Fault::LoadFail | Fault::Once(_) => {}
+                Fault::LoadFail | Fault::LoadSleep(_) | Fault::Once(_) => {}
             }
         }
         Ok(rows.iter().map(|r| Self::logits_for(r)).collect())
@@ -145,6 +155,9 @@ mod tests {
         assert_eq!(f[0], FaultRule { fault: Fault::Sleep(Duration::from_millis(20)), on_call: None });
         assert_eq!(f[1], FaultRule { fault: Fault::Hang, on_call: Some(3) });
         assert!(matches!(f[2].fault, Fault::Error(BackendError::Fatal { .. })));
+        let slow = parse_faults("load-sleep=1500").expect("load-sleep");
+        assert_eq!(slow, [FaultRule { fault: Fault::LoadSleep(Duration::from_millis(1500)), on_call: None }]);
+        assert!(parse_faults("load-sleep=soon").is_err());
         assert!(parse_faults("explode").is_err());
         assert!(parse_faults("hang@x").is_err());
     }

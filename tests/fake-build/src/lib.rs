@@ -2,7 +2,7 @@
 //! integration tests (`agent/tests`) and laya-edge-tests both call [`build_fake_library`], so
 //! the nested cargo run is set up in one place.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
@@ -28,8 +28,9 @@ pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
     let mut cmd = std::process::Command::new(cargo);
     cmd.args(["build", "-p", package, "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
     forget_test_package(&mut cmd);
+    // The test binary is target/<profile dir>/deps/<name>: build the library beside it.
     let exe = std::env::current_exe().expect("the test binary's path");
-    if exe.components().any(|c| c.as_os_str() == "release") {
+    if exe.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|d| d == "release") {
         cmd.arg("--release");
     }
     let out = cmd.stderr(std::process::Stdio::inherit()).output().expect("cargo runs");
