@@ -19,17 +19,12 @@ use super::runtime::{Runtime, RuntimeInfo};
 use super::session::{INPUTS, OUTPUT, Session};
 use super::{QnnConfig, QnnError};
 
-/// A loaded graph with what the manifest says about it.
-struct Graph {
-    seq_len: usize,
-    session: Session,
-}
-
 /// The Laya encoder on the HTP, head on the host.
 pub struct QnnBackend {
     // Field order is drop order: sessions (contexts) before the runtime (device, backend, log).
-    graphs: Vec<Graph>,
-    /// Each graph's sequence length and calibration, for choosing one per row.
+    /// One per graph of the manifest, in its order.
+    sessions: Vec<Session>,
+    /// Each graph's sequence length and calibration (as `sessions`), for choosing one per row.
     shapes: Vec<(usize, Calibration)>,
     runtime: Runtime,
     model: CpuModel,
@@ -75,7 +70,7 @@ impl QnnBackend {
                 allowed: manifest.runtime_allowlist.clone(),
             });
         }
-        let mut graphs = Vec::new();
+        let mut sessions = Vec::new();
         let mut shapes = Vec::new();
         for spec in &manifest.graphs {
             let file = resolve_binary(&spec.file, &spec.raw, &bundle.dir, config, &runtime.info)?;
@@ -102,10 +97,10 @@ impl QnnBackend {
                 }
             }
             shapes.push((spec.seq_len, Calibration::parse(spec.calibration.as_deref())));
-            graphs.push(Graph { seq_len: spec.seq_len, session });
+            sessions.push(session);
         }
         Ok(QnnBackend {
-            graphs,
+            sessions,
             shapes,
             runtime,
             model,
@@ -122,12 +117,12 @@ impl QnnBackend {
 
     /// What each graph's context binary says about itself (read through libQnnSystem).
     pub fn binary_meta(&self) -> Vec<&binary::BinaryMeta> {
-        self.graphs.iter().map(|g| &g.session.meta).collect()
+        self.sessions.iter().map(|s| &s.meta).collect()
     }
 
     /// Whether executions are guarded by a QnnSignal timeout (not on the x86-64 simulator).
     pub fn has_execute_timeout(&self) -> bool {
-        self.graphs.iter().all(|g| g.session.has_timeout())
+        self.sessions.iter().all(Session::has_timeout)
     }
 
     /// Test-only: break a host step on purpose, to prove the comparisons against the CPU
@@ -139,7 +134,7 @@ impl QnnBackend {
 
     /// The graph a row of `len` tokens runs on.
     pub fn graph_for(&self, len: usize) -> Option<usize> {
-        self.choose(len).map(|i| self.graphs[i].seq_len)
+        self.choose(len).map(|i| self.shapes[i].0)
     }
 
     /// The index of the graph a row of `len` tokens runs on.
@@ -161,20 +156,19 @@ impl QnnBackend {
         let gi = self.choose(len).ok_or_else(|| {
             BackendError::Input(format!(
                 "a row of {len} tokens fits no graph of this bundle (lengths {:?}; min-max graphs stop at {})",
-                self.graphs.iter().map(|g| g.seq_len).collect::<Vec<_>>(),
+                self.shapes.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
                 host::MINMAX_MAX_TOKENS
             ))
         })?;
         let d = self.model.encoder.config.hidden_size;
-        let graph = &mut self.graphs[gi];
-        let l = graph.seq_len;
-        let s = &graph.session;
+        let l = self.shapes[gi].0;
+        let s = &mut self.sessions[gi];
         let encodings = [s.input(0).encoding, s.input(1).encoding, s.input(2).encoding];
         let mut inputs = host::prepare_inputs(&self.model.encoder, ids, self.pad_id, l, encodings, self.fault)
             .map_err(model_fatal)?;
         let out_meta = s.output().clone();
         let mut out = vec![0u8; out_meta.elements() * out_meta.encoding.bytes_per_element()];
-        if let Err(st) = graph.session.execute(&mut inputs, &mut out) {
+        if let Err(st) = s.execute(&mut inputs, &mut out) {
             let detail = self.runtime.error_message(st.0).map(|m| format!(" [{m}]")).unwrap_or_default();
             return Err(st.backend_error(&format!("graphExecute (L={l}){detail}")));
         }
