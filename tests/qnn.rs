@@ -37,27 +37,13 @@ use laya_edge::prompt::{self, Row};
 use laya_edge_tests::{bundle, cases, json_str, model_dir, read_json};
 use laya_topics::json::{Style, to_string};
 use laya_topics::{Request, Value};
+use test_kit::qnn_simulator;
 
 const CHILD: &str = "LAYA_QNN_TEST_CHILD";
 const FAKE_LIB: &str = "LAYA_QNN_TEST_FAKE_LIB";
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
-/// The simulator libraries, or `None` (and a loud message) when they are not installed.
-fn simulator() -> Option<PathBuf> {
-    let dir = std::env::var_os("LAYA_QNN_LIB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target").join("qnn-runtime"));
-    if dir.join("libQnnHtp.so").is_file() && dir.join("libQnnSystem.so").is_file() {
-        return Some(dir);
-    }
-    eprintln!(
-        "\n!!!!!!!!!! SKIPPED: no QNN HTP simulator libraries in {} (set LAYA_QNN_LIB_DIR or run tools/qnn/fetch-runtime.sh) !!!!!!!!!!\n",
-        dir.display()
-    );
-    None
 }
 
 /// One HTP runtime at a time in this process.
@@ -210,16 +196,7 @@ fn compare(ctx: &str, ours: &Value, cpu: &Value, key: &str, stats: &mut Stats) {
                 };
                 // The answer's decision (not an option that happens to be called "choice").
                 if k == "choice" && key.is_empty() {
-                    let mut p: Vec<f64> = b
-                        .get("probabilities")
-                        .and_then(Value::as_object)
-                        .map(|m| {
-                            m.values().filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None }).collect()
-                        })
-                        .unwrap_or_default();
-                    p.sort_by(|x, y| y.total_cmp(x));
-                    let clear = p.len() < 2 || p[0] - p[1] > 0.02;
-                    if clear {
+                    if test_kit::decision_margin(cpu).is_none_or(|m| m > 0.02) {
                         stats.decisions += 1;
                         if v != w {
                             stats.disagreements.push(format!(
@@ -305,7 +282,7 @@ const PROB_TOL: f64 = 0.01;
 /// probabilities within [`PROB_TOL`]. At L=256 only cases with a row longer than 128 tokens are
 /// used (the shorter ones are covered at 128).
 fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
     let limit = std::env::var("LAYA_QNN_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
     let mut failures = Vec::new();
@@ -356,7 +333,7 @@ fn simulator_answers_agree_with_the_cpu_backend_at_256_tokens_with_ufixed16_io()
 
 #[test]
 fn wrong_masks_make_the_simulator_comparison_fail() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
     for flavour in ["f32io", "u16io"] {
         let mut qnn = load_fixture("bpe-t5", 128, flavour, &libs);
@@ -371,7 +348,7 @@ fn wrong_masks_make_the_simulator_comparison_fail() {
 
 #[test]
 fn a_flipped_quantization_offset_makes_the_simulator_comparison_fail() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
     let mut qnn = load_fixture("bpe-t5", 128, "u16io", &libs);
     qnn.set_host_fault(HostFault::FlippedOffset);
@@ -422,7 +399,7 @@ fn pearson(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn hidden_states_of_the_reference_rows_match_the_simulator_reference_outputs() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
     for model in ["bpe-t5", "wp-t4", "bpe-small"] {
         for l in [128, 256] {
@@ -492,7 +469,7 @@ fn hidden_states_of_the_reference_rows_match_the_simulator_reference_outputs() {
 
 #[test]
 fn the_binary_metadata_read_through_libqnnsystem_matches_the_fixture_descriptions() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
     for flavour in ["f32io", "u16io"] {
         let qnn = load_fixture("wp-t4", 128, flavour, &libs);
@@ -815,7 +792,7 @@ fn a_refused_burst_vote_gives_its_config_id_back_and_serves_at_default_clocks() 
 
 #[test]
 fn the_simulator_answers_the_same_with_a_burst_vote() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
     let dir = fixture_bundle("bpe-small", 128, "u16io");
     let b = HostBundle::load(&dir).unwrap();

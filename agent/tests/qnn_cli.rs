@@ -17,32 +17,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use fake_build::build_fake_library;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::{Policy, RestartReason};
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
+use test_kit::{build_fake_library, qnn_simulator};
 
 const QNN: Closeness = Closeness { tol: 0.1, clear_gap: 0.02, skip: &[] };
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn simulator() -> Option<PathBuf> {
-    let dir = std::env::var_os("LAYA_QNN_LIB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target").join("qnn-runtime"));
-    if dir.join("libQnnHtp.so").is_file() && dir.join("libQnnSystem.so").is_file() {
-        return Some(dir);
-    }
-    eprintln!(
-        "\n!!!!!!!!!! SKIPPED: no QNN HTP simulator libraries in {} (set LAYA_QNN_LIB_DIR or run tools/qnn/fetch-runtime.sh) !!!!!!!!!!\n",
-        dir.display()
-    );
-    None
 }
 
 /// The checkpoint the fixture binaries of `model` were built from.
@@ -73,7 +59,7 @@ fn bundle_dir(name: &str, model: &str) -> PathBuf {
 
 #[test]
 fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let bundle = bundle_dir("predict", "bpe-t5");
     let input = fixture_requests("bpe-t5", 12, 256);
     let (core, system) = (libs.join("libQnnHtp.so"), libs.join("libQnnSystem.so"));
@@ -90,7 +76,7 @@ fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
-    let Some(libs) = simulator() else { return };
+    let Some(libs) = qnn_simulator() else { return };
     let bundle = bundle_dir("serve", "bpe-t5");
     let broker = Broker::start("qnn-serve", "");
     let dir = temp_dir("qnn-serve");

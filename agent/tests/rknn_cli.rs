@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use fake_build::build_fake_library;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::Policy;
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
+use test_kit::build_fake_library;
 
 fn fake_library() -> PathBuf {
     build_fake_library("fake-rknn", "fake_rknn")

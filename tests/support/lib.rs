@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use fake_build::build_fake_library;
 use laya_edge::bundle::HostBundle;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
+pub use test_kit::build_fake_library;
 
 /// `tests/fixtures/laya-0.3.20`.
 pub fn fixtures_dir() -> PathBuf {

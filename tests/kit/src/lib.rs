@@ -1,6 +1,6 @@
-//! Builds a fake vendor runtime of this workspace for the tests that load it: the agent's
-//! integration tests (`agent/tests`) and laya-edge-tests both call [`build_fake_library`], so
-//! the nested cargo run is set up in one place.
+//! Test helpers shared by the agent's integration tests (`agent/tests`) and laya-edge-tests
+//! (`tests/`) that need nothing of laya-edge itself: the vendor runtimes the tests load (a fake
+//! one built from this workspace, Qualcomm's HTP simulator when fetched) and reading answers.
 
 use std::path::{Path, PathBuf};
 
@@ -44,4 +44,33 @@ pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
         .filter_map(|f| f.as_str().map(PathBuf::from))
         .find(|p| p.extension().is_some_and(|e| e == "so" || e == "dylib"))
         .unwrap_or_else(|| panic!("cargo reports no library for {target}"))
+}
+
+/// Qualcomm's x86-64 HTP simulator libraries (`LAYA_QNN_LIB_DIR`, else what
+/// tools/qnn/fetch-runtime.sh put in `target/qnn-runtime`), or `None` and a loud message.
+pub fn qnn_simulator() -> Option<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::env::var_os("LAYA_QNN_LIB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target").join("qnn-runtime"));
+    if dir.join("libQnnHtp.so").is_file() && dir.join("libQnnSystem.so").is_file() {
+        return Some(dir);
+    }
+    eprintln!(
+        "\n!!!!!!!!!! SKIPPED: no QNN HTP simulator libraries in {} (set LAYA_QNN_LIB_DIR or run tools/qnn/fetch-runtime.sh) !!!!!!!!!!\n",
+        dir.display()
+    );
+    None
+}
+
+/// How far apart an answer's two most probable options are (`None` with fewer than two): a
+/// decision closer than a backend's precision may flip between backends.
+pub fn decision_margin(answer: &Value) -> Option<f64> {
+    let mut p: Vec<f64> = answer
+        .get("probabilities")
+        .and_then(Value::as_object)
+        .map(|m| m.values().filter_map(|x| if let Value::Float(f) = x { Some(*f) } else { None }).collect())
+        .unwrap_or_default();
+    p.sort_by(|a, b| b.total_cmp(a));
+    (p.len() >= 2).then(|| p[0] - p[1])
 }
