@@ -197,9 +197,10 @@ fn load_qnn(_: &Path) -> Result<Box<dyn Backend>, String> {
 fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
     use laya_edge::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
-    // The libraries come from the agent's config through the worker's environment.
-    let lib = |var: &str| {
-        std::env::var(var).map_err(|_| format!("the qnn backend needs {var} (qnn.backend_lib / qnn.system_lib)"))
+    // The [qnn] settings come from the agent's config through the worker's environment.
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let lib = |name: &str| {
+        var(name).ok_or_else(|| format!("the qnn backend needs {name} (qnn.backend_lib / qnn.system_lib)"))
     };
     let mut config = QnnConfig::new(lib("LAYA_QNN_BACKEND_LIB")?, lib("LAYA_QNN_SYSTEM_LIB")?);
     // ADSP_LIBRARY_PATH, if configured, is already in this process's environment (worker_spec).
@@ -208,7 +209,6 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
         Ok("" | "default") | Err(_) => Performance::Default,
         Ok(other) => return Err(format!("qnn.performance {other:?}: use default or burst")),
     };
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(program) = var("LAYA_QNN_GENERATOR") {
         let model_lib = var("LAYA_QNN_MODEL_LIB").ok_or("qnn.generator needs qnn.model_lib (libQnnModelDlc.so)")?;
         config.generator = Some(GeneratorConfig {
