@@ -79,21 +79,14 @@ async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
     let Some(libs) = qnn_simulator() else { return };
     let bundle = bundle_dir("serve", "bpe-t5");
     let broker = Broker::start("qnn-serve", "");
-    let dir = temp_dir("qnn-serve");
-    let config = dir.join("laya-edge.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[mqtt]\nbroker = \"{}\"\ndevice = \"qcs1\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n\
-             [qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\nperformance = \"burst\"\n",
-            broker.url(),
-            bundle.display(),
-            libs.join("libQnnHtp.so").display(),
-            libs.join("libQnnSystem.so").display()
-        ),
-    )
-    .expect("config");
-    let _agent = Agent::with_config(config, Vec::new());
+    let settings = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n\
+         [qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\nperformance = \"burst\"\n",
+        bundle.display(),
+        libs.join("libQnnHtp.so").display(),
+        libs.join("libQnnSystem.so").display()
+    );
+    let _agent = Agent::start(&broker, "qcs1", &settings);
     wait_online(broker.port, "qcs1").await;
     let mut c = Client::connect(broker.port, "qcs-asker").await;
     c.subscribe("laya/v1/qcs-asker/reply/#").await;
@@ -211,25 +204,22 @@ async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_a
     std::fs::set_permissions(&generator, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let state = dir.join("state");
     let broker = Broker::start("qnn-dlc", "");
-    let config = dir.join("laya-edge.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[mqtt]\nbroker = \"{}\"\ndevice = \"qcs-dlc\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n\
-             [qnn]\nbackend_lib = \"{lib}\"\nsystem_lib = \"{lib}\"\ngenerator = \"{}\"\n\
-             model_lib = \"/opt/qairt/lib/libQnnModelDlc.so\"\nstate_dir = \"{}\"\nsoc = \"qcm6490\"\n",
-            broker.url(),
-            bundle.display(),
-            generator.display(),
-            state.display(),
-            lib = lib.display(),
-        ),
-    )
-    .expect("config");
+    let settings = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n\
+         [qnn]\nbackend_lib = \"{lib}\"\nsystem_lib = \"{lib}\"\ngenerator = \"{}\"\n\
+         model_lib = \"/opt/qairt/lib/libQnnModelDlc.so\"\nstate_dir = \"{}\"\nsoc = \"qcm6490\"\n",
+        bundle.display(),
+        generator.display(),
+        state.display(),
+        lib = lib.display(),
+    );
     let mut c = Client::connect(broker.port, "dlc-asker").await;
     c.subscribe("laya/v1/dlc-asker/reply/#").await;
+    let mut agent = Agent::start(&broker, "qcs-dlc", &settings);
     for run in ["generated", "cached"] {
-        let mut agent = Agent::with_config(config.clone(), Vec::new());
+        if run == "cached" {
+            agent.launch();
+        }
         wait_online(broker.port, "qcs-dlc").await;
         c.ask(
             "laya/v1/qcs-dlc/ask",

@@ -73,20 +73,12 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
     let lib = fake_library();
     let bundle = bundle_dir("serve", "bpe-small");
     let broker = Broker::start("rknn-serve", "");
-    let dir = std::env::temp_dir().join(format!("laya-rknn-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let config = dir.join("laya-edge.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[mqtt]\nbroker = \"{}\"\ndevice = \"rk1\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"rknn\"\n[rknn]\nlibrary = \"{}\"\n",
-            broker.url(),
-            bundle.display(),
-            lib.display()
-        ),
-    )
-    .expect("config");
-    let _agent = Agent::with_config(config, Vec::new());
+    let settings = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"rknn\"\n[rknn]\nlibrary = \"{}\"\n",
+        bundle.display(),
+        lib.display()
+    );
+    let _agent = Agent::start(&broker, "rk1", &settings);
     wait_online(broker.port, "rk1").await;
     let mut c = Client::connect(broker.port, "rk-asker").await;
     c.subscribe("laya/v1/rk-asker/reply/#").await;
