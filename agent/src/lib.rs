@@ -8,6 +8,7 @@ pub mod config;
 pub mod decide;
 pub mod engine;
 pub mod lines;
+pub mod logging;
 pub mod model;
 pub mod npu;
 pub mod pipeline;

@@ -179,7 +179,7 @@ fn load_rknn(model: &Path) -> Result<Box<dyn Backend>, String> {
     }
     let backend = RknnBackend::load(&graphs, &config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?;
     let v = backend.versions();
-    eprintln!("laya-edge worker: rknn runtime {v:?}");
+    tracing::info!(versions = ?v, "rknn runtime loaded");
     Ok(Box::new(backend))
 }
 
@@ -226,16 +226,16 @@ fn load_qnn(model: &Path) -> Result<Box<dyn Backend>, String> {
     }
     let backend = QnnBackend::load(&bundle, &config).map_err(|e| e.to_string())?;
     let info = backend.runtime_info();
-    eprintln!(
-        "laya-edge worker: QNN runtime {} ({}), device object: {}, QnnSignal execute timeout: {} (else the watchdog's deadline), power {:?}",
-        info.build_id,
-        info.provider,
-        if info.device { "yes" } else { "no (default device)" },
-        if backend.has_execute_timeout() { "yes" } else { "not supported" },
-        info.power
+    tracing::info!(
+        build_id = %info.build_id,
+        provider = %info.provider,
+        device_object = if info.device { "yes" } else { "no (default device)" },
+        execute_timeout = if backend.has_execute_timeout() { "yes" } else { "not supported (the watchdog's deadline)" },
+        power = ?info.power,
+        "QNN runtime loaded"
     );
     if let PowerState::Unsupported(why) = &info.power {
-        eprintln!("laya-edge worker: the burst vote was not applied, running at default clocks: {why}");
+        tracing::warn!(%why, "the burst vote was not applied; running at default clocks");
     }
     Ok(Box::new(backend))
 }
@@ -446,7 +446,7 @@ async fn serve(
             if let Ok((host, port, _)) = bus::connection::parse_broker(&broker) {
                 let options = rumqttc::v5::MqttOptions::new("demo-watch", host, port);
                 if let Err(e) = bus::ask::wait_online(options, &target.schema, "demo", Duration::from_secs(120)).await {
-                    eprintln!("demo: the agent did not come online: {e}");
+                    tracing::error!(error = %e, "demo: the agent did not come online");
                     return;
                 }
             }
@@ -456,7 +456,7 @@ async fn serve(
                 let options = rumqttc::v5::MqttOptions::new(format!("demo-asker-{i}"), host, port);
                 match bus::ask::ask(options, &target, &request, Encoding::Json, Duration::from_secs(120)).await {
                     Ok(reply) => println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::PYTHON)),
-                    Err(e) => eprintln!("demo question {i}: {e}"),
+                    Err(e) => tracing::error!(question = i, error = %e, "demo question failed"),
                 }
             }
             println!("demo: answered the example questions; still serving (Ctrl-C to stop)");
@@ -516,6 +516,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    laya_edge::logging::init(None);
     let result = match cli.command {
         Command::Layout { model } => match HostBundle::load(&model) {
             Ok(bundle) => for_each_line(|line| lines::layout_line(&bundle, line)).map_err(|e| e.to_string()),
@@ -543,7 +544,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("laya-edge: {e}");
+            tracing::error!("{e}");
             ExitCode::FAILURE
         }
     }

@@ -33,7 +33,7 @@ dynamic_filters = true
         .spawn(move || {
             let mut broker = rumqttd::Broker::new(config);
             if let Err(e) = broker.start() {
-                eprintln!("laya-edge: demo broker stopped: {e}");
+                tracing::error!(error = %e, "demo broker stopped");
             }
         })
         .map_err(|e| format!("cannot start the demo broker: {e}"))?;

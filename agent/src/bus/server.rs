@@ -110,7 +110,7 @@ impl Shared {
         match decision {
             Decision::Drop { reason } => {
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                eprintln!("laya-edge: dropped a message on {}: {reason}", String::from_utf8_lossy(&publish.topic));
+                tracing::warn!(topic = %String::from_utf8_lossy(&publish.topic), %reason, "dropped a message");
             }
             Decision::Refuse { error, reply_to } => self.refuse(&reply_to, error).await,
             Decision::Resend { reply_to, payload } => {
@@ -353,7 +353,7 @@ pub async fn run(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    eprintln!("laya-edge: broker connection: {e}; retrying in {backoff:?}");
+                    tracing::warn!(error = %e, retry_in = ?backoff, "broker connection lost");
                     let jitter = Duration::from_millis(u64::from(std::process::id() ^ now_unix() as u32) % 250);
                     tokio::time::sleep(backoff + jitter).await;
                     backoff = (backoff * 2).min(max_backoff);
