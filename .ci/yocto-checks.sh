@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '== yocto: %s\n' "$*"; }
 
-# Fallback for standalone runs (.ci/run installs these up front): as root with apt-get, install
+# Fallback for standalone runs (tools/test.sh installs these up front): as root with apt-get, install
 # the packages, running apt-get update at most once per run. Returns non-zero if it could not.
 apt_updated=
 apt_install() {  # apt_install PACKAGE...

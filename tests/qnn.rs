@@ -4,7 +4,8 @@
 //!
 //! Simulator tests need the vendor libraries: `LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`
 //! (what `tools/qnn/fetch-runtime.sh` fills). Without either they are skipped with a loud
-//! message; CI always provides them. They run one at a time (one HTP runtime per process).
+//! message, and fail under CI (`CI=true`; tools/test.sh fetches them). They run one at a time (one
+//! HTP runtime per process).
 //!
 //! **Tolerances.** The host path is checked exactly: hidden states for the `refs/` rows equal the
 //! simulator's own reference outputs bit for bit, and through the fake runtime (CPU encoder) the
@@ -275,12 +276,16 @@ fn load_fixture(model: &str, l: usize, flavour: &str, libs: &Path) -> QnnBackend
     QnnBackend::load(&b, &QnnConfig::from_lib_dir(libs)).unwrap_or_else(|e| panic!("{model} L{l} {flavour}: {e}"))
 }
 
-/// The probability tolerance of the simulator comparisons (see the report in `simulator_agrees_with_cpu`).
-const PROB_TOL: f64 = 0.01;
+/// The per-probability tolerance the issue asked for (#7). The committed binaries do not meet it
+/// (single probabilities near 0.5 differ by up to 0.07, see the module doc), so its verdict is only
+/// printed; what is asserted is [`Stats::check_quantized`].
+const STRICT_PROB_TOL: f64 = 0.01;
 
-/// Every model at one length and I/O flavour: the same decisions as the CPU backend and
-/// probabilities within [`PROB_TOL`]. At L=256 only cases with a row longer than 128 tokens are
-/// used (the shorter ones are covered at 128).
+/// Every model at one length and I/O flavour, asserted by [`Stats::check_quantized`]: every clear
+/// decision the CPU backend's, the mean probability difference within [`SIM_MEAN_TOL`] and every
+/// probability within [`SIM_MAX_TOL`]; at least 3 questions and 3 clear decisions compared per
+/// model. The strict rule ([`STRICT_PROB_TOL`]) is printed, not asserted. At L=256 only cases with
+/// a row longer than 128 tokens are used (the shorter ones are covered at 128).
 fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
     let Some(libs) = qnn_simulator() else { return };
     let _one = one_at_a_time();
@@ -301,8 +306,8 @@ fn simulator_agrees_with_cpu(l: usize, flavour: &str) {
         );
         assert!(stats.questions >= 3, "{model} L{l} {flavour}: only {} questions compared", stats.questions);
         assert!(stats.decisions >= 3, "{model} L{l} {flavour}: only {} clear decisions compared", stats.decisions);
-        if let Err(e) = stats.check(PROB_TOL) {
-            eprintln!("  (strict rule of the issue: {e})");
+        if let Err(e) = stats.check(STRICT_PROB_TOL) {
+            eprintln!("  (strict rule of issue #7, not asserted: {e})");
         }
         if let Err(e) = stats.check_quantized() {
             failures.push(format!("{model} L{l} {flavour}: {e}"));

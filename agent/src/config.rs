@@ -286,15 +286,39 @@ mod tests {
         assert_eq!(c.limits.questions_per_request, 64);
     }
 
+    /// The keys the schema accepts in `section` (`""`: the sections), from serde's refusal of an
+    /// unknown one ("unknown field `x`, expected one of `a`, `b`, ...").
+    fn schema_keys(section: &str) -> Vec<String> {
+        let probe =
+            if section.is_empty() { "no_such_key = 0".to_owned() } else { format!("[{section}]\nno_such_key = 0") };
+        let err = toml::from_str::<Config>(&probe).expect_err("an unknown key is refused").to_string();
+        let expected = err.split("expected one of").nth(1).unwrap_or_else(|| panic!("no key list in: {err}"));
+        let keys: Vec<String> = expected.split('`').skip(1).step_by(2).map(str::to_owned).collect();
+        assert!(!keys.is_empty(), "no keys in: {err}");
+        keys
+    }
+
     #[test]
     fn the_example_config_is_valid_and_complete() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/laya-edge.example.toml");
         let c = Config::load(&path).unwrap();
-        assert_eq!(c.mqtt.fleet, "");
-        // The example spells out every key: it parses to the defaults apart from the model dir.
+        // Every section and every key of the schema is spelled out (a missing key would parse to
+        // its default and pass the comparison below unseen).
+        let example: toml::Table = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let sorted = |k: Vec<String>| k.into_iter().collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(sorted(example.keys().cloned().collect()), sorted(schema_keys("")), "the example's sections");
+        for (section, table) in &example {
+            let keys = table.as_table().expect("a table").keys().cloned().collect();
+            assert_eq!(sorted(keys), sorted(schema_keys(section)), "the example's [{section}] keys");
+        }
+        // And its values are the defaults, apart from the model dir.
         assert_eq!(c.mqtt, Mqtt::default());
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.engine, Engine::default());
+        assert_eq!(c.rknn, Rknn::default());
+        // `performance = "default"` spells out what the empty default means.
+        assert_eq!(c.qnn.performance, "default");
+        assert_eq!(Qnn { performance: Qnn::default().performance, ..c.qnn.clone() }, Qnn::default());
     }
 
     #[test]

@@ -193,20 +193,39 @@ async fn a_shared_subscription_spreads_a_fleets_questions_over_three_agents() {
         )
         .await;
     }
-    let mut answered: HashMap<String, String> = HashMap::new();
+    // Every reply, duplicates included: agents subscribed without `$share` would each answer
+    // every question.
+    let mut replies: Vec<(String, String)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while answered.len() < n && Instant::now() < deadline {
+    let distinct = |r: &[(String, String)]| r.iter().map(|(id, _)| id.clone()).collect::<HashSet<_>>().len();
+    while distinct(&replies) < n && Instant::now() < deadline {
         if let Some(p) = c.next(Duration::from_secs(2)).await {
-            let v = decode(&p);
-            let id = v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
-            let device = v.get("device").and_then(Value::as_str).unwrap_or_default().to_owned();
-            answered.insert(id, device);
+            replies.push(reply_id_and_device(&p));
         }
     }
-    assert_eq!(answered.len(), n, "every fleet question answered");
-    let devices: HashSet<&String> = answered.values().collect();
+    // Then keep listening: a second answer to any question may still be on its way.
+    while let Some(p) = c.next(Duration::from_secs(2)).await {
+        replies.push(reply_id_and_device(&p));
+    }
+    let mut per_id: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, device) in &replies {
+        per_id.entry(id).or_default().push(device);
+    }
+    let twice: Vec<_> = per_id.iter().filter(|(_, d)| d.len() > 1).collect();
+    assert!(twice.is_empty(), "questions answered more than once: {twice:?}");
+    let missing: Vec<String> = (0..n).map(|i| format!("f{i}")).filter(|id| !per_id.contains_key(id.as_str())).collect();
+    assert!(missing.is_empty(), "unanswered fleet questions: {missing:?}");
+    assert_eq!(replies.len(), n, "exactly one reply per question: {replies:?}");
+    let devices: HashSet<&str> = replies.iter().map(|(_, d)| d.as_str()).collect();
     assert_eq!(devices.len(), 3, "the load is spread over all three agents: {devices:?}");
     drop(agents);
+}
+
+/// A reply's `id` and `device`.
+fn reply_id_and_device(p: &Publish) -> (String, String) {
+    let v = decode(p);
+    let field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    (field("id"), field("device"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -708,4 +727,278 @@ async fn under_the_units_settings_the_agent_notifies_ready_and_pings_within_watc
     }
     // Notifications come from the main process (NotifyAccess=main): the process we started.
     assert!(agent.child.is_some() && main_pid > 0);
+}
+
+/// Watches `{prefix}/{device}/status` on the broker's plain port for `within` and returns the
+/// `state` of every status seen (retained or live).
+async fn states_seen(port: u16, prefix: &str, device: &str, within: Duration) -> Vec<String> {
+    let mut c = Client::connect(port, &format!("states-{device}-{}", free_port())).await;
+    c.subscribe(&format!("{prefix}/{device}/status")).await;
+    let mut states = Vec::new();
+    let deadline = Instant::now() + within;
+    while let Some(p) = c.next(deadline.saturating_duration_since(Instant::now())).await {
+        states.push(decode(&p).get("state").and_then(Value::as_str).unwrap_or("?").to_owned());
+    }
+    states
+}
+
+/// Waits until `{prefix}/{device}/status` says online (for a prefix of the test's own).
+async fn wait_online_under(port: u16, prefix: &str, device: &str) {
+    let mut c = Client::connect(port, &format!("online-{device}-{}", free_port())).await;
+    c.subscribe(&format!("{prefix}/{device}/status")).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = c.next(deadline.saturating_duration_since(Instant::now())).await;
+        let p = p.unwrap_or_else(|| panic!("{device} never came online under {prefix}"));
+        if decode(&p).get("state") == Some(&Value::from("online")) {
+            return;
+        }
+    }
+}
+
+/// Writes an agent config of its own (no defaults from [`Agent::start`]) and starts the agent.
+fn agent_with_mqtt(device: &str, mqtt: &str) -> Agent {
+    let dir = temp_dir(device);
+    let config = dir.join("laya-edge.toml");
+    let text = format!(
+        "[mqtt]\ndevice = \"{device}\"\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{mqtt}[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+        model("bpe-small")
+    );
+    std::fs::write(&config, text).expect("config");
+    Agent::with_config(config, Vec::new())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_refused_with_the_wrong_ca_or_without_the_required_client_certificate_and_never_falls_back_to_plaintext()
+{
+    let certs = temp_dir("certs-refused");
+    make_certs(&certs);
+    // A second CA that signed nothing the broker presents.
+    let other = certs.join("other");
+    std::fs::create_dir_all(&other).expect("dir");
+    make_certs(&other);
+    let p = |f: &str| certs.join(f).display().to_string();
+    let (tls_port, mtls_port) = (free_port(), free_port());
+    let extra = format!(
+        "listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {crt}\nkeyfile {key}\nrequire_certificate false\n\
+         listener {mtls_port} 127.0.0.1\ncafile {ca}\ncertfile {crt}\nkeyfile {key}\nrequire_certificate true\n",
+        ca = p("ca.crt"),
+        crt = p("server.crt"),
+        key = p("server.key"),
+    );
+    let broker = Broker::start("tls-refused", &extra);
+    wait_for_port(tls_port);
+    wait_for_port(mtls_port);
+    let wrong_ca = format!("ca_file = \"{}\"\n", other.join("ca.crt").display());
+    let right_ca = format!("ca_file = \"{}\"\n", p("ca.crt"));
+    let cases = [
+        // The broker's certificate does not chain to the configured CA.
+        ("dev-wrong-ca", format!("broker = \"mqtts://127.0.0.1:{tls_port}\"\n{wrong_ca}")),
+        // The broker requires a client certificate and the agent has none.
+        ("dev-no-client-cert", format!("broker = \"mqtts://127.0.0.1:{mtls_port}\"\n{right_ca}")),
+        // mqtts:// pointed at a plaintext listener: a plaintext fallback would connect here.
+        ("dev-plain-listener", format!("broker = \"mqtts://127.0.0.1:{}\"\n{right_ca}", broker.port)),
+    ];
+    let agents: Vec<Agent> = cases.iter().map(|(device, mqtt)| agent_with_mqtt(device, mqtt)).collect();
+    for (device, _) in &cases {
+        // The agents retry every 100-500 ms; none of them may ever get through.
+        let states = states_seen(broker.port, "laya/v1", device, Duration::from_secs(5)).await;
+        assert!(states.is_empty(), "{device} reached the broker: {states:?}");
+    }
+    // The broker saw the refused handshakes (so the agents did try), and a control agent with the
+    // right CA and a client certificate connects to the same mutual-TLS listener.
+    let log = std::fs::read_to_string(broker.dir().join("mosquitto.log")).expect("broker log");
+    assert!(log.contains("OpenSSL Error") || log.contains("protocol error"), "{log}");
+    let client_auth = format!("client_cert = \"{}\"\nclient_key = \"{}\"\n", p("client.crt"), p("client.key"));
+    let _control = agent_with_mqtt(
+        "dev-tls-control",
+        &format!("broker = \"mqtts://127.0.0.1:{mtls_port}\"\n{right_ca}{client_auth}"),
+    );
+    wait_online(broker.port, "dev-tls-control").await;
+    drop(agents);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn username_and_password_file_log_in_and_a_wrong_password_is_refused() {
+    let dir = temp_dir("passwd");
+    let passwd = dir.join("mosquitto.passwd");
+    // A password with a space: the agent reads the whole file, only the trailing newline trimmed.
+    let password = "s3cret with spaces";
+    let out = Command::new("mosquitto_passwd")
+        .args(["-c", "-b"])
+        .arg(&passwd)
+        .args(["edge-agent", password])
+        .output()
+        .expect("mosquitto_passwd runs (apt-get install mosquitto)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let auth_port = free_port();
+    // Per listener: the plain one stays anonymous for the test clients, the other needs a login.
+    let extra = format!("listener {auth_port} 127.0.0.1\nallow_anonymous false\npassword_file {}\n", passwd.display());
+    let broker = Broker::start_with_head("passwd", "per_listener_settings true", &extra);
+    wait_for_port(auth_port);
+    let right = dir.join("right.txt");
+    std::fs::write(&right, format!("{password}\n")).expect("password file");
+    let wrong = dir.join("wrong.txt");
+    std::fs::write(&wrong, "s3cret\n").expect("password file");
+    let login = |file: &Path| {
+        format!(
+            "broker = \"mqtt://127.0.0.1:{auth_port}\"\nusername = \"edge-agent\"\npassword_file = \"{}\"\n",
+            file.display()
+        )
+    };
+    let _refused = agent_with_mqtt("dev-wrong-password", &login(&wrong));
+    let _anonymous = agent_with_mqtt("dev-anonymous", &format!("broker = \"mqtt://127.0.0.1:{auth_port}\"\n"));
+    let _agent = agent_with_mqtt("dev-password", &login(&right));
+    wait_online(broker.port, "dev-password").await;
+    for device in ["dev-wrong-password", "dev-anonymous"] {
+        let states = states_seen(broker.port, "laya/v1", device, Duration::from_secs(3)).await;
+        assert!(states.is_empty(), "{device} logged in: {states:?}");
+    }
+    // And the logged-in agent answers.
+    let mut c = Client::connect(broker.port, "passwd-asker").await;
+    c.subscribe("laya/v1/passwd-asker/reply/#").await;
+    let body = Encoding::Json.encode(&request("pw1"));
+    c.ask("laya/v1/dev-password/ask", body, Some("laya/v1/passwd-asker/reply/pw1"), None, Encoding::Json).await;
+    let reply = c.next(Duration::from_secs(30)).await.expect("a reply");
+    assert_eq!(decode(&reply).get("id"), Some(&Value::from("pw1")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
+    let broker = Broker::start("prefix", "");
+    let mqtt = format!(
+        "broker = \"{}\"\nprefix = \"acme/edge\"\nresponse_topics = [\"{{prefix}}/clients/+/inbox\"]\ntelemetry_interval_s = 1\n",
+        broker.url()
+    );
+    let _agent = agent_with_mqtt("dev-prefix", &mqtt);
+    let mut everything = Client::connect(broker.port, "prefix-everything").await;
+    everything.subscribe("laya/#").await;
+    wait_online_under(broker.port, "acme/edge", "dev-prefix").await;
+    let mut c = Client::connect(broker.port, "prefix-asker").await;
+    c.subscribe("acme/edge/#").await;
+    // A response topic outside the configured filter (the default filter's shape) gets nothing.
+    let default_shape = "acme/edge/prefix-asker/reply/p0";
+    c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p0")), Some(default_shape), None, Encoding::Json)
+        .await;
+    let inbox = "acme/edge/clients/c1/inbox";
+    c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p1")), Some(inbox), None, Encoding::Json).await;
+    // Under the old prefix the agent neither listens nor speaks.
+    c.ask("laya/v1/dev-prefix/ask", Encoding::Json.encode(&request("p2")), Some(inbox), None, Encoding::Json).await;
+    let (mut replies, mut telemetry, mut status) = (Vec::new(), 0, 0);
+    while let Some(p) = c.next(Duration::from_secs(3)).await {
+        match String::from_utf8_lossy(&p.topic).as_ref() {
+            "acme/edge/dev-prefix/ask" => {}
+            "acme/edge/dev-prefix/telemetry" => telemetry += 1,
+            "acme/edge/dev-prefix/status" => status += 1,
+            topic => {
+                replies.push((topic.to_owned(), decode(&p).get("id").and_then(Value::as_str).unwrap_or("?").to_owned()))
+            }
+        }
+    }
+    assert_eq!(replies, [(inbox.to_owned(), "p1".to_owned())], "one reply, on the allowed response topic");
+    assert!(telemetry >= 1 && status >= 1, "status and telemetry under acme/edge: {telemetry} {status}");
+    let mut stray = Vec::new();
+    while let Some(p) = everything.next(Duration::from_millis(100)).await {
+        stray.push(String::from_utf8_lossy(&p.topic).into_owned());
+    }
+    // Only the test's own question under laya/v1, nothing from the agent.
+    assert_eq!(stray, ["laya/v1/dev-prefix/ask"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_identical_redelivery_gets_the_remembered_reply_and_counts_as_resent() {
+    let broker = Broker::start("resend", "");
+    let _agent = Agent::start(&broker, "dev-resend", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-resend").await;
+    let mut watch = Client::connect(broker.port, "resend-watch").await;
+    watch.subscribe("laya/v1/dev-resend/telemetry").await;
+    let mut c = Client::connect(broker.port, "resend-asker").await;
+    c.subscribe("laya/v1/resend-asker/reply/#").await;
+    let body = Encoding::Json.encode(&request("same"));
+    let reply_to = "laya/v1/resend-asker/reply/same";
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        // The same bytes, id and response topic: what a broker's redelivery looks like.
+        c.ask("laya/v1/dev-resend/ask", body.clone(), Some(reply_to), Some(b"c-1"), Encoding::Json).await;
+        let p = c.next(Duration::from_secs(30)).await.expect("a reply");
+        assert_eq!(p.properties.as_ref().and_then(|x| x.correlation_data.as_deref()), Some(&b"c-1"[..]));
+        replies.push(p.payload.to_vec());
+    }
+    assert_eq!(replies[0], replies[1], "the remembered reply, byte for byte (timings included)");
+    let t = telemetry_where(&mut watch, "the resend counted", |v| counter(v, &["resent"]) == 1).await;
+    assert_eq!(counter(&t, &["answered"]), 1, "answered once, resent once: {t:?}");
+}
+
+/// An agent (null backend) with `NOTIFY_SOCKET` pointing at a datagram socket of the test's,
+/// `WATCHDOG_USEC` = 400 ms and `env` besides; returns it with the socket (reads time out after
+/// 1 s) once `READY=1` arrived.
+fn notifying_agent(broker: &Broker, device: &str, env: &[(&str, String)]) -> (Agent, std::os::unix::net::UnixDatagram) {
+    let dir = temp_dir(device);
+    let socket_path = dir.join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("bind");
+    socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"{device}\"\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n",
+            broker.url(),
+            model("bpe-small")
+        ),
+    )
+    .expect("config");
+    let mut vars = vec![
+        ("NOTIFY_SOCKET".to_owned(), socket_path.display().to_string()),
+        ("WATCHDOG_USEC".to_owned(), "400000".to_owned()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    let agent = Agent::with_config(config, vars);
+    let mut buf = [0u8; 512];
+    loop {
+        let n = socket.recv(&mut buf).expect("READY=1 within 30 s");
+        if buf[..n].starts_with(b"READY=1") {
+            break;
+        }
+    }
+    socket.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    (agent, socket)
+}
+
+/// The notifications that arrive on `socket` within `within`.
+fn notifications(socket: &std::os::unix::net::UnixDatagram, within: Duration) -> Vec<String> {
+    let (mut out, mut buf, deadline) = (Vec::new(), [0u8; 512], Instant::now() + within);
+    while Instant::now() < deadline {
+        if let Ok(n) = socket.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_watchdog_ping_is_sent_when_watchdog_pid_names_another_process() {
+    let broker = Broker::start("wdpid", "");
+    // systemd sets WATCHDOG_PID to the main pid; here it names this test process instead.
+    let (_agent, socket) = notifying_agent(&broker, "dev-wdpid", &[("WATCHDOG_PID", std::process::id().to_string())]);
+    let seen = notifications(&socket, Duration::from_secs(2));
+    // At 400 ms the agent would ping every 200 ms: ten chances.
+    assert!(!seen.iter().any(|m| m == "WATCHDOG=1"), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_pings_stop_while_the_agent_is_stopped_and_resume_after() {
+    let broker = Broker::start("wdstop", "");
+    let (agent, socket) = notifying_agent(&broker, "dev-wdstop", &[]);
+    let pings = |m: &[String]| m.iter().filter(|m| *m == "WATCHDOG=1").count();
+    assert!(pings(&notifications(&socket, Duration::from_secs(1))) >= 2, "pings every 200 ms while healthy");
+    let pid = agent.child.as_ref().expect("running").id().to_string();
+    let signal = |s: &str| assert!(Command::new("kill").args([s, &pid]).status().expect("kill").success());
+    signal("-STOP");
+    // What was sent before the stop took effect is drained first.
+    let _ = notifications(&socket, Duration::from_millis(300));
+    let stopped = notifications(&socket, Duration::from_secs(2));
+    signal("-CONT");
+    assert_eq!(pings(&stopped), 0, "a stopped agent sent {stopped:?}");
+    // systemd would have killed it after WatchdogSec; resumed, it pings again at once.
+    assert!(pings(&notifications(&socket, Duration::from_secs(2))) >= 2, "the pings resume");
 }

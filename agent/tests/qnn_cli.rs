@@ -7,8 +7,9 @@
 //! clear decision the CPU's, every probability within 0.1.
 //!
 //! Without the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`) those tests
-//! are skipped with a loud message; CI always provides them. What the simulator cannot do on
-//! demand (hang, fail) the watchdog test does with the fake runtime (tests/fake-qnn).
+//! are skipped with a loud message, and fail under CI (`CI=true`; tools/test.sh fetches them). What
+//! the simulator cannot do on demand (hang, fail) the watchdog test does with the fake runtime
+//! (tests/fake-qnn).
 
 mod common;
 

@@ -139,10 +139,22 @@ pub fn in_child(child_var: &str, lib_var: &str, lib: &Path, test: &str, env: &[(
         return;
     }
     let out = child_command(child_var, lib_var, lib, test, env).output().expect("the test binary runs");
+    assert_child_ran_one_test(&out, test);
+}
+
+/// Asserts that a child started by [`child_command`] ran exactly one test and it passed: a child
+/// whose `--exact` name matches nothing (a renamed test) runs 0 tests and exits 0, which would
+/// otherwise pass unseen.
+pub fn assert_child_ran_one_test(out: &std::process::Output, test: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let explain = || format!("child {test}:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "failed: {}", explain());
+    // libtest's summary: `test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; ...`.
+    let summary =
+        stdout.lines().find(|l| l.starts_with("test result: ")).unwrap_or_else(|| panic!("no summary: {}", explain()));
     assert!(
-        out.status.success(),
-        "child {test} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        summary.starts_with("test result: ok. 1 passed; 0 failed; 0 ignored;"),
+        "not exactly one test ran: {}",
+        explain()
     );
 }

@@ -40,23 +40,36 @@ pub struct Broker {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    /// Config lines before the first listener (`per_listener_settings true` must go there).
+    head: String,
 }
 
 impl Broker {
     pub fn start(name: &str, extra: &str) -> Broker {
+        Broker::start_with_head(name, "", extra)
+    }
+
+    /// A broker whose config starts with `head` (before the plain listener on `port`).
+    pub fn start_with_head(name: &str, head: &str, extra: &str) -> Broker {
         let dir = temp_dir(name);
         let port = free_port();
-        let mut b = Broker { child: None, port, dir };
+        let mut b = Broker { child: None, port, dir, head: head.to_owned() };
         b.write_conf(extra);
         b.launch();
         b
+    }
+
+    /// The broker's directory (its config, log and persistence files).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn write_conf(&self, extra: &str) {
         let conf = format!(
             // `user root`: when the tests run as root (CI), mosquitto would otherwise switch to its
             // own user and could not write the persistence files or read the test keys.
-            "user root\nlistener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{extra}\n",
+            "{}\nuser root\nlistener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{extra}\n",
+            self.head,
             self.port,
             self.dir.display()
         );

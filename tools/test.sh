@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The test suite on a fresh Debian machine (and what .ci/run runs): installs what the tests need,
+# then runs the Yocto layer checks and `cargo test --workspace --locked`.
+#
+#   tools/test.sh [extra cargo test arguments]
+#
+# Installs, only what is missing:
+#   - from apt: mosquitto (a real broker for the MQTT tests), openssl (test certificates),
+#     python3-venv (Debian's python3 keeps venv/ensurepip apart; .ci/yocto-checks.sh makes a
+#     venv), python3-pip (tools/qnn/fetch-runtime.sh downloads a wheel with pip) and systemd
+#     (systemd-analyze, for the unit checks). As root, or through sudo.
+#   - Qualcomm's x86-64 QNN HTP simulator (pinned, from PyPI's onnxruntime-qnn wheel; never
+#     committed) into target/qnn-runtime with tools/qnn/fetch-runtime.sh, exported as
+#     LAYA_QNN_LIB_DIR (a directory you set yourself is used as it is). Under CI (CI=true) the QNN
+#     tests fail without it instead of skipping.
+# Needs a Rust toolchain (rust-version in Cargo.toml) and network access to the package registries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+
+need=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v mosquitto_passwd >/dev/null 2>&1 || need+=(mosquitto)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+"$python" -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+"$python" -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        sudo=()
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo=(sudo)
+    else
+        echo "tools/test.sh: needs ${need[*]} from apt: run it as root or install them" >&2
+        exit 1
+    fi
+    echo "== installing ${need[*]}"
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if [ -z "${LAYA_QNN_LIB_DIR:-}" ]; then
+    LAYA_QNN_LIB_DIR="$(tools/qnn/fetch-runtime.sh)"
+fi
+export LAYA_QNN_LIB_DIR
+echo "== QNN simulator: $LAYA_QNN_LIB_DIR"
+
+# The Yocto layer: oelint-adv, crates.inc in sync with Cargo.lock, licences, kas, the systemd unit.
+bash .ci/yocto-checks.sh
+
+cargo test --workspace --locked "$@"
