@@ -17,8 +17,7 @@ fn request_of(case: &Case) -> Request {
 fn prepared_of(case: &Case) -> Vec<prompt::Prepared> {
     let b = bundle(&case.model);
     let request = request_of(case);
-    prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b))
-        .unwrap_or_else(|e| panic!("{}: {e}", case.id))
+    prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b)).unwrap_or_else(|e| panic!("{}: {e}", case.id))
 }
 
 /// laya's error record: `{"type": "ValueError", "message": ...}`.

@@ -34,7 +34,10 @@ fn a_budget_above_the_models_is_answered_as_at_the_models_own() {
         // Cases where laya, at the hostile budget, would have read more of the state.
         let full = laya_limits(&hostile, &b);
         let rows = laya_edge::prompt::prepare(&b.tokenizer, &hostile, full).unwrap();
-        if rows.iter().any(|p| p.outcome.as_ref().is_ok_and(|(_, r)| r.input_ids.len() as i64 > b.config.limits.max_len)) {
+        if rows
+            .iter()
+            .any(|p| p.outcome.as_ref().is_ok_and(|(_, r)| r.input_ids.len() as i64 > b.config.limits.max_len))
+        {
             cut += 1;
         }
     }

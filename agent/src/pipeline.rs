@@ -32,9 +32,7 @@ impl PipelineError {
         match self {
             PipelineError::TooManyTokens { .. } => ErrorCode::TooLarge,
             PipelineError::Backend(BackendError::Input(_)) => ErrorCode::BadRequest,
-            PipelineError::Tokenizer(_) | PipelineError::Backend(_) | PipelineError::Assemble(_) => {
-                ErrorCode::Internal
-            }
+            PipelineError::Tokenizer(_) | PipelineError::Backend(_) | PipelineError::Assemble(_) => ErrorCode::Internal,
         }
     }
 }

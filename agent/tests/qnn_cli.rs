@@ -259,8 +259,7 @@ async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_a
 }
 
 #[test]
-fn with_the_128_256_bundle_a_request_at_lavas_default_max_len_is_cut_to_256_and_a_question_that_cannot_fit_is_too_large_in_place()
- {
+fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too_large_in_place() {
     let Some(libs) = qnn_simulator() else { return };
     let bundle = bundle_dir("mixed", "bpe-t5");
     let labels: Vec<String> = (0..70).map(|i| format!("\"label {i}\"")).collect();

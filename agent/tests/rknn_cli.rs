@@ -174,5 +174,10 @@ fn a_question_with_more_options_than_marker_slots_is_too_large_in_place_and_the_
     let message = many.get("message").and_then(Value::as_str).unwrap_or("");
     assert!(message.contains("65 options") && message.contains("64 option slots"), "{message}");
     assert_eq!(rknn[0].get("usage").and_then(|u| u.get("input_tokens")), Some(&Value::int(512)), "one row of 512");
-    assert_answers_close(answers.get("ok").expect("ok"), cpu[0].get("answers").and_then(|a| a.get("ok")).expect("cpu ok"), &RKNN, "ok");
+    assert_answers_close(
+        answers.get("ok").expect("ok"),
+        cpu[0].get("answers").and_then(|a| a.get("ok")).expect("cpu ok"),
+        &RKNN,
+        "ok",
+    );
 }

@@ -128,10 +128,7 @@ mod tests {
     #[test]
     fn an_npu_bundle_budget_stops_at_its_longest_graph() {
         let declared = Limits { max_len: 512, head_max_len: 192 };
-        let shapes = vec![
-            RowShape { seq_len: 128, marker_slots: None },
-            RowShape { seq_len: 256, marker_slots: None },
-        ];
+        let shapes = vec![RowShape { seq_len: 128, marker_slots: None }, RowShape { seq_len: 256, marker_slots: None }];
         assert_eq!(Capacity::of_graphs(declared, shapes).limits, Limits { max_len: 256, head_max_len: 192 });
         let small = Limits { max_len: 96, head_max_len: 48 };
         assert_eq!(Capacity::of_graphs(small, vec![RowShape { seq_len: 512, marker_slots: Some(64) }]).limits, small);
@@ -147,7 +144,10 @@ mod tests {
         assert!(c.check("q", &row(20, 9)).is_ok(), "the long graph has the slots");
         let e = c.check("many", &row(30, 65)).unwrap_err();
         assert_eq!((e.kind, e.code()), (QuestionErrorKind::ExceedsBackend, "too_large"));
-        assert_eq!(e.message, "question 'many' has 65 options; this bundle's graphs have at most 64 option slots (marker_slots)");
+        assert_eq!(
+            e.message,
+            "question 'many' has 65 options; this bundle's graphs have at most 64 option slots (marker_slots)"
+        );
         let odd = Capacity::of_graphs(
             Limits::default(),
             vec![RowShape { seq_len: 512, marker_slots: Some(8) }, RowShape { seq_len: 128, marker_slots: Some(64) }],
