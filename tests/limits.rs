@@ -48,7 +48,7 @@ fn a_budget_above_the_models_is_answered_as_at_the_models_own() {
 #[test]
 fn a_max_len_bomb_is_laid_out_within_the_models_budget() {
     let b = bundle("bpe-t5");
-    let words: Vec<String> = (0..40_000).map(|i| format!("w{}", i % 977)).collect();
+    let words: Vec<String> = (0..44_000).map(|i| format!("w{}", i % 977)).collect();
     let state = words.join(" ");
     assert!(state.len() > 200_000);
     let request = Request {

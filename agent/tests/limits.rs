@@ -19,7 +19,7 @@ const PEAK_RSS_LIMIT_KIB: u64 = 300 * 1024;
 
 /// About 200 KB of words: tens of thousands of tokens.
 fn big_state() -> String {
-    let words: Vec<String> = (0..40_000).map(|i| format!("w{}", i % 977)).collect();
+    let words: Vec<String> = (0..44_000).map(|i| format!("w{}", i % 977)).collect();
     let s = words.join(" ");
     assert!(s.len() > 200_000 && s.len() < 240_000, "{}", s.len());
     s
