@@ -5,9 +5,8 @@ use std::collections::HashMap;
 
 use laya_edge::bundle::HostBundle;
 use laya_edge::decide::{self, RowOutput, answer::probabilities, numpy};
-use laya_edge::pipeline::limits_for;
 use laya_edge::prompt::{self, QuestionErrorKind};
-use laya_edge_tests::{Case, bundle, cases, f32s, fixtures_dir, ints, model_dir, read_json, text};
+use laya_edge_tests::{Case, bundle, cases, f32s, fixtures_dir, ints, laya_limits, model_dir, read_json, text};
 use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::{Request, Value, pyfloat};
 
@@ -18,8 +17,7 @@ fn request_of(case: &Case) -> Request {
 fn prepared_of(case: &Case) -> Vec<prompt::Prepared> {
     let b = bundle(&case.model);
     let request = request_of(case);
-    prompt::prepare(&b.tokenizer, &request, limits_for(&request, b.config.limits))
-        .unwrap_or_else(|e| panic!("{}: {e}", case.id))
+    prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b)).unwrap_or_else(|e| panic!("{}: {e}", case.id))
 }
 
 /// laya's error record: `{"type": "ValueError", "message": ...}`.
@@ -75,7 +73,7 @@ fn token_layout_is_identical_to_lavas_build_sequence() {
         for case in cases() {
             let b = &bundles[case.model.as_str()];
             let request = request_of(case);
-            let prepared = prompt::prepare(&b.tokenizer, &request, limits_for(&request, b.config.limits))
+            let prepared = prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b))
                 .unwrap_or_else(|e| panic!("{}: {e}", case.id));
             rows += check_layout(case, &prepared);
         }
@@ -289,7 +287,7 @@ fn a_cbor_request_lays_out_exactly_like_its_json_twin() {
         assert_eq!(text(&decoded), text(json_request), "{}", case.id);
         let b = bundle(&case.model);
         let request = Request::from_value(decoded).unwrap();
-        let from_cbor = prompt::prepare(&b.tokenizer, &request, limits_for(&request, b.config.limits)).unwrap();
+        let from_cbor = prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b)).unwrap();
         let from_json = prepared_of(case);
         assert_eq!(from_cbor.len(), from_json.len(), "{}", case.id);
         for (p, q) in from_cbor.iter().zip(from_json) {

@@ -14,7 +14,7 @@ use laya_topics::json::{self, ParseOptions};
 
 use crate::decide::{TemperatureError, Temperatures};
 use crate::prompt::tokenizer::SpecialTokenNames;
-use crate::prompt::{Limits, Tokenizer, TokenizerError};
+use crate::prompt::{Capacity, Limits, RowShape, Tokenizer, TokenizerError};
 
 /// The manifest file that marks an NPU bundle.
 pub const MANIFEST: &str = "laya-bundle.json";
@@ -107,6 +107,29 @@ impl AgentConfig {
     }
 }
 
+/// How a graph's activations were calibrated (the manifest's `calibration`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Calibration {
+    MinMax,
+    Sqnr,
+    Other,
+}
+
+impl Calibration {
+    pub fn parse(s: Option<&str>) -> Calibration {
+        match s.map(|s| s.to_ascii_lowercase().replace(['-', '_'], "")) {
+            Some(s) if s == "minmax" => Calibration::MinMax,
+            Some(s) if s == "sqnr" => Calibration::Sqnr,
+            _ => Calibration::Other,
+        }
+    }
+}
+
+/// Above this many tokens min-max calibration collapses the marker signal (every decision
+/// becomes 0.5 at 256 on the product model), so min-max graphs longer than this are not used
+/// unless the manifest says `allow_minmax_above_128`.
+pub const MINMAX_MAX_TOKENS: usize = 128;
+
 /// One compiled graph of an NPU bundle.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphSpec {
@@ -132,6 +155,8 @@ pub struct Manifest {
     pub graphs: Vec<GraphSpec>,
     /// Runtime versions the graphs are known to work with (empty: any).
     pub runtime_allowlist: Vec<String>,
+    /// Use min-max calibrated graphs above [`MINMAX_MAX_TOKENS`] anyway (test bundles).
+    pub allow_minmax_above_128: bool,
     /// The whole manifest, for backend-specific sections.
     pub raw: Value,
 }
@@ -171,7 +196,26 @@ impl Manifest {
             .iter()
             .filter_map(|v| v.as_str().map(str::to_owned))
             .collect();
-        Ok(Manifest { backend, checkpoint, graphs, runtime_allowlist, raw })
+        let allow_minmax_above_128 = matches!(raw.get("allow_minmax_above_128"), Some(Value::Bool(true)));
+        Ok(Manifest { backend, checkpoint, graphs, runtime_allowlist, allow_minmax_above_128, raw })
+    }
+
+    /// Whether graph `g` may run rows at all: a min-max graph longer than
+    /// [`MINMAX_MAX_TOKENS`] may not, unless the manifest allows it.
+    pub fn usable(&self, g: &GraphSpec) -> bool {
+        self.allow_minmax_above_128
+            || Calibration::parse(g.calibration.as_deref()) != Calibration::MinMax
+            || g.seq_len <= MINMAX_MAX_TOKENS
+    }
+
+    /// The rows the graphs can run: each usable graph's length and option slots (none where
+    /// the graph has no markers: the QNN head runs on the host).
+    pub fn row_shapes(&self) -> Vec<RowShape> {
+        self.graphs
+            .iter()
+            .filter(|g| self.usable(g))
+            .map(|g| RowShape { seq_len: g.seq_len, marker_slots: (g.marker_slots > 0).then_some(g.marker_slots) })
+            .collect()
     }
 }
 
@@ -201,6 +245,10 @@ pub struct HostBundle {
     pub checkpoint: Option<PathBuf>,
     /// The NPU manifest, for an NPU bundle.
     pub manifest: Option<Manifest>,
+    /// The most a request may ask: `config.limits`, for an NPU bundle cut to its longest usable
+    /// graph, and the row shapes its graphs run. Whatever backend answers (the CPU fallback
+    /// included), rows are laid out within it.
+    pub capacity: Capacity,
 }
 
 impl HostBundle {
@@ -211,6 +259,7 @@ impl HostBundle {
             let tokenizer = Tokenizer::load(&dir.join("tokenizer"))?;
             return Ok(HostBundle {
                 dir: dir.to_owned(),
+                capacity: Capacity::of_checkpoint(config.limits),
                 config,
                 tokenizer,
                 checkpoint: Some(dir.to_owned()),
@@ -255,6 +304,7 @@ impl HostBundle {
         let tokenizer = Tokenizer::load_file(&tokenizer_path, names.as_ref())?;
         Ok(HostBundle {
             dir: dir.to_owned(),
+            capacity: Capacity::of_graphs(config.limits, manifest.row_shapes()),
             config,
             tokenizer,
             checkpoint: manifest.checkpoint.clone(),
@@ -294,11 +344,44 @@ mod tests {
         assert_eq!((m.graphs[0].seq_len, m.graphs[0].marker_slots), (512, 64));
         assert_eq!(m.runtime_allowlist, ["2.3.2"]);
         assert_eq!(b.config.limits, Limits { max_len: 256, head_max_len: 192 });
+        assert_eq!(b.capacity.limits, b.config.limits, "the manifest's 256 is within the 512 graph");
+        assert_eq!(b.capacity.shapes, Some(vec![RowShape { seq_len: 512, marker_slots: Some(64) }]));
         assert_eq!(b.config.temperatures.for_question(QType::Choice, 3, None), 2.0);
         assert_eq!(b.config.temperatures.for_question(QType::Score, 3, None), 0.5);
         assert_eq!(b.tokenizer.mask.text, "[MASK]");
         assert_eq!(b.checkpoint.as_deref(), Some(ckpt.as_path()));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_npu_bundle_budget_is_at_most_its_longest_usable_graph() {
+        let dir = std::env::temp_dir().join(format!("laya-bundle-capacity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt = fixture("bpe-t5");
+        let write = |extra: &str| {
+            std::fs::write(
+                dir.join(MANIFEST),
+                format!(
+                    r#"{{"backend": "qnn", "checkpoint": {:?}, "graphs": [
+                       {{"file": "a.bin", "seq_len": 128, "calibration": "min-max"}},
+                       {{"file": "b.bin", "seq_len": 256, "calibration": "min-max"}}]{extra}}}"#,
+                    ckpt.to_str().unwrap()
+                ),
+            )
+            .unwrap();
+            HostBundle::load(&dir).unwrap()
+        };
+        // The checkpoint says 512; a min-max graph above 128 tokens runs nothing.
+        let b = write("");
+        assert_eq!(b.config.limits.max_len, 512);
+        assert_eq!(b.capacity.limits, Limits { max_len: 128, head_max_len: 192 });
+        assert_eq!(b.capacity.shapes, Some(vec![RowShape { seq_len: 128, marker_slots: None }]));
+        let b = write(r#", "allow_minmax_above_128": true"#);
+        assert_eq!(b.capacity.limits.max_len, 256);
+        std::fs::remove_dir_all(&dir).ok();
+        // A checkpoint's own budget is its capacity.
+        let b = HostBundle::load(&fixture("bpe-small")).unwrap();
+        assert_eq!(b.capacity, Capacity::of_checkpoint(Limits { max_len: 96, head_max_len: 48 }));
     }
 
     #[test]

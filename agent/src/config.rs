@@ -100,6 +100,10 @@ pub struct Limits {
     pub nesting_depth: usize,
     /// Recent request ids remembered to re-send the same reply on redelivery.
     pub remember_replies: usize,
+    /// Tokens one request's rows may carry together (after layout, within the model's
+    /// `max_len`); beyond this the request gets `too_large`. Bounds one request's work and the
+    /// CPU worker's memory (docs/config.md, "What one request can cost").
+    pub max_request_tokens: usize,
 }
 
 impl Default for Limits {
@@ -110,6 +114,7 @@ impl Default for Limits {
             options_per_question: 255,
             nesting_depth: 64,
             remember_replies: 1024,
+            max_request_tokens: 16_384,
         }
     }
 }
@@ -245,6 +250,9 @@ impl Config {
         }
         if self.limits.queue == 0 || self.limits.nesting_depth == 0 || self.mqtt.max_payload == 0 {
             return bad("limits.queue, limits.nesting_depth and mqtt.max_payload must be positive".into());
+        }
+        if self.limits.max_request_tokens == 0 {
+            return bad("limits.max_request_tokens must be positive".into());
         }
         laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())

@@ -6,8 +6,8 @@ use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::{Map, Request, Value};
 
 use crate::bundle::HostBundle;
-use crate::pipeline::limits_for;
-use crate::prompt;
+use crate::config;
+use crate::pipeline;
 
 /// Nesting allowed in a request line (the same default as the MQTT front end).
 pub const MAX_DEPTH: usize = 64;
@@ -43,10 +43,10 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
         Ok(r) => r,
         Err(error_line) => return error_line,
     };
-    let limits = limits_for(&request, bundle.config.limits);
-    let prepared = match prompt::prepare(&bundle.tokenizer, &request, limits) {
+    // The rows `predict` would run: within the bundle's capacity and the default request limit.
+    let prepared = match pipeline::prepare(bundle, &request, config::Limits::default().max_request_tokens) {
         Ok(p) => p,
-        Err(e) => return error_line(request.id, "internal", &e.to_string()),
+        Err(e) => return error_line(request.id, e.code().as_str(), &e.to_string()),
     };
     let mut questions = Map::new();
     for p in prepared {
@@ -74,7 +74,7 @@ pub fn predict_line(bundle: &HostBundle, backend: &mut dyn crate::engine::Backen
         Ok(r) => r,
         Err(error_line) => return error_line,
     };
-    match crate::pipeline::answer(bundle, backend, &request) {
+    match pipeline::answer(bundle, backend, &request) {
         Ok(result) => {
             let mut out = Map::new();
             out.insert("id".into(), request.id.unwrap_or(Value::Null));
@@ -83,6 +83,6 @@ pub fn predict_line(bundle: &HostBundle, backend: &mut dyn crate::engine::Backen
             }
             json::to_string(&Value::Object(out), Style::COMPACT)
         }
-        Err(e) => error_line(request.id, "internal", &e.to_string()),
+        Err(e) => error_line(request.id, e.code().as_str(), &e.to_string()),
     }
 }

@@ -1,32 +1,86 @@
-//! One request through the whole pipeline: `prompt` (validate, lay out) -> a [`Backend`]
-//! (logits) -> `decide` (answers). The JSON-lines commands and the MQTT service both answer
-//! requests through here.
+//! One request through the whole pipeline: `prompt` (validate, lay out within the model's
+//! capacity) -> a [`Backend`] (logits) -> `decide` (answers). The JSON-lines commands and the
+//! MQTT service both answer requests through here.
 
+use laya_topics::wire::ErrorCode;
 use laya_topics::{PredictResult, Request};
 
 use crate::bundle::HostBundle;
 use crate::decide::{self, AssembleError, RowOutput};
 use crate::engine::{Backend, BackendError};
-use crate::prompt::{self, Limits, Row, TokenizerError};
+use crate::prompt::{self, Limits, Prepared, Row, TokenizerError};
 
 /// Why a request as a whole could not be answered.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The request's rows carry more tokens than `[limits] max_request_tokens`.
+    #[error(
+        "the request's questions lay out to {tokens} tokens, more than the {limit} one request may carry (limits.max_request_tokens); send fewer questions or a shorter state"
+    )]
+    TooManyTokens { tokens: usize, limit: usize },
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(transparent)]
     Assemble(#[from] AssembleError),
 }
 
-/// Answers every valid question of `request` in one batch; invalid ones get their error in place.
+impl PipelineError {
+    /// The wire error code of the reply that stands for the request.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            PipelineError::TooManyTokens { .. } => ErrorCode::TooLarge,
+            PipelineError::Backend(BackendError::Input(_)) => ErrorCode::BadRequest,
+            PipelineError::Tokenizer(_) | PipelineError::Backend(_) | PipelineError::Assemble(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// Validates and lays out every question of `request` within the bundle's capacity: the budget
+/// clamped by [`limits_for`], and a question whose row this bundle's graphs cannot run gets
+/// `too_large` in its place. The request fails as a whole only if its rows together carry more
+/// than `max_request_tokens` tokens (or the tokenizer fails).
+pub fn prepare(
+    bundle: &HostBundle,
+    request: &Request,
+    max_request_tokens: usize,
+) -> Result<Vec<Prepared>, PipelineError> {
+    let capacity = &bundle.capacity;
+    let mut prepared = prompt::prepare(&bundle.tokenizer, request, capacity.limits_for(request))?;
+    for p in &mut prepared {
+        if let Ok((_, row)) = &p.outcome
+            && let Err(e) = capacity.check(&p.qid, row)
+        {
+            p.outcome = Err(e);
+        }
+    }
+    let tokens: usize = prepared.iter().filter_map(|p| p.outcome.as_ref().ok()).map(|(_, r)| r.input_ids.len()).sum();
+    if tokens > max_request_tokens {
+        return Err(PipelineError::TooManyTokens { tokens, limit: max_request_tokens });
+    }
+    Ok(prepared)
+}
+
+/// Answers every valid question of `request` in one batch; invalid ones (and ones this
+/// bundle's graphs cannot run) get their error in place. Requests are held to the default
+/// `[limits] max_request_tokens`; [`answer_within`] takes the configured one.
 pub fn answer(
     bundle: &HostBundle,
     backend: &mut dyn Backend,
     request: &Request,
 ) -> Result<PredictResult, PipelineError> {
-    let prepared = prompt::prepare(&bundle.tokenizer, request, limits_for(request, bundle.config.limits))?;
+    answer_within(bundle, backend, request, crate::config::Limits::default().max_request_tokens)
+}
+
+/// [`answer`] with a request token limit of the caller's.
+pub fn answer_within(
+    bundle: &HostBundle,
+    backend: &mut dyn Backend,
+    request: &Request,
+    max_request_tokens: usize,
+) -> Result<PredictResult, PipelineError> {
+    let prepared = prepare(bundle, request, max_request_tokens)?;
     let rows: Vec<&Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r)).collect();
     let results = if rows.is_empty() { Vec::new() } else { backend.run(&rows)? };
     let outputs: Vec<RowOutput> = results
@@ -36,10 +90,9 @@ pub fn answer(
     Ok(decide::assemble(&prepared, &outputs, &bundle.config.temperatures, request.lang.as_deref())?)
 }
 
-/// The request's budget: its overrides over the checkpoint's.
-pub fn limits_for(request: &Request, checkpoint: Limits) -> Limits {
-    Limits {
-        max_len: request.max_len.unwrap_or(checkpoint.max_len),
-        head_max_len: request.head_max_len.unwrap_or(checkpoint.head_max_len),
-    }
+/// The request's budget: its `max_len`/`head_max_len` where they lower `model`'s, `model`'s
+/// otherwise (never more: see [`prompt::capacity`]). `model` is a bundle's
+/// `capacity.limits`.
+pub fn limits_for(request: &Request, model: Limits) -> Limits {
+    prompt::Capacity::of_checkpoint(model).limits_for(request)
 }

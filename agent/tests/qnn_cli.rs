@@ -258,3 +258,30 @@ async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_a
         "the generator's output"
     );
 }
+
+#[test]
+fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too_large_in_place() {
+    let Some(libs) = qnn_simulator() else { return };
+    let bundle = bundle_dir("mixed", "bpe-t5");
+    let labels: Vec<String> = (0..70).map(|i| format!("\"label {i}\"")).collect();
+    let state = json::to_string(&Value::Str("The app crashes when I log in. ".repeat(200)), json::Style::COMPACT);
+    // No max_len: the checkpoint's 512, which used to make rows of 512 tokens that fit no graph
+    // and fail the whole request. 70 options need more than the 256 tokens of the longest graph.
+    let input = format!(
+        r#"{{"id": "mixed", "state": {state}, "questions": {{"ok": {{"type": "noul", "instructions": "Is this a bug report?"}}, "many": {{"type": "choice", "instructions": "Which label?", "criteria": [{}]}}}}}}"#,
+        labels.join(", ")
+    ) + "\n";
+    let (core, system) = (libs.join("libQnnHtp.so"), libs.join("libQnnSystem.so"));
+    let qnn = run_predict(&bundle, "qnn", &input, &[("LAYA_QNN_BACKEND_LIB", &core), ("LAYA_QNN_SYSTEM_LIB", &system)]);
+    let cpu = run_predict(&bundle, "cpu", &input, &[]);
+    let answers = qnn[0].get("answers").unwrap_or_else(|| panic!("no answers: {}", text(&qnn[0])));
+    let many = answers.get("many").and_then(|a| a.get("error")).expect("an error in place of 'many'");
+    assert_eq!(many.get("code"), Some(&Value::from("too_large")), "{}", text(many));
+    assert_eq!(qnn[0].get("usage").and_then(|u| u.get("input_tokens")), Some(&Value::int(256)), "one row of 256");
+    assert_answers_close(
+        answers.get("ok").expect("ok"),
+        cpu[0].get("answers").and_then(|a| a.get("ok")).expect("cpu ok"),
+        &QNN,
+        "ok",
+    );
+}

@@ -145,3 +145,39 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
         "{restarts:?}"
     );
 }
+
+/// A request over a long state with a question of `options` choices and a plain one, as a
+/// JSON line; `max_len` as given.
+fn mixed_request(options: usize, max_len: Option<i64>) -> String {
+    let labels: Vec<String> = (0..options).map(|i| format!("\"label {i}\"")).collect();
+    let state = json::to_string(&Value::Str("The app crashes when I log in. ".repeat(200)), json::Style::COMPACT);
+    let max_len = max_len.map(|m| format!(r#", "max_len": {m}"#)).unwrap_or_default();
+    format!(
+        r#"{{"id": "mixed", "state": {state}, "questions": {{"ok": {{"type": "noul", "instructions": "Is this a bug report?"}}, "many": {{"type": "choice", "instructions": "Which label?", "criteria": [{}]}}}}{max_len}}}"#,
+        labels.join(", ")
+    ) + "\n"
+}
+
+#[test]
+fn a_question_with_more_options_than_marker_slots_is_too_large_in_place_and_the_others_are_answered() {
+    let lib = fake_library();
+    let bundle = bundle_dir("mixed", "bpe-t5");
+    // 65 options (the graphs have 64 slots) and a max_len far above the longest graph's 512:
+    // both used to fail the whole request as `internal`.
+    let input = mixed_request(65, Some(1_000_000));
+    let rknn = run_predict(&bundle, "rknn", &input, &[("RKNN_LIB", &lib)]);
+    // The CPU backend on the same bundle lays out the same rows.
+    let cpu = run_predict(&bundle, "cpu", &input, &[]);
+    let answers = rknn[0].get("answers").unwrap_or_else(|| panic!("no answers: {}", text(&rknn[0])));
+    let many = answers.get("many").and_then(|a| a.get("error")).expect("an error in place of 'many'");
+    assert_eq!(many.get("code"), Some(&Value::from("too_large")));
+    let message = many.get("message").and_then(Value::as_str).unwrap_or("");
+    assert!(message.contains("65 options") && message.contains("64 option slots"), "{message}");
+    assert_eq!(rknn[0].get("usage").and_then(|u| u.get("input_tokens")), Some(&Value::int(512)), "one row of 512");
+    assert_answers_close(
+        answers.get("ok").expect("ok"),
+        cpu[0].get("answers").and_then(|a| a.get("ok")).expect("cpu ok"),
+        &RKNN,
+        "ok",
+    );
+}

@@ -63,6 +63,17 @@ pub fn cases() -> &'static [Case] {
     })
 }
 
+/// The budget laya 0.3.20 used for a recorded request (tools/fixtures/generate.py): the
+/// request's `max_len`/`head_max_len` over the model's, whatever their size. laya-edge never
+/// lets a request raise them (`pipeline::limits_for`); recorded layouts are compared at laya's
+/// own values, so they stay byte-exact.
+pub fn laya_limits(request: &laya_topics::Request, b: &HostBundle) -> laya_edge::prompt::Limits {
+    laya_edge::prompt::Limits {
+        max_len: request.max_len.unwrap_or(b.config.limits.max_len),
+        head_max_len: request.head_max_len.unwrap_or(b.config.limits.head_max_len),
+    }
+}
+
 /// The host bundle of a fixture model, loaded once per test binary.
 pub fn bundle(name: &str) -> Arc<HostBundle> {
     static BUNDLES: OnceLock<Mutex<HashMap<String, Arc<HostBundle>>>> = OnceLock::new();

@@ -29,7 +29,7 @@ use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::decide::{self, RowOutput};
 use crate::engine::process::{Engine, EngineError};
-use crate::pipeline::limits_for;
+use crate::pipeline;
 use crate::prompt::{self, Row};
 use crate::systemd::Notifier;
 
@@ -149,7 +149,8 @@ impl Shared {
         let t0 = Instant::now();
         let request = Arc::new(request);
         let req = request.clone();
-        let prepare = move || prompt::prepare(&bundle.tokenizer, &req, limits_for(&req, bundle.config.limits));
+        let max_tokens = self.admission.limits.max_request_tokens;
+        let prepare = move || pipeline::prepare(&bundle, &req, max_tokens);
         // A panic must not lose the question: it gets an error reply like any other failure.
         let prepared = if inline {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare)).map_err(|_| "it panicked".to_owned())
@@ -159,7 +160,7 @@ impl Shared {
         let prepared = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
-                self.refuse(to, error(ErrorCode::Internal, e.to_string())).await;
+                self.refuse(to, error(e.code(), e.to_string())).await;
                 return None;
             }
             Err(e) => {

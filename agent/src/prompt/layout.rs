@@ -91,14 +91,16 @@ pub fn build_row(
         option_ids.push(ids);
     }
     let option_tokens = |o: &[Vec<u32>]| o.iter().map(Vec::len).sum::<usize>() as i64;
-    let mut budget = limits.head_max_len - option_tokens(&option_ids);
+    // Saturating: a request's budget is any 64-bit integer (Python's are unbounded); the
+    // results are clamped below, so saturating gives laya's rows for every value.
+    let mut budget = limits.head_max_len.saturating_sub(option_tokens(&option_ids));
     if budget < 16 {
         let n = option_ids.len().max(1) as i64;
-        let per = (limits.head_max_len - 16).div_euclid(n).max(4) as usize;
+        let per = limits.head_max_len.saturating_sub(16).div_euclid(n).max(4) as usize;
         for o in &mut option_ids {
             o.truncate(per);
         }
-        budget = limits.head_max_len - option_tokens(&option_ids);
+        budget = limits.head_max_len.saturating_sub(option_tokens(&option_ids));
     }
     head_ids.truncate(budget.max(8) as usize);
 
@@ -112,7 +114,7 @@ pub fn build_row(
         ids.extend_from_slice(o);
     }
     ids.push(tok.sep.id);
-    let room = (limits.max_len - ids.len() as i64 - 1).max(0) as usize;
+    let room = limits.max_len.saturating_sub(ids.len() as i64 + 1).max(0) as usize;
     let st = &state.ids;
     let kept = if state.truncate_left { &st[st.len().saturating_sub(room)..] } else { &st[..room.min(st.len())] };
     ids.extend_from_slice(kept);
@@ -140,6 +142,34 @@ pub enum LayoutError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/laya-0.3.20/models/bpe-t5/tokenizer");
+        Tokenizer::load(&dir).expect("fixture tokenizer")
+    }
+
+    #[test]
+    fn any_64_bit_budget_lays_out_without_overflow() {
+        let tok = tokenizer();
+        let def = json::parse_str(
+            r#"{"type": "choice", "instructions": "Which team?", "criteria": ["billing", "technical"]}"#,
+            json::ParseOptions::default(),
+        )
+        .unwrap();
+        let q = super::super::question::parse_question("q", &def).unwrap();
+        let state = encode_state(&tok, &Value::Str("The app crashes.".into())).unwrap();
+        for max_len in [i64::MIN, -1, 0, 512, i64::MAX] {
+            for head_max_len in [i64::MIN, -1, 0, 192, i64::MAX] {
+                let limits = Limits { max_len, head_max_len };
+                match build_row(&tok, "q", &q, &state, limits) {
+                    Ok(row) => assert!(max_len > 0 && row.input_ids.len() as i64 <= max_len, "{limits:?}"),
+                    Err(LayoutError::Question(e)) => assert_eq!(e.kind, QuestionErrorKind::DoesNotFit, "{limits:?}"),
+                    Err(e) => panic!("{limits:?}: {e}"),
+                }
+            }
+        }
+    }
 
     #[test]
     fn python_slices_count_negative_ends_from_the_back() {

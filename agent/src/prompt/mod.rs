@@ -5,6 +5,7 @@
 //! logits back into answers. Everything here is checked against fixtures recorded from
 //! `laya==0.3.20` itself (tests/fixtures/laya-0.3.20).
 
+pub mod capacity;
 pub mod layout;
 pub mod pyrepr;
 pub mod question;
@@ -13,6 +14,7 @@ pub mod tokenizer;
 
 use laya_topics::Request;
 
+pub use capacity::{Capacity, RowShape};
 pub use layout::{EncodedState, LayoutError, Limits, Row};
 pub use question::{QType, Question, QuestionError, QuestionErrorKind};
 pub use tokenizer::{Tokenizer, TokenizerError};

@@ -81,8 +81,11 @@ pub enum QuestionErrorKind {
     /// laya accepts the definition but then fails inside (a non-string choice label); this is
     /// refused up front with a message of our own.
     Unsupported,
-    /// The options do not fit in `head_max_len` / `max_len`.
+    /// The options do not fit in `head_max_len` / `max_len` (laya's own error).
     DoesNotFit,
+    /// laya would run it, but this backend cannot: its row fits no graph of the NPU bundle
+    /// (more options than marker slots). See [`super::capacity`].
+    ExceedsBackend,
 }
 
 impl QuestionError {
@@ -94,7 +97,7 @@ impl QuestionError {
     pub fn code(&self) -> &'static str {
         match self.kind {
             QuestionErrorKind::Invalid | QuestionErrorKind::Unsupported => "bad_request",
-            QuestionErrorKind::DoesNotFit => "too_large",
+            QuestionErrorKind::DoesNotFit | QuestionErrorKind::ExceedsBackend => "too_large",
         }
     }
 }

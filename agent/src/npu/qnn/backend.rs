@@ -60,7 +60,7 @@ impl QnnBackend {
             return Err(QnnError::NoGraphs);
         }
         let raw = &manifest.raw;
-        let allow_minmax_above_128 = matches!(raw.get("allow_minmax_above_128"), Some(Value::Bool(true)));
+        let allow_minmax_above_128 = manifest.allow_minmax_above_128;
         let runtime = Runtime::load(config)?;
         if !manifest.runtime_allowlist.is_empty()
             && !manifest.runtime_allowlist.iter().any(|v| runtime.info.build_id.contains(v.as_str()))

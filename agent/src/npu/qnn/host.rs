@@ -13,27 +13,7 @@ use crate::model::{ModelError, masks};
 
 use super::binary::Encoding;
 
-/// How a graph's activations were calibrated (from the bundle manifest).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Calibration {
-    MinMax,
-    Sqnr,
-    Other,
-}
-
-impl Calibration {
-    pub fn parse(s: Option<&str>) -> Calibration {
-        match s.map(|s| s.to_ascii_lowercase().replace(['-', '_'], "")) {
-            Some(s) if s == "minmax" => Calibration::MinMax,
-            Some(s) if s == "sqnr" => Calibration::Sqnr,
-            _ => Calibration::Other,
-        }
-    }
-}
-
-/// Above this many tokens min-max calibration collapses the marker signal (every decision
-/// becomes 0.5 at 256 on the product model), so min-max graphs are not used past it.
-pub const MINMAX_MAX_TOKENS: usize = 128;
+pub use crate::bundle::{Calibration, MINMAX_MAX_TOKENS};
 
 /// The index of the smallest graph (by sequence length) whose length holds `len` tokens and
 /// whose calibration is valid at that length, or `None`.
