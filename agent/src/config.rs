@@ -56,8 +56,16 @@ pub struct Mqtt {
     pub client_key: String,
     /// Topic filters a request's response topic must match; `{prefix}` is substituted.
     pub response_topics: Vec<String>,
-    /// Largest request payload in bytes; larger ones get `too_large`.
+    /// Largest request payload in bytes; larger ones get `too_large`. The broker itself drops
+    /// packets above `max_payload` + 16 KiB (the Maximum Packet Size the agent announces).
     pub max_payload: usize,
+    /// MQTT 5 Receive Maximum: questions the broker may have delivered and not yet had
+    /// acknowledged; 0 means `limits.queue`. The broker keeps the rest in its queue for this
+    /// session, so a killed agent strands at most this many in flight.
+    pub receive_maximum: u16,
+    /// On SIGTERM, how long questions in progress may take to finish; those still unanswered
+    /// then are neither answered nor acknowledged (the broker delivers them again).
+    pub shutdown_grace_s: u64,
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
     /// Seconds between telemetry messages (0: none).
@@ -82,6 +90,8 @@ impl Default for Mqtt {
             client_key: String::new(),
             response_topics: vec!["{prefix}/+/reply/#".into()],
             max_payload: 256 * 1024,
+            receive_maximum: 0,
+            shutdown_grace_s: 30,
             reconnect_min_ms: 500,
             reconnect_max_ms: 30_000,
             telemetry_interval_s: 60,
@@ -269,6 +279,15 @@ impl Config {
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "laya-edge".into())
+    }
+
+    /// The Receive Maximum announced to the broker: `mqtt.receive_maximum`, else `limits.queue`
+    /// (at most 65535, the protocol's limit).
+    pub fn receive_maximum(&self) -> u16 {
+        match self.mqtt.receive_maximum {
+            0 => self.limits.queue.clamp(1, usize::from(u16::MAX)) as u16,
+            n => n,
+        }
     }
 
     /// The MQTT client id: configured, else `laya-edge-{device}`.

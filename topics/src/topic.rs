@@ -8,6 +8,7 @@
 //! {prefix}/{device}/status                    retained online/offline status
 //! {prefix}/{device}/telemetry                 periodic counters
 //! {prefix}/{device}/events                    restarts, degradation, refusals
+//! {prefix}/{device}/errors                    questions that had no reply topic to be refused on
 //! ```
 //!
 //! ```
@@ -48,6 +49,9 @@ pub enum Channel {
     Status,
     Telemetry,
     Events,
+    /// Why a question could not be answered anywhere its client listens (an MQTT 3.1.1 request
+    /// without a usable id, a refused response topic): the agent says so here, never silently.
+    Errors,
 }
 
 /// A device-level topic.
@@ -67,6 +71,7 @@ impl fmt::Display for Topic {
             Channel::Status => write!(f, "{p}/{d}/status"),
             Channel::Telemetry => write!(f, "{p}/{d}/telemetry"),
             Channel::Events => write!(f, "{p}/{d}/events"),
+            Channel::Errors => write!(f, "{p}/{d}/errors"),
         }
     }
 }
@@ -139,6 +144,7 @@ impl Schema {
             ("status", None) => Channel::Status,
             ("telemetry", None) => Channel::Telemetry,
             ("events", None) => Channel::Events,
+            ("errors", None) => Channel::Errors,
             ("reply", Some(id)) if !id.is_empty() && !id.contains('/') => Channel::Reply(id.to_owned()),
             _ => return None,
         };
@@ -191,10 +197,19 @@ mod tests {
     #[test]
     fn topics_round_trip_through_display_and_parse() {
         let s = Schema::new("acme/laya/v1").unwrap();
-        for ch in [Channel::Ask, Channel::Status, Channel::Telemetry, Channel::Events, Channel::Reply("r-1".into())] {
+        for ch in [
+            Channel::Ask,
+            Channel::Status,
+            Channel::Telemetry,
+            Channel::Events,
+            Channel::Errors,
+            Channel::Reply("r-1".into()),
+        ] {
             let t = s.topic("dev1", ch).unwrap();
             assert_eq!(s.parse(&t.to_string()), Some(t));
         }
+        assert_eq!(s.topic("dev1", Channel::Errors).unwrap().to_string(), "acme/laya/v1/dev1/errors");
+        assert_eq!(s.parse("acme/laya/v1/dev1/errors/x"), None);
         assert_eq!(s.parse("acme/laya/v1/dev1/reply/a/b"), None);
         assert_eq!(s.parse("other/dev1/ask"), None);
         assert_eq!(s.parse("acme/laya/v1/fleet/x/ask"), None);

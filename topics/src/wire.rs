@@ -153,6 +153,29 @@ impl ErrorReply {
     }
 }
 
+/// A question that could not be answered where its client listens, published on
+/// `{prefix}/{device}/errors` (QoS 1, not retained): an MQTT 3.1.1 request whose id cannot be a
+/// topic level (empty, longer than 256 bytes, or containing `/`, `+`, `#`), one without an id,
+/// or an MQTT 5 response topic outside the allowlist. The error part is an error reply's;
+/// `response_topic` is the refused one, if there was one.
+///
+/// `{"id", "error": {"code", "message", "retryable"}, "response_topic"?}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undeliverable {
+    pub error: ErrorReply,
+    pub response_topic: Option<String>,
+}
+
+impl Undeliverable {
+    pub fn to_value(&self) -> Value {
+        let mut v = self.error.to_value();
+        if let (Value::Object(m), Some(t)) = (&mut v, &self.response_topic) {
+            m.insert("response_topic".into(), t.as_str().into());
+        }
+        v
+    }
+}
+
 /// Where the time of a request went, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Timing {
@@ -302,6 +325,21 @@ mod tests {
         );
         assert!(!ErrorCode::BadRequest.retryable());
         assert_eq!(ErrorCode::parse("too_large"), Some(ErrorCode::TooLarge));
+    }
+
+    #[test]
+    fn an_undeliverable_question_names_its_id_reason_and_refused_topic() {
+        let e = ErrorReply { id: Some("".into()), code: ErrorCode::BadRequest, message: "empty id".into() };
+        let u = Undeliverable { error: e.clone(), response_topic: None };
+        assert_eq!(
+            json::to_string(&u.to_value(), json::Style::COMPACT),
+            r#"{"id":"","error":{"code":"bad_request","message":"empty id","retryable":false}}"#
+        );
+        let u = Undeliverable { error: e, response_topic: Some("factory/valves".into()) };
+        assert_eq!(
+            json::to_string(&u.to_value(), json::Style::COMPACT),
+            r#"{"id":"","error":{"code":"bad_request","message":"empty id","retryable":false},"response_topic":"factory/valves"}"#
+        );
     }
 
     #[test]

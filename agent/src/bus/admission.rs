@@ -4,12 +4,19 @@
 //! already sent (a redelivered question gets the same reply again, not a second inference), and
 //! given a destination: the MQTT 5 response topic if the allowlist permits it, else
 //! `{prefix}/{device}/reply/{request id}` for clients without response topics (MQTT 3.1.1).
+//! A message with no usable destination is not answered anywhere its client listens; it is
+//! reported on `{prefix}/{device}/errors` instead ([`Decision::Drop`]).
+//!
+//! A redelivered question is recognised by its [`RequestKey`]: its id, its reply topic and a
+//! digest of its bytes. A reused id with new content is a new question (MQTT 3.1.1 clients share
+//! one reply topic per id and device, so they must still use unique ids).
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use laya_topics::topic::{Channel, Schema, filter_matches, is_publishable};
-use laya_topics::wire::{Encoding, ErrorCode, ErrorReply};
+use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Undeliverable};
 use laya_topics::{Request, Value};
 
 use crate::config;
@@ -37,15 +44,29 @@ pub struct Incoming<'a> {
 /// The verdict.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Answer it; `deadline` is when an answer stops being useful.
-    Answer { request: Request, reply_to: ReplyTo, deadline: Option<Instant> },
+    /// Answer it; `deadline` is when an answer stops being useful. `key` recognises a redelivered
+    /// copy while this one is in progress and after it is answered.
+    Answer { request: Request, reply_to: ReplyTo, deadline: Option<Instant>, key: RequestKey },
     /// Reply with this error (no inference).
     Refuse { error: ErrorReply, reply_to: ReplyTo },
     /// The same question was answered already: send this reply again.
     Resend { reply_to: ReplyTo, payload: Vec<u8> },
-    /// Nowhere allowed to reply to (logged, acknowledged, dropped).
-    Drop { reason: String },
+    /// Nowhere allowed to reply to: reported on the errors topic, acknowledged, dropped.
+    Drop { report: Undeliverable },
 }
+
+/// What identifies one question across redeliveries: its id, where its reply goes, and a digest
+/// of its bytes (with its correlation data and encoding), so a reused id with new content is a
+/// new question.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestKey {
+    id: String,
+    topic: String,
+    digest: u64,
+}
+
+/// The longest request id usable as a reply topic level, in bytes.
+pub const MAX_ID_LEVEL: usize = 256;
 
 /// The agent's identity and limits, as admission needs them.
 #[derive(Debug, Clone)]
@@ -55,16 +76,28 @@ pub struct Admission {
     pub allowlist: Vec<String>,
     pub limits: config::Limits,
     pub max_payload: usize,
+    /// Keys the payload digest (SipHash with this process's random keys): a client cannot craft
+    /// a payload whose digest collides with another client's question.
+    digests: std::collections::hash_map::RandomState,
 }
 
-/// A request id as a topic level for the fallback reply topic.
-fn id_level(id: Option<&Value>) -> Option<String> {
-    let text = match id? {
-        Value::Str(s) => s.clone(),
-        Value::Int(i) => i.as_str().to_owned(),
-        _ => return None,
+/// A request id as a topic level for the fallback reply topic, or why it cannot be one.
+fn id_level(id: Option<&Value>) -> Result<String, String> {
+    let text = match id {
+        Some(Value::Str(s)) => s.clone(),
+        Some(Value::Int(i)) => i.as_str().to_owned(),
+        None | Some(Value::Null) => return Err("the request has no id".into()),
+        Some(_) => return Err("the request id is neither a string nor an integer".into()),
     };
-    (!text.is_empty() && !text.contains(['/', '+', '#', '\0']) && text.len() <= 256).then_some(text)
+    if text.is_empty() {
+        Err("the request id is empty".into())
+    } else if text.len() > MAX_ID_LEVEL {
+        Err(format!("the request id is {} bytes long; the limit is {MAX_ID_LEVEL}", text.len()))
+    } else if text.contains(['/', '+', '#', '\0']) {
+        Err("the request id contains '/', '+', '#' or NUL".into())
+    } else {
+        Ok(text)
+    }
 }
 
 /// Counts the options a question definition would render (0 for anything malformed: the
@@ -81,32 +114,63 @@ impl Admission {
     /// Builds admission from the configuration.
     pub fn new(schema: Schema, device: String, cfg: &config::Config) -> Admission {
         let allowlist = cfg.mqtt.response_topics.iter().map(|f| f.replace("{prefix}", schema.prefix())).collect();
-        Admission { schema, device, allowlist, limits: cfg.limits.clone(), max_payload: cfg.mqtt.max_payload }
+        Admission {
+            schema,
+            device,
+            allowlist,
+            limits: cfg.limits.clone(),
+            max_payload: cfg.mqtt.max_payload,
+            digests: Default::default(),
+        }
     }
 
-    fn fallback_reply(&self, id: Option<&Value>, correlation: Option<&[u8]>, encoding: Encoding) -> Option<ReplyTo> {
+    fn fallback_reply(
+        &self,
+        id: Option<&Value>,
+        correlation: Option<&[u8]>,
+        encoding: Encoding,
+    ) -> Result<ReplyTo, String> {
         let level = id_level(id)?;
-        let topic = self.schema.topic(&self.device, Channel::Reply(level)).ok()?.to_string();
-        Some(ReplyTo { topic, correlation: correlation.map(<[u8]>::to_vec), encoding })
+        let topic = self.schema.topic(&self.device, Channel::Reply(level)).map_err(|e| e.to_string())?.to_string();
+        Ok(ReplyTo { topic, correlation: correlation.map(<[u8]>::to_vec), encoding })
+    }
+
+    /// The key of a question with this id going to `reply_to`.
+    fn key(&self, id: Option<&Value>, reply_to: &ReplyTo, payload: &[u8]) -> RequestKey {
+        let mut h = self.digests.build_hasher();
+        h.write_u8(reply_to.encoding as u8);
+        h.write_usize(payload.len());
+        h.write(payload);
+        if let Some(c) = &reply_to.correlation {
+            h.write_usize(c.len());
+            h.write(c);
+        }
+        RequestKey { id: id.map(id_key).unwrap_or_default(), topic: reply_to.topic.clone(), digest: h.finish() }
     }
 
     /// Decides what to do with a message received at `now`.
     pub fn decide(&self, msg: &Incoming<'_>, now: Instant, replies: &ReplyCache) -> Decision {
-        self.decide_with(msg, now, |id, topic| replies.get(id, topic).map(<[u8]>::to_vec))
+        self.decide_with(msg, now, |key| replies.get(key).map(<[u8]>::to_vec))
     }
 
-    /// [`Admission::decide`] with the reply cache behind `cached(id, reply topic)`, so a shared
-    /// cache is locked only for the lookup, not while the payload is decoded.
+    /// [`Admission::decide`] with the reply cache behind `cached(key)`, so a shared cache is
+    /// locked only for the lookup, not while the payload is decoded.
     pub fn decide_with(
         &self,
         msg: &Incoming<'_>,
         now: Instant,
-        cached: impl FnOnce(&Value, &str) -> Option<Vec<u8>>,
+        cached: impl FnOnce(&RequestKey) -> Option<Vec<u8>>,
     ) -> Decision {
         let encoding = Encoding::detect(msg.content_type, msg.payload);
+        let drop = |code: ErrorCode, message: String, id: Option<Value>, response_topic: Option<&str>| Decision::Drop {
+            report: Undeliverable {
+                error: ErrorReply { id, code, message },
+                response_topic: response_topic.map(str::to_owned),
+            },
+        };
         let refuse = |code: ErrorCode, message: String, id: Option<Value>, to: Option<ReplyTo>| match to {
             Some(reply_to) => Decision::Refuse { error: ErrorReply { id, code, message }, reply_to },
-            None => Decision::Drop { reason: format!("{}: {message} (and no reply topic)", code.as_str()) },
+            None => drop(code, format!("{message} (and there is no response topic to say so on)"), id, None),
         };
         // Where a reply may go, before anything else: a refused response topic is never used.
         let response = match msg.response_topic {
@@ -114,19 +178,18 @@ impl Admission {
                 Some(ReplyTo { topic: t.to_owned(), correlation: msg.correlation.map(<[u8]>::to_vec), encoding })
             }
             Some(t) => {
-                return Decision::Drop {
-                    reason: format!("response topic {t:?} is not in the allowlist {:?}", self.allowlist),
-                };
+                let m = format!("the response topic is not in the allowlist {:?}", self.allowlist);
+                return drop(ErrorCode::BadRequest, m, None, Some(t));
             }
             None => None,
         };
         if msg.payload.len() > self.max_payload {
-            let to = response.or_else(|| self.fallback_reply(None, msg.correlation, encoding));
+            // The id is not read from a payload this large: only a response topic can say so.
             return refuse(
                 ErrorCode::TooLarge,
                 format!("payload of {} bytes exceeds the limit of {}", msg.payload.len(), self.max_payload),
                 None,
-                to,
+                response,
             );
         }
         let doc = match encoding.decode(msg.payload, self.limits.nesting_depth) {
@@ -137,13 +200,18 @@ impl Admission {
             }
         };
         let id = doc.get("id").cloned();
-        let reply_to = match response.or_else(|| self.fallback_reply(id.as_ref(), msg.correlation, encoding)) {
+        let reply_to = match response {
             Some(r) => r,
-            None => {
-                return Decision::Drop { reason: "no response topic and no usable request id to reply under".into() };
-            }
+            None => match self.fallback_reply(id.as_ref(), msg.correlation, encoding) {
+                Ok(r) => r,
+                Err(why) => {
+                    let m = format!("{why}, and there is no response topic: no reply topic to answer on");
+                    return drop(ErrorCode::BadRequest, m, id, None);
+                }
+            },
         };
-        if let Some(payload) = id.as_ref().and_then(|i| cached(i, &reply_to.topic)) {
+        let key = self.key(id.as_ref(), &reply_to, msg.payload);
+        if let Some(payload) = cached(&key) {
             return Decision::Resend { reply_to, payload };
         }
         let request = match Request::from_value(doc) {
@@ -181,16 +249,17 @@ impl Admission {
                 Some(reply_to),
             );
         }
-        Decision::Answer { request, reply_to, deadline }
+        Decision::Answer { request, reply_to, deadline, key }
     }
 }
 
-/// Replies recently sent, by request id and reply topic, oldest forgotten first.
+/// Replies recently sent, by [`RequestKey`], oldest forgotten first. In memory: a redelivery
+/// after the agent restarts is answered again.
 #[derive(Debug, Default)]
 pub struct ReplyCache {
     capacity: usize,
-    order: VecDeque<(String, String)>,
-    map: HashMap<(String, String), Vec<u8>>,
+    order: VecDeque<RequestKey>,
+    map: HashMap<RequestKey, Vec<u8>>,
 }
 
 fn id_key(id: &Value) -> String {
@@ -202,17 +271,16 @@ impl ReplyCache {
         ReplyCache { capacity, ..ReplyCache::default() }
     }
 
-    /// The reply sent for this request id to this topic, if remembered.
-    pub fn get(&self, id: &Value, topic: &str) -> Option<&[u8]> {
-        self.map.get(&(id_key(id), topic.to_owned())).map(Vec::as_slice)
+    /// The reply sent for this question, if remembered.
+    pub fn get(&self, key: &RequestKey) -> Option<&[u8]> {
+        self.map.get(key).map(Vec::as_slice)
     }
 
     /// Remembers a reply.
-    pub fn put(&mut self, id: &Value, topic: &str, payload: Vec<u8>) {
+    pub fn put(&mut self, key: RequestKey, payload: Vec<u8>) {
         if self.capacity == 0 {
             return;
         }
-        let key = (id_key(id), topic.to_owned());
         if self.map.insert(key.clone(), payload).is_none() {
             self.order.push_back(key);
         }
@@ -277,14 +345,50 @@ mod tests {
         }
     }
 
+    /// The error code of a refusal, or of a drop's report.
+    fn code(d: &Decision) -> Option<ErrorCode> {
+        match d {
+            Decision::Refuse { error, .. } => Some(error.code),
+            Decision::Drop { report } => Some(report.error.code),
+            _ => None,
+        }
+    }
+
+    const REPLY_TOPIC: &str = "laya/v1/c/reply/1";
+
     #[test]
-    fn limits_give_clear_errors() {
+    fn an_oversized_payload_is_refused_on_its_response_topic_and_reported_without_one() {
         let a = Admission { max_payload: 100, ..admission() };
         let big = format!(r#"{{"id": "r", "state": "{}", "questions": {{}}}}"#, "x".repeat(200));
-        assert!(matches!(
-            a.decide(&msg(big.as_bytes()), Instant::now(), &ReplyCache::new(4)),
-            Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. } | Decision::Drop { .. }
-        ));
+        let with = Incoming { response_topic: Some(REPLY_TOPIC), ..msg(big.as_bytes()) };
+        match a.decide(&with, Instant::now(), &ReplyCache::new(4)) {
+            Decision::Refuse { error, reply_to } => {
+                assert_eq!(error.code, ErrorCode::TooLarge);
+                assert_eq!(reply_to.topic, REPLY_TOPIC);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without a response topic the id is not read from a payload this large.
+        let d = a.decide(&msg(big.as_bytes()), Instant::now(), &ReplyCache::new(4));
+        assert!(matches!(d, Decision::Drop { .. }), "{d:?}");
+        assert_eq!(code(&d), Some(ErrorCode::TooLarge));
+    }
+
+    #[test]
+    fn too_deep_nesting_is_refused_on_its_response_topic_and_reported_without_one() {
+        let a = admission();
+        let deep = format!(r#"{{"id": "r", "state": {}1{}, "questions": {{}}}}"#, "[".repeat(100), "]".repeat(100));
+        let with = Incoming { response_topic: Some(REPLY_TOPIC), ..msg(deep.as_bytes()) };
+        let d = a.decide(&with, Instant::now(), &ReplyCache::new(4));
+        assert!(matches!(d, Decision::Refuse { .. }), "{d:?}");
+        assert_eq!(code(&d), Some(ErrorCode::TooLarge));
+        let d = a.decide(&msg(deep.as_bytes()), Instant::now(), &ReplyCache::new(4));
+        assert!(matches!(d, Decision::Drop { .. }), "{d:?}");
+        assert_eq!(code(&d), Some(ErrorCode::TooLarge));
+    }
+
+    #[test]
+    fn limits_give_clear_errors() {
         let a = admission();
         let many: String = (0..65).map(|i| format!(r#""q{i}": {{}}"#)).collect::<Vec<_>>().join(",");
         let req = format!(r#"{{"id": "r", "state": "s", "questions": {{{many}}}}}"#);
@@ -292,16 +396,44 @@ mod tests {
             a.decide(&msg(req.as_bytes()), Instant::now(), &ReplyCache::new(4)),
             Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. }
         ));
-        let deep = format!(r#"{{"id": "r", "state": {}1{}, "questions": {{}}}}"#, "[".repeat(100), "]".repeat(100));
-        assert!(matches!(
-            a.decide(&msg(deep.as_bytes()), Instant::now(), &ReplyCache::new(4)),
-            Decision::Drop { .. } | Decision::Refuse { error: ErrorReply { code: ErrorCode::TooLarge, .. }, .. }
-        ));
-        assert!(matches!(a.decide(&msg(b"{not json"), Instant::now(), &ReplyCache::new(4)), Decision::Drop { .. }));
-        let m = Incoming { response_topic: Some("laya/v1/c/reply/1"), ..msg(b"{not json") };
+        let d = a.decide(&msg(b"{not json"), Instant::now(), &ReplyCache::new(4));
+        assert!(matches!(d, Decision::Drop { .. }), "{d:?}");
+        assert_eq!(code(&d), Some(ErrorCode::BadRequest));
+        let m = Incoming { response_topic: Some(REPLY_TOPIC), ..msg(b"{not json") };
         assert!(matches!(
             a.decide(&m, Instant::now(), &ReplyCache::new(4)),
             Decision::Refuse { error: ErrorReply { code: ErrorCode::BadRequest, .. }, .. }
+        ));
+    }
+
+    #[test]
+    fn an_mqtt311_request_whose_id_cannot_be_a_topic_level_is_reported_with_the_reason() {
+        let a = admission();
+        let long = "x".repeat(MAX_ID_LEVEL + 1);
+        let fits = "y".repeat(MAX_ID_LEVEL);
+        for (id, why) in [
+            (r#""""#.to_owned(), "empty"),
+            (format!(r#""{long}""#), "257 bytes long"),
+            (r#""a/b""#.to_owned(), "contains"),
+            (r#""a+""#.to_owned(), "contains"),
+            (r##""#1""##.to_owned(), "contains"),
+            ("null".to_owned(), "no id"),
+            ("[1]".to_owned(), "neither a string nor an integer"),
+        ] {
+            let body = format!(r#"{{"id": {id}, "state": "s", "questions": {{}}}}"#);
+            match a.decide(&msg(body.as_bytes()), Instant::now(), &ReplyCache::new(4)) {
+                Decision::Drop { report } => {
+                    assert_eq!(report.error.code, ErrorCode::BadRequest, "{id}");
+                    assert!(report.error.message.contains(why), "{id}: {}", report.error.message);
+                    assert_eq!(report.response_topic, None);
+                }
+                other => panic!("{id}: {other:?}"),
+            }
+        }
+        let body = format!(r#"{{"id": "{fits}", "state": "s", "questions": {{}}}}"#);
+        assert!(matches!(
+            a.decide(&msg(body.as_bytes()), Instant::now(), &ReplyCache::new(4)),
+            Decision::Answer { .. }
         ));
     }
 
@@ -315,17 +447,46 @@ mod tests {
         ));
     }
 
+    /// The key admission gives a question it answers.
+    fn key_of(a: &Admission, m: &Incoming<'_>) -> RequestKey {
+        match a.decide(m, Instant::now(), &ReplyCache::new(0)) {
+            Decision::Answer { key, .. } => key,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_redelivered_question_gets_the_remembered_reply() {
         let a = admission();
         let mut cache = ReplyCache::new(2);
-        cache.put(&Value::from("r1"), "laya/v1/dev1/reply/r1", b"first".to_vec());
-        match a.decide(&msg(br#"{"id": "r1", "state": "s", "questions": {}}"#), Instant::now(), &cache) {
-            Decision::Resend { payload, .. } => assert_eq!(payload, b"first"),
+        let body = br#"{"id": "r1", "state": "s", "questions": {}}"#;
+        cache.put(key_of(&a, &msg(body)), b"first".to_vec());
+        match a.decide(&msg(body), Instant::now(), &cache) {
+            Decision::Resend { payload, reply_to } => {
+                assert_eq!(payload, b"first");
+                assert_eq!(reply_to.topic, "laya/v1/dev1/reply/r1");
+            }
             other => panic!("{other:?}"),
         }
-        cache.put(&Value::from("r2"), "t", vec![]);
-        cache.put(&Value::from("r3"), "t", vec![]);
-        assert!(cache.get(&Value::from("r1"), "laya/v1/dev1/reply/r1").is_none(), "the oldest is forgotten");
+        cache.put(key_of(&a, &msg(br#"{"id": "r2", "state": "s", "questions": {}}"#)), vec![]);
+        cache.put(key_of(&a, &msg(br#"{"id": "r3", "state": "s", "questions": {}}"#)), vec![]);
+        assert!(cache.get(&key_of(&a, &msg(body))).is_none(), "the oldest is forgotten");
+    }
+
+    #[test]
+    fn a_reused_id_with_new_content_is_a_new_question() {
+        let a = admission();
+        let mut cache = ReplyCache::new(8);
+        let first = br#"{"id": "same", "state": "s", "questions": {"c0": {"type": "noul", "instructions": "a"}}}"#;
+        let again = br#"{"id": "same", "state": "s", "questions": {"s0": {"type": "noul", "instructions": "b"}}}"#;
+        cache.put(key_of(&a, &msg(first)), b"answers to c0".to_vec());
+        assert!(matches!(a.decide(&msg(again), Instant::now(), &cache), Decision::Answer { .. }));
+        // The same bytes with other correlation data, or to another response topic, are another
+        // client's question too.
+        let corr = Incoming { correlation: Some(b"x"), ..msg(first) };
+        assert!(matches!(a.decide(&corr, Instant::now(), &cache), Decision::Answer { .. }));
+        let other = Incoming { response_topic: Some(REPLY_TOPIC), ..msg(first) };
+        assert!(matches!(a.decide(&other, Instant::now(), &cache), Decision::Answer { .. }));
+        assert!(matches!(a.decide(&msg(first), Instant::now(), &cache), Decision::Resend { .. }));
     }
 }

@@ -1,5 +1,6 @@
 //! The broker connection's options: MQTT 5, a persistent session under a stable client id,
-//! manual acknowledgements, the `offline` Last Will, the Maximum Packet Size, credentials and TLS.
+//! manual acknowledgements, the Receive Maximum, the `offline` Last Will, the Maximum Packet
+//! Size, credentials and TLS.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +91,10 @@ pub fn options(cfg: &Config, status_topic: &str, offline_payload: Vec<u8>) -> Re
     o.set_clean_start(false);
     o.set_session_expiry_interval(Some(cfg.mqtt.session_expiry_s));
     o.set_manual_acks(true);
+    // At most this many questions delivered and unacknowledged: the broker holds the rest, so a
+    // flood waits at the broker rather than being refused `overloaded`, and a killed agent
+    // strands no more than this in its session.
+    o.set_receive_maximum(Some(cfg.receive_maximum()));
     // Questions and replies are small and latency-bound: no Nagle delay.
     let mut net = rumqttc::NetworkOptions::new();
     net.set_tcp_nodelay(true);

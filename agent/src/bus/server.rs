@@ -8,6 +8,12 @@
 //! acknowledged only after its reply or error reply has been handed to the client, so a crash at
 //! any point leaves it unacknowledged and the broker delivers it again to this persistent session.
 //! While a task waits for the engine, others are tokenizing: the worker is never idle for host work.
+//!
+//! A redelivered copy of a question still in progress (after a reconnect) waits for that answer
+//! instead of computing it again; one already answered gets the remembered reply. On shutdown,
+//! questions in progress get `mqtt.shutdown_grace_s` to finish; then the delivery gate closes:
+//! a question is either answered *and* acknowledged before the agent's `offline` status and its
+//! DISCONNECT, or neither (the broker delivers it again to the next run).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,13 +23,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{RwLock, Semaphore, mpsc, watch};
 
 use laya_topics::topic::{Channel, Schema};
-use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo};
+use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo, Undeliverable};
 use laya_topics::{Map, Value};
 
-use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo};
+use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
 use super::connection;
 use crate::bundle::HostBundle;
 use crate::config::Config;
@@ -63,11 +69,41 @@ struct Shared {
     bundle: Arc<HostBundle>,
     engine: Engine,
     replies: Mutex<ReplyCache>,
+    /// Questions being answered, by key: a redelivered copy waits on its original's reply
+    /// (`None` until then; the sender dropped without one means the original failed).
+    in_progress: Mutex<std::collections::HashMap<RequestKey, watch::Receiver<Option<Vec<u8>>>>>,
     permits: Arc<Semaphore>,
     device: String,
     backend: String,
+    /// `{prefix}/{device}/errors`, where undeliverable questions are reported.
+    errors_to: ReplyTo,
     counters: Counters,
     stopping: AtomicBool,
+    /// Closed (true) once shutdown has waited for the questions in progress. Publishing a reply
+    /// and acknowledging its question happen under the read lock, so the two are both sent
+    /// before the DISCONNECT, or neither is.
+    closed: RwLock<bool>,
+}
+
+/// What a handled question sends back before it is acknowledged.
+struct Outbound {
+    to: ReplyTo,
+    payload: Vec<u8>,
+    /// An answer computed for this question (counted in `answered`), not an error or a resend.
+    answered: bool,
+}
+
+/// Removes a question from the in-progress map when its handling ends, however it ends.
+struct InProgress<'a> {
+    shared: &'a Shared,
+    key: RequestKey,
+    reply: watch::Sender<Option<Vec<u8>>>,
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.shared.in_progress.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
+    }
 }
 
 fn now_unix() -> u64 {
@@ -96,45 +132,100 @@ impl Shared {
         }
     }
 
-    async fn refuse(&self, to: &ReplyTo, error: ErrorReply) {
+    fn refusal(&self, to: &ReplyTo, error: ErrorReply) -> Outbound {
         self.count_refusal(error.code);
-        let _ = self.publish(to, to.encoding.encode(&error.to_value())).await;
+        Outbound { to: to.clone(), payload: to.encoding.encode(&error.to_value()), answered: false }
     }
 
-    /// Handles one question end to end; the caller acknowledges it afterwards.
-    async fn handle(self: &Arc<Self>, publish: &Publish, received: Instant) {
+    /// Sends what a question's handling produced, then acknowledges the question; after
+    /// shutdown closed the gate, neither.
+    async fn deliver(&self, publish: &Publish, out: Option<Outbound>) {
+        let closed = self.closed.read().await;
+        if *closed {
+            return; // not acknowledged: the broker delivers it again to the next run
+        }
+        if let Some(out) = out {
+            if self.publish(&out.to, out.payload).await.is_err() {
+                return;
+            }
+            if out.answered {
+                self.counters.answered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = self.client.ack(publish).await;
+    }
+
+    /// Handles one question end to end, up to what to send back; the caller delivers it.
+    async fn handle(self: &Arc<Self>, publish: &Publish, received: Instant) -> Option<Outbound> {
         let incoming = incoming(publish);
-        let decision = self.admission.decide_with(&incoming, received, |id, topic| {
-            self.replies.lock().unwrap_or_else(|e| e.into_inner()).get(id, topic).map(<[u8]>::to_vec)
+        let decision = self.admission.decide_with(&incoming, received, |key| {
+            self.replies.lock().unwrap_or_else(|e| e.into_inner()).get(key).map(<[u8]>::to_vec)
         });
         match decision {
-            Decision::Drop { reason } => {
+            Decision::Drop { report } => {
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(topic = %String::from_utf8_lossy(&publish.topic), %reason, "dropped a message");
+                tracing::warn!(
+                    topic = %String::from_utf8_lossy(&publish.topic),
+                    reason = %report.error.message,
+                    "a question with nowhere to reply to, reported on the errors topic"
+                );
+                Some(self.report(&report))
             }
-            Decision::Refuse { error, reply_to } => self.refuse(&reply_to, error).await,
+            Decision::Refuse { error, reply_to } => Some(self.refusal(&reply_to, error)),
             Decision::Resend { reply_to, payload } => {
                 self.counters.resent.fetch_add(1, Ordering::Relaxed);
-                let _ = self.publish(&reply_to, payload).await;
+                Some(Outbound { to: reply_to, payload, answered: false })
             }
-            Decision::Answer { request, reply_to, deadline } => {
-                let id = request.id.clone();
+            Decision::Answer { request, reply_to, deadline, key } => {
+                let original = {
+                    let mut map = self.in_progress.lock().unwrap_or_else(|e| e.into_inner());
+                    match map.get(&key) {
+                        Some(rx) => Err(rx.clone()),
+                        None => {
+                            let (tx, rx) = watch::channel(None);
+                            map.insert(key.clone(), rx);
+                            Ok(InProgress { shared: self, key, reply: tx })
+                        }
+                    }
+                };
+                let guard = match original {
+                    Ok(guard) => Some(guard),
+                    // A redelivered copy of a question in progress: its original's reply, unless
+                    // the original failed (then this copy is answered on its own).
+                    Err(mut rx) => match rx.wait_for(Option::is_some).await {
+                        Ok(reply) => {
+                            let payload = reply.clone().unwrap_or_default();
+                            self.counters.resent.fetch_add(1, Ordering::Relaxed);
+                            return Some(Outbound { to: reply_to, payload, answered: false });
+                        }
+                        Err(_) => None,
+                    },
+                };
                 let limit = match reply_to.encoding {
                     Encoding::Json => INLINE_TOKENIZE_BYTES,
                     Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
                 };
                 let inline = publish.payload.len() <= limit;
-                let payload = self.answer(request, &reply_to, deadline, received, inline).await;
-                if let (Some(id), Some(bytes)) = (id.as_ref(), payload.as_ref())
-                    && let Ok(mut cache) = self.replies.lock()
-                {
-                    cache.put(id, &reply_to.topic, bytes.clone());
+                match self.answer(request, &reply_to, deadline, received, inline).await {
+                    Ok(payload) => {
+                        if let Some(g) = guard {
+                            self.replies.lock().unwrap_or_else(|e| e.into_inner()).put(g.key.clone(), payload.clone());
+                            let _ = g.reply.send(Some(payload.clone()));
+                        }
+                        Some(Outbound { to: reply_to, payload, answered: true })
+                    }
+                    Err(error) => Some(self.refusal(&reply_to, error)),
                 }
             }
         }
     }
 
-    /// Answers an admitted request; returns the reply payload it published, if it was a result.
+    /// The errors-topic report of a question that has nowhere to be answered.
+    fn report(&self, report: &Undeliverable) -> Outbound {
+        Outbound { to: self.errors_to.clone(), payload: Encoding::Json.encode(&report.to_value()), answered: false }
+    }
+
+    /// Answers an admitted request: the reply payload, or the error to reply with.
     async fn answer(
         self: &Arc<Self>,
         request: laya_topics::Request,
@@ -142,7 +233,7 @@ impl Shared {
         deadline: Option<Instant>,
         received: Instant,
         inline: bool,
-    ) -> Option<Vec<u8>> {
+    ) -> Result<Vec<u8>, ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
         let bundle = self.bundle.clone();
@@ -159,19 +250,12 @@ impl Shared {
         };
         let prepared = match prepared {
             Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                self.refuse(to, error(e.code(), e.to_string())).await;
-                return None;
-            }
-            Err(e) => {
-                self.refuse(to, error(ErrorCode::Internal, format!("tokenizer task failed: {e}"))).await;
-                return None;
-            }
+            Ok(Err(e)) => return Err(error(e.code(), e.to_string())),
+            Err(e) => return Err(error(ErrorCode::Internal, format!("tokenizer task failed: {e}"))),
         };
         let tokenized = Instant::now();
         if deadline.is_some_and(|d| tokenized >= d) {
-            self.refuse(to, error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into())).await;
-            return None;
+            return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into()));
         }
         let rows: Vec<Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r.clone())).collect();
         let (outputs, infer_ms) = if rows.is_empty() {
@@ -182,25 +266,16 @@ impl Shared {
                 Some(d) => match tokio::time::timeout_at(d.into(), run).await {
                     Ok(r) => r,
                     Err(_) => {
-                        self.refuse(
-                            to,
-                            error(ErrorCode::DeadlineExceeded, "the deadline passed during inference".into()),
-                        )
-                        .await;
-                        return None;
+                        return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed during inference".into()));
                     }
                 },
                 None => run.await,
             };
             match result {
                 Ok(out) => (out.rows, out.elapsed.as_secs_f64() * 1000.0),
-                Err(EngineError::Input(m)) => {
-                    self.refuse(to, error(ErrorCode::BadRequest, m)).await;
-                    return None;
-                }
+                Err(EngineError::Input(m)) => return Err(error(ErrorCode::BadRequest, m)),
                 Err(e @ (EngineError::Unavailable(_) | EngineError::Stopped)) => {
-                    self.refuse(to, error(ErrorCode::BackendUnavailable, e.to_string())).await;
-                    return None;
+                    return Err(error(ErrorCode::BackendUnavailable, e.to_string()));
                 }
             }
         };
@@ -209,14 +284,8 @@ impl Shared {
             .into_iter()
             .map(|r| RowOutput { act_probs: decide::act_probabilities(&r.act_logits), logits: r.logits })
             .collect();
-        let result =
-            match decide::assemble(&prepared, &outputs, &self.bundle.config.temperatures, request.lang.as_deref()) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.refuse(to, error(ErrorCode::Internal, e.to_string())).await;
-                    return None;
-                }
-            };
+        let result = decide::assemble(&prepared, &outputs, &self.bundle.config.temperatures, request.lang.as_deref())
+            .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
         let done = Instant::now();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let timing = Timing {
@@ -227,13 +296,7 @@ impl Shared {
             total: ms(done - received),
         };
         let reply = Reply { id, device: self.device.clone(), backend: self.backend.clone(), result, timing };
-        let payload = to.encoding.encode(&reply.to_value());
-        if self.publish(to, payload.clone()).await.is_ok() {
-            self.counters.answered.fetch_add(1, Ordering::Relaxed);
-            Some(payload)
-        } else {
-            None
-        }
+        Ok(to.encoding.encode(&reply.to_value()))
     }
 
     fn status(&self, online: bool, started_at: u64) -> Vec<u8> {
@@ -288,6 +351,7 @@ pub async fn run(
     let telemetry_topic = schema.topic(&device, Channel::Telemetry)?.to_string();
     let events_topic = schema.topic(&device, Channel::Events)?.to_string();
     let ask_topic = schema.topic(&device, Channel::Ask)?.to_string();
+    let errors_topic = schema.topic(&device, Channel::Errors)?.to_string();
     let fleet_filter = if config.mqtt.fleet.is_empty() {
         None
     } else {
@@ -315,11 +379,14 @@ pub async fn run(
         bundle,
         engine,
         replies: Mutex::new(ReplyCache::new(config.limits.remember_replies)),
+        in_progress: Mutex::default(),
         permits: Arc::new(Semaphore::new(config.limits.queue)),
         device: device.clone(),
         backend,
+        errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
         counters: Counters::default(),
         stopping: AtomicBool::new(false),
+        closed: RwLock::new(false),
     });
 
     // The event loop's own task: poll, forward, reconnect with backoff and jitter.
@@ -349,7 +416,12 @@ pub async fn run(
                     }
                 }
                 Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => {
-                    let _ = net_tx.send(Net::Closed).await;
+                    // Read on until the broker closes the connection: closing a socket with
+                    // unread bytes (a PUBACK for `offline`) sends a TCP reset, which can discard
+                    // the DISCONNECT before the broker reads it, and then the Last Will fires.
+                    let drain = async { while eventloop.poll().await.is_ok() {} };
+                    let _ = tokio::time::timeout(Duration::from_secs(3), drain).await;
+                    let _ = net_tx.try_send(Net::Closed);
                     break;
                 }
                 Ok(_) => {}
@@ -406,17 +478,15 @@ pub async fn run(
                         // Over the queue: a retryable error, then the ack (not redelivered forever).
                         let s = shared.clone();
                         tokio::spawn(async move {
-                            if let Some((to, error)) = refusal_when_full(&s, &p) {
-                                s.refuse(&to, error).await;
-                            }
-                            let _ = s.client.ack(&p).await;
+                            let out = refusal_when_full(&s, &p);
+                            s.deliver(&p, out).await;
                         });
                         continue;
                     };
                     let s = shared.clone();
                     tokio::spawn(async move {
-                        s.handle(&p, received).await;
-                        let _ = s.client.ack(&p).await;
+                        let out = s.handle(&p, received).await;
+                        s.deliver(&p, out).await;
                         drop(permit);
                     });
                 }
@@ -448,8 +518,21 @@ pub async fn run(
     // Stop taking questions, let those in flight finish, say goodbye.
     notifier.stopping();
     shared.stopping.store(true, Ordering::Relaxed);
-    let _ =
-        tokio::time::timeout(Duration::from_secs(30), shared.permits.acquire_many(config.limits.queue as u32)).await;
+    // Questions still arriving are left unacknowledged; the poller must never wait for room.
+    tokio::spawn(async move { while net_rx.recv().await.is_some() {} });
+    let grace = Duration::from_secs(config.mqtt.shutdown_grace_s);
+    let all = u32::try_from(config.limits.queue).unwrap_or(u32::MAX);
+    if tokio::time::timeout(grace, shared.permits.acquire_many(all)).await.is_err() {
+        let left = config.limits.queue - shared.permits.available_permits();
+        tracing::warn!(left, "questions still in progress at shutdown: left for the broker to deliver again");
+    }
+    // From here no reply and no acknowledgement is sent: whatever is still in progress is
+    // neither answered nor acknowledged. (A delivery being sent holds the lock for moments.)
+    match tokio::time::timeout(Duration::from_secs(5), shared.closed.write()).await {
+        Ok(mut closed) => *closed = true,
+        Err(_) => tracing::warn!("a reply was still being handed to the client at shutdown"),
+    }
+    // `offline`, then DISCONNECT with reason 0 (normal): the broker discards the Last Will.
     let _ = client.publish(status_topic, QoS::AtLeastOnce, true, shared.status(false, started_at)).await;
     let _ = client.disconnect().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
@@ -458,15 +541,18 @@ pub async fn run(
 
 /// The reply to a question that arrives with the queue full: what admission would refuse it
 /// for anyway (too large, malformed, ...), else `overloaded`.
-fn refusal_when_full(s: &Shared, p: &Publish) -> Option<(ReplyTo, ErrorReply)> {
+fn refusal_when_full(s: &Shared, p: &Publish) -> Option<Outbound> {
     let incoming = incoming(p);
     let overloaded =
         |id| ErrorReply { id, code: ErrorCode::Overloaded, message: "the question queue is full; retry later".into() };
     match s.admission.decide(&incoming, Instant::now(), &ReplyCache::new(0)) {
-        Decision::Answer { request, reply_to, .. } => Some((reply_to, overloaded(request.id))),
-        Decision::Refuse { error, reply_to } => Some((reply_to, error)),
-        Decision::Resend { reply_to, .. } => Some((reply_to, overloaded(None))),
-        Decision::Drop { .. } => None,
+        Decision::Answer { request, reply_to, .. } => Some(s.refusal(&reply_to, overloaded(request.id))),
+        Decision::Refuse { error, reply_to } => Some(s.refusal(&reply_to, error)),
+        Decision::Resend { reply_to, .. } => Some(s.refusal(&reply_to, overloaded(None))),
+        Decision::Drop { report } => {
+            s.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            Some(s.report(&report))
+        }
     }
 }
 

@@ -101,6 +101,11 @@ impl Broker {
     pub fn url(&self) -> String {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
+
+    /// What mosquitto logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
+    }
 }
 
 impl Drop for Broker {

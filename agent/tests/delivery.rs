@@ -1,0 +1,587 @@
+//! Delivery guarantees of `laya-edge serve` against a real mosquitto: a question is recognised
+//! across redeliveries by its id *and* content, a redelivered copy of a question in progress is
+//! not computed twice, shutdown answers and acknowledges a question or does neither, questions
+//! with nowhere to reply to are reported on the errors topic, the Receive Maximum bounds what a
+//! killed agent strands, and the shipped broker configuration serves a flood without loss.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use tokio::sync::mpsc;
+
+use common::*;
+use laya_topics::Value;
+use laya_topics::json::{self, ParseOptions};
+use laya_topics::wire::Encoding;
+
+/// An MQTT 5 client with a persistent session (it keeps its subscriptions and gets what was
+/// published while the broker restarted), subscribing only once the broker acknowledged.
+struct Persistent {
+    client: AsyncClient,
+    rx: mpsc::Receiver<Publish>,
+    subacks: mpsc::Receiver<()>,
+}
+
+impl Persistent {
+    async fn connect(port: u16, id: &str) -> Persistent {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        o.set_clean_start(false);
+        o.set_session_expiry_interval(Some(600));
+        o.set_max_packet_size(Some(1 << 20));
+        let (client, mut eventloop) = AsyncClient::new(o, 10_000);
+        let (tx, rx) = mpsc::channel(100_000);
+        let (sub_tx, subacks) = mpsc::channel(100);
+        tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        if tx.send(p).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = sub_tx.send(()).await;
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        Persistent { client, rx, subacks }
+    }
+
+    async fn subscribe(&mut self, filter: &str) {
+        self.client.subscribe(filter, QoS::AtLeastOnce).await.expect("subscribe");
+        tokio::time::timeout(Duration::from_secs(10), self.subacks.recv()).await.expect("a SubAck");
+    }
+
+    async fn ask(&self, topic: &str, body: Vec<u8>, response_topic: Option<&str>) {
+        let props = PublishProperties {
+            response_topic: response_topic.map(str::to_owned),
+            content_type: Some(Encoding::Json.content_type().into()),
+            ..PublishProperties::default()
+        };
+        self.client.publish_with_properties(topic, QoS::AtLeastOnce, false, body, props).await.expect("publish");
+    }
+
+    async fn next(&mut self, within: Duration) -> Option<Publish> {
+        tokio::time::timeout(within, self.rx.recv()).await.ok().flatten()
+    }
+}
+
+fn topic(p: &Publish) -> String {
+    String::from_utf8_lossy(&p.topic).into_owned()
+}
+
+fn int(v: &Value, key: &str) -> i64 {
+    v.get(key).and_then(Value::as_i64).unwrap_or_else(|| panic!("{key} in {v:?}"))
+}
+
+fn parse(text: &str) -> Value {
+    json::parse_str(text, ParseOptions::default()).expect("json")
+}
+
+/// A request with id `id` asking `questions` (a JSON object's members).
+fn request_with(id: &str, questions: &str) -> Vec<u8> {
+    format!(r#"{{"id": "{id}", "state": "The app crashes when I log in, please help.", "questions": {{{questions}}}}}"#)
+        .into_bytes()
+}
+
+const BUG: &str = r#""bug": {"type": "noul", "instructions": "Is this a bug report?"}"#;
+const TEAM: &str =
+    r#""team": {"type": "choice", "instructions": "Which team?", "criteria": ["billing", "technical", "sales"]}"#;
+
+/// The question names a reply answers.
+fn answered_questions(v: &Value) -> Vec<String> {
+    match v.get("answers") {
+        Some(Value::Object(m)) => m.keys().cloned().collect(),
+        other => panic!("a reply with answers, not {other:?}"),
+    }
+}
+
+/// Waits for the first publish on `c` that `want` accepts, collecting the others.
+async fn until(c: &mut Persistent, what: &str, within: Duration, want: impl Fn(&Publish) -> bool) -> Vec<Publish> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let p = c.next(left).await.unwrap_or_else(|| panic!("no {what} within {within:?}; saw {}", seen.len()));
+        let done = want(&p);
+        seen.push(p);
+        if done {
+            return seen;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_request_id_with_new_questions_is_answered_anew_not_from_the_reply_cache() {
+    let broker = Broker::start("reuse", "");
+    let _agent = Agent::start(&broker, "dev-reuse", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-reuse").await;
+    let mut c = Persistent::connect(broker.port, "reuse-asker").await;
+    c.subscribe("laya/v1/reuse-asker/reply/#").await;
+    c.subscribe("laya/v1/dev-reuse/reply/#").await;
+    // MQTT 5: one client reuses id "same" for a different request.
+    let to = Some("laya/v1/reuse-asker/reply/same");
+    c.ask("laya/v1/dev-reuse/ask", request_with("same", &format!("{BUG}, {TEAM}")), to).await;
+    let first = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
+    assert_eq!(answered_questions(&first), ["bug", "team"]);
+    c.ask("laya/v1/dev-reuse/ask", request_with("same", TEAM), to).await;
+    let second = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
+    assert_eq!(answered_questions(&second), ["team"], "the second request's own answers");
+    // MQTT 3.1.1 style (no response topic): two clients both use id "1" on the shared reply topic.
+    c.ask("laya/v1/dev-reuse/ask", request_with("1", BUG), None).await;
+    let a = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
+    c.ask("laya/v1/dev-reuse/ask", request_with("1", TEAM), None).await;
+    let b = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
+    assert_eq!((answered_questions(&a), answered_questions(&b)), (vec!["bug".into()], vec!["team".into()]));
+    // The same bytes again are a redelivery: the remembered reply, not a new answer.
+    c.ask("laya/v1/dev-reuse/ask", request_with("1", TEAM), None).await;
+    let again = c.next(Duration::from_secs(30)).await.expect("a reply");
+    assert_eq!(answered_questions(&decode(&again)), ["team"]);
+    assert_eq!(decode(&again).get("timing_ms"), b.get("timing_ms"), "the remembered reply, byte for byte");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_copy_of_a_question_in_progress_waits_for_that_answer() {
+    let mut broker = Broker::start("coalesce", "");
+    let _agent = Agent::start(&broker, "dev-co", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=3000\"\n");
+    wait_online(broker.port, "dev-co").await;
+    let mut c = Persistent::connect(broker.port, "co-asker").await;
+    c.subscribe("laya/v1/co-asker/reply/#").await;
+    c.subscribe("laya/v1/dev-co/telemetry").await;
+    let n = 3;
+    for i in 0..n {
+        let id = format!("c{i}");
+        let to = format!("laya/v1/co-asker/reply/{id}");
+        c.ask("laya/v1/dev-co/ask", request_with(&id, BUG), Some(&to)).await;
+    }
+    // All of them received (the first takes 3 s in the engine, the others wait behind it) ...
+    until(&mut c, "all questions in progress", Duration::from_secs(20), |p| {
+        topic(p).ends_with("/telemetry") && int(&decode(p), "in_flight") == n
+    })
+    .await;
+    // ... when the broker restarts: it delivers the unacknowledged questions again.
+    broker.restart();
+    let mut replies: HashMap<String, usize> = HashMap::new();
+    let seen = until(&mut c, "both copies of every question handled", Duration::from_secs(90), |p| {
+        if topic(p).ends_with("/telemetry") {
+            let v = decode(p);
+            int(&v, "answered") + int(&v, "resent") >= 2 * n
+        } else {
+            false
+        }
+    })
+    .await;
+    for p in &seen {
+        if topic(p).contains("/reply/") {
+            *replies.entry(decode(p).get("id").and_then(Value::as_str).expect("id").to_owned()).or_default() += 1;
+        }
+    }
+    let last = decode(seen.last().expect("telemetry"));
+    assert_eq!(int(&last, "answered"), n, "each question inferred once: {last:?}");
+    assert_eq!(int(&last, "resent"), n, "each redelivered copy got its original's reply: {last:?}");
+    // Each id is answered (twice at most: the original's reply and the copy's).
+    for i in 0..n {
+        let got = replies.get(&format!("c{i}")).copied().unwrap_or(0);
+        let more = if got == 0 { c.next(Duration::from_secs(10)).await.map(|p| decode(&p)) } else { None };
+        assert!(got >= 1 || more.is_some(), "c{i} answered");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt311_request_with_an_unusable_id_is_reported_on_the_errors_topic_and_counted() {
+    let broker = Broker::start("errors", "");
+    let _agent = Agent::start(&broker, "dev-err", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-err").await;
+    let mut watch = Persistent::connect(broker.port, "err-watch").await;
+    watch.subscribe("laya/v1/dev-err/errors").await;
+    watch.subscribe("laya/v1/dev-err/telemetry").await;
+    let long = "x".repeat(300);
+    // (id member, the id the report names, why)
+    let cases = [
+        (r#""id": "","#.to_owned(), Value::from(""), "empty"),
+        (format!(r#""id": "{long}","#), Value::from(long.as_str()), "300 bytes long"),
+        (r#""id": "a/b","#.to_owned(), Value::from("a/b"), "contains"),
+        (r#""id": "a+","#.to_owned(), Value::from("a+"), "contains"),
+        (r##""id": "#","##.to_owned(), Value::from("#"), "contains"),
+        (String::new(), Value::Null, "no id"),
+    ];
+    // An MQTT 3.1.1 client: no response topic, so the reply would go under the id.
+    let o = rumqttc::MqttOptions::new("err-311", "127.0.0.1", broker.port);
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 10);
+    tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+    for (id, _, _) in &cases {
+        let body = format!(r#"{{{id} "state": "s", "questions": {{{BUG}}}}}"#);
+        client.publish("laya/v1/dev-err/ask", rumqttc::QoS::AtLeastOnce, false, body).await.expect("publish");
+    }
+    let seen = until(&mut watch, "six reports counted", Duration::from_secs(30), |p| {
+        topic(p).ends_with("/telemetry") && int(&decode(p), "dropped") == 6
+    })
+    .await;
+    let mut reports: Vec<Value> = seen.iter().filter(|p| topic(p).ends_with("/errors")).map(decode).collect();
+    while reports.len() < cases.len() {
+        let p = watch.next(Duration::from_secs(10)).await.expect("a report per question");
+        if topic(&p).ends_with("/errors") {
+            reports.push(decode(&p));
+        }
+    }
+    for (_, id, why) in &cases {
+        let report = reports.iter().find(|r| r.get("id") == Some(id)).unwrap_or_else(|| panic!("{id:?} reported"));
+        let error = report.get("error").expect("an error");
+        assert_eq!(error.get("code"), Some(&Value::from("bad_request")), "{report:?}");
+        let message = error.get("message").and_then(Value::as_str).expect("a message");
+        assert!(message.contains(why), "{why}: {message}");
+    }
+}
+
+/// A SIGTERM'd agent's broker log says it sent DISCONNECT (the Last Will is discarded), and the
+/// status topic saw exactly one `offline`: the agent's own, not also the will.
+fn assert_clean_disconnect(broker: &Broker, client_id: &str, offline_seen: usize) {
+    let log = broker.log();
+    assert!(log.contains(&format!("Received DISCONNECT from {client_id}")), "no DISCONNECT in\n{log}");
+    for unclean in ["closed its connection", "disconnected due to", "disconnected: ", "exceeded timeout"] {
+        let line = format!("Client {client_id} {unclean}");
+        assert!(!log.contains(&line), "{line:?} in\n{log}");
+    }
+    assert_eq!(offline_seen, 1, "one offline status: the agent's, not the Last Will too");
+}
+
+/// A datagram socket standing in for systemd's `NOTIFY_SOCKET`.
+fn notify_socket(name: &str) -> (std::os::unix::net::UnixDatagram, PathBuf) {
+    let path = temp_dir(name).join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+    socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    (socket, path)
+}
+
+fn notifications(socket: &std::os::unix::net::UnixDatagram) -> Vec<String> {
+    socket.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [0u8; 512];
+    let mut out = Vec::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    out
+}
+
+/// Starts an agent for `device` with `extra` config and a notify socket.
+fn agent_with_notify(broker: &Broker, device: &str, extra: &str, socket: &Path) -> Agent {
+    let dir = temp_dir(&format!("agent-{device}"));
+    let config = dir.join("laya-edge.toml");
+    let text = format!(
+        "[mqtt]\nbroker = \"{}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}\n[model]\ndir = \"{}\"\n",
+        broker.url(),
+        model("bpe-small")
+    );
+    std::fs::write(&config, text).expect("config");
+    Agent::with_config(config, vec![("NOTIFY_SOCKET".to_owned(), socket.display().to_string())])
+}
+
+/// Sends `ids` to `device` from `c`, each with its own response topic under `asker`.
+async fn ask_all(c: &Persistent, device: &str, asker: &str, ids: &[String]) {
+    for id in ids {
+        let to = format!("laya/v1/{asker}/reply/{id}");
+        c.ask(&format!("laya/v1/{device}/ask"), request_with(id, BUG), Some(&to)).await;
+    }
+}
+
+/// Reply ids on `seen`, counted.
+fn reply_counts(seen: &[Publish]) -> HashMap<String, Vec<Value>> {
+    let mut m: HashMap<String, Vec<Value>> = HashMap::new();
+    for p in seen.iter().filter(|p| topic(p).contains("/reply/")) {
+        let v = decode(p);
+        m.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
+    }
+    m
+}
+
+fn is_offline(p: &Publish) -> bool {
+    topic(p).ends_with("/status") && decode(p).get("state") == Some(&Value::from("offline"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_answers_and_acknowledges_each_question_or_leaves_it_for_the_next_run() {
+    let broker = Broker::start("term-stream", "log_type all\n");
+    let (socket, path) = notify_socket("term-stream");
+    let extra = "shutdown_grace_s = 1\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n";
+    let mut agent = agent_with_notify(&broker, "dev-ts", extra, &path);
+    wait_online(broker.port, "dev-ts").await;
+    let mut c = Persistent::connect(broker.port, "ts-asker").await;
+    c.subscribe("laya/v1/ts-asker/reply/#").await;
+    c.subscribe("laya/v1/dev-ts/status").await;
+    // The retained `online`.
+    until(&mut c, "the online status", Duration::from_secs(10), |p| topic(p).ends_with("/status")).await;
+    let ids: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    ask_all(&c, "dev-ts", "ts-asker", &ids).await;
+    // Mid-stream: once the first answer is out, with most still in progress.
+    let mut seen = until(&mut c, "a first answer", Duration::from_secs(30), |p| topic(p).contains("/reply/")).await;
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}");
+    seen.extend(until(&mut c, "the offline status", Duration::from_secs(10), is_offline).await);
+    let before = reply_counts(&seen);
+    // Nothing from the agent after its `offline`: no Last Will, no late reply.
+    let mut offline_seen = 1;
+    while let Some(p) = c.next(Duration::from_secs(2)).await {
+        offline_seen += usize::from(is_offline(&p));
+        assert!(!topic(&p).contains("/reply/"), "a reply after offline: {:?}", decode(&p));
+    }
+    assert_clean_disconnect(&broker, "laya-edge-dev-ts", offline_seen);
+    let sent = notifications(&socket);
+    assert!(sent.iter().any(|m| m.starts_with("STOPPING=1")), "STOPPING=1 sent: {sent:?}");
+    assert!(before.len() < ids.len(), "some questions were still in progress: {before:?}");
+    // The next run answers exactly those not answered before.
+    agent.launch();
+    let mut after: HashMap<String, Vec<Value>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while before.len() + after.len() < ids.len() && Instant::now() < deadline {
+        if let Some(p) = c.next(Duration::from_secs(2)).await
+            && topic(&p).contains("/reply/")
+        {
+            let v = decode(&p);
+            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
+        }
+    }
+    while let Some(p) = c.next(Duration::from_secs(2)).await {
+        if topic(&p).contains("/reply/") {
+            let v = decode(&p);
+            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
+        }
+    }
+    for id in &ids {
+        let (b, a) = (before.get(id).map_or(0, Vec::len), after.get(id).map_or(0, Vec::len));
+        assert_eq!(b + a, 1, "{id}: {b} replies before SIGTERM, {a} after the restart");
+        let reply = before.get(id).or_else(|| after.get(id)).and_then(|v| v.first()).expect("a reply");
+        assert!(reply.get("answers").is_some(), "{id} answered, not refused: {reply:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
+    let broker = Broker::start("term-hung", "log_type all\n");
+    let (_socket, path) = notify_socket("term-hung");
+    // The first worker hangs on every call (the warm-up row included); the next one runs clean.
+    let marker = temp_dir("term-hung-once").join("hung");
+    let extra = format!(
+        "shutdown_grace_s = 1\n[engine]\nbackend = \"null\"\ndeadline_ms = 60000\nnull_faults = \"hang,once={}\"\n",
+        marker.display()
+    );
+    let mut agent = agent_with_notify(&broker, "dev-th", &extra, &path);
+    wait_online(broker.port, "dev-th").await;
+    let mut c = Persistent::connect(broker.port, "th-asker").await;
+    c.subscribe("laya/v1/th-asker/reply/#").await;
+    c.subscribe("laya/v1/dev-th/status").await;
+    c.subscribe("laya/v1/dev-th/telemetry").await;
+    let ids: Vec<String> = (0..2).map(|i| format!("h{i}")).collect();
+    ask_all(&c, "dev-th", "th-asker", &ids).await;
+    let mut seen = until(&mut c, "both questions in progress", Duration::from_secs(20), |p| {
+        topic(p).ends_with("/telemetry") && int(&decode(p), "in_flight") == 2
+    })
+    .await;
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}");
+    seen.extend(until(&mut c, "the offline status", Duration::from_secs(10), is_offline).await);
+    let mut offline_seen = 1;
+    while let Some(p) = c.next(Duration::from_secs(2)).await {
+        offline_seen += usize::from(is_offline(&p));
+        seen.push(p);
+    }
+    assert!(reply_counts(&seen).is_empty(), "no reply for a question in a hung call: {:?}", reply_counts(&seen));
+    assert_clean_disconnect(&broker, "laya-edge-dev-th", offline_seen);
+    // Not acknowledged either: the next run (a clean worker) gets them again and answers each once.
+    agent.launch();
+    let mut after: HashMap<String, Vec<Value>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while after.len() < ids.len() && Instant::now() < deadline {
+        if let Some(p) = c.next(Duration::from_secs(2)).await
+            && topic(&p).contains("/reply/")
+        {
+            let v = decode(&p);
+            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
+        }
+    }
+    while let Some(p) = c.next(Duration::from_secs(2)).await {
+        if topic(&p).contains("/reply/") {
+            let v = decode(&p);
+            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
+        }
+    }
+    for id in &ids {
+        let replies = after.get(id).map_or(&[][..], Vec::as_slice);
+        assert_eq!(replies.len(), 1, "{id} answered once by the next run: {replies:?}");
+        assert!(replies[0].get("answers").is_some(), "{id}: {:?}", replies[0]);
+    }
+}
+
+/// Sends `n` questions to fleet `north` and returns which agent answered each id.
+async fn fleet_flood(c: &Persistent, n: usize) {
+    for i in 0..n {
+        let id = format!("f{i}");
+        let to = format!("laya/v1/fleet-asker/reply/{id}");
+        c.ask("laya/v1/fleet/north/ask", request_with(&id, BUG), Some(&to)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_receive_maximum_a_killed_share_group_member_strands_at_most_that_many() {
+    let broker = Broker::start("strand", "");
+    let queue = 4;
+    let extra = format!(
+        "fleet = \"north\"\nshare_group = \"workers\"\n[limits]\nqueue = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
+    );
+    let mut doomed = Agent::start(&broker, "strand-a", &extra);
+    let _survivor = Agent::start(&broker, "strand-b", &extra);
+    wait_online(broker.port, "strand-a").await;
+    wait_online(broker.port, "strand-b").await;
+    let mut c = Persistent::connect(broker.port, "fleet-asker").await;
+    c.subscribe("laya/v1/fleet-asker/reply/#").await;
+    let n = 200;
+    fleet_flood(&c, n).await;
+    let mut answered: HashMap<String, String> = HashMap::new();
+    // Mid-stream: once the doomed agent has answered a few.
+    while answered.values().filter(|d| *d == "strand-a").count() < 5 {
+        let p = c.next(Duration::from_secs(30)).await.expect("replies");
+        let v = decode(&p);
+        answered.insert(
+            v.get("id").and_then(Value::as_str).expect("id").to_owned(),
+            v.get("device").and_then(Value::as_str).expect("device").to_owned(),
+        );
+    }
+    doomed.kill9();
+    while let Some(p) = c.next(Duration::from_secs(5)).await {
+        let v = decode(&p);
+        answered.insert(
+            v.get("id").and_then(Value::as_str).expect("id").to_owned(),
+            v.get("device").and_then(Value::as_str).expect("device").to_owned(),
+        );
+    }
+    let stranded = n - answered.len();
+    assert!(stranded <= queue, "{stranded} questions stranded in the killed agent's session");
+}
+
+/// The shipped broker configuration, made runnable here: its own port, persistence directory,
+/// password and ACL files (the paths the example uses are a board's).
+fn shipped_mosquitto_conf(dir: &Path, port: u16) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let conf = std::fs::read_to_string(root.join("config/mosquitto.conf")).expect("config/mosquitto.conf");
+    std::fs::copy(root.join("config/mosquitto.acl"), dir.join("mosquitto.acl")).expect("the ACL file");
+    let mut out = String::from("user root\n");
+    for line in conf.lines() {
+        let key = line.split_whitespace().next().unwrap_or("");
+        out += &match key {
+            "listener" => format!("listener {port} 127.0.0.1"),
+            "persistence_location" => format!("persistence_location {}/", dir.display()),
+            "password_file" => format!("password_file {}", dir.join("passwd").display()),
+            "acl_file" => format!("acl_file {}", dir.join("mosquitto.acl").display()),
+            "log_dest" => "log_dest stderr".to_owned(),
+            _ => line.to_owned(),
+        };
+        out.push('\n');
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_losing_one() {
+    let dir = temp_dir("shipped-broker");
+    let port = free_port();
+    std::fs::write(dir.join("mosquitto.conf"), shipped_mosquitto_conf(&dir, port)).expect("conf");
+    let passwd = dir.join("passwd");
+    for (user, password) in [("dev-flood", "device-secret"), ("flood-asker", "client-secret")] {
+        let ok = Command::new("mosquitto_passwd")
+            .arg(if passwd.exists() { "-b" } else { "-cb" })
+            .args([passwd.as_os_str(), user.as_ref(), password.as_ref()])
+            .status()
+            .expect("mosquitto_passwd runs");
+        assert!(ok.success());
+    }
+    let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log");
+    let mut mosquitto = Command::new(mosquitto())
+        .arg("-c")
+        .arg(dir.join("mosquitto.conf"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("mosquitto starts");
+    wait_for_port(port);
+    let broker_url = format!("mqtt://127.0.0.1:{port}");
+    std::fs::write(dir.join("device.password"), "device-secret\n").expect("password file");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"dev-flood\"\nusername = \"dev-flood\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+            dir.join("device.password").display(),
+            model("bpe-small")
+        ),
+    )
+    .expect("config");
+    let agent = Agent::with_config(config, Vec::new());
+    let mut o = MqttOptions::new("flood-asker", "127.0.0.1", port);
+    o.set_credentials("flood-asker", "client-secret");
+    o.set_max_packet_size(Some(1 << 20));
+    let (client, mut eventloop) = AsyncClient::new(o, 10_000);
+    let (tx, mut rx) = mpsc::channel::<Publish>(100_000);
+    let (sub_tx, mut subacks) = mpsc::channel::<()>(10);
+    tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let _ = tx.send(p).await;
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    let _ = sub_tx.send(()).await;
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    client.subscribe("laya/v1/flood-asker/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
+    tokio::time::timeout(Duration::from_secs(10), subacks.recv()).await.expect("suback");
+    client.subscribe("laya/v1/dev-flood/status", QoS::AtLeastOnce).await.expect("subscribe");
+    tokio::time::timeout(Duration::from_secs(10), subacks.recv()).await.expect("suback");
+    // Online (the ACL lets the device publish its status and the client read it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = tokio::time::timeout(deadline - Instant::now(), rx.recv()).await.expect("online").expect("open");
+        if parse(&String::from_utf8_lossy(&p.payload)).get("state") == Some(&Value::from("online")) {
+            break;
+        }
+    }
+    let n = 3000;
+    for i in 0..n {
+        let id = format!("q{i}");
+        let props = PublishProperties {
+            response_topic: Some(format!("laya/v1/flood-asker/reply/{id}")),
+            ..PublishProperties::default()
+        };
+        client
+            .publish_with_properties("laya/v1/dev-flood/ask", QoS::AtLeastOnce, false, request_with(&id, BUG), props)
+            .await
+            .expect("publish");
+    }
+    let mut answered = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while answered.len() < n && Instant::now() < deadline {
+        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await
+            && topic(&p).contains("/reply/")
+        {
+            let v = decode(&p);
+            assert!(v.get("answers").is_some(), "an answer, not {v:?}");
+            answered.insert(v.get("id").and_then(Value::as_str).expect("id").to_owned());
+        }
+    }
+    drop(agent);
+    let _ = mosquitto.kill();
+    let _ = mosquitto.wait();
+    assert_eq!(answered.len(), n, "every question of the flood answered");
+}
