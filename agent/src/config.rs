@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +18,7 @@ pub enum ConfigError {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub mqtt: Mqtt,
@@ -27,10 +27,11 @@ pub struct Config {
     pub engine: Engine,
     pub rknn: Rknn,
     pub qnn: Qnn,
+    pub log: Log,
 }
 
 /// `[mqtt]`: the broker connection and the topic tree.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Mqtt {
     /// `mqtt://host:port` or `mqtts://host:port`.
@@ -100,7 +101,7 @@ impl Default for Mqtt {
 }
 
 /// `[limits]`: what one request may ask and how much may wait.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Requests admitted but not yet answered; beyond this, `overloaded`.
@@ -130,7 +131,7 @@ impl Default for Limits {
 }
 
 /// `[model]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Model {
     /// A laya checkpoint directory or an NPU bundle (with `laya-bundle.json`).
@@ -144,7 +145,7 @@ impl Default for Model {
 }
 
 /// `[engine]`: the backend and its supervision.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Engine {
     /// `cpu`, `null`, `rknn` or `qnn`.
@@ -187,7 +188,7 @@ impl Default for Engine {
 }
 
 /// `[rknn]`: the Rockchip runtime.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Rknn {
     /// Explicit path of librknnrt.so (2.3.2 for the published graph); `RKNN_LIB` if empty.
@@ -202,7 +203,7 @@ impl Default for Rknn {
 }
 
 /// `[qnn]`: the Qualcomm runtime.
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Qnn {
     /// Path of libQnnHtp.so.
@@ -223,15 +224,50 @@ pub struct Qnn {
     pub soc: String,
 }
 
+impl Default for Qnn {
+    fn default() -> Self {
+        Qnn {
+            backend_lib: String::new(),
+            system_lib: String::new(),
+            adsp_library_path: String::new(),
+            performance: "default".into(),
+            generator: String::new(),
+            model_lib: String::new(),
+            state_dir: String::new(),
+            soc: String::new(),
+        }
+    }
+}
+
+/// `[log]`: what the agent and its worker log (see `crate::logging`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Log {
+    /// A `RUST_LOG`-style filter (`info`, `debug`, `laya_edge::engine=debug,warn`); the `--log`
+    /// flag overrides it; empty: `$LAYA_LOG`, else `$RUST_LOG`, else `info`.
+    pub level: String,
+}
+
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and checks a configuration read from `origin` (a file, or the worker's environment).
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         let config: Config =
-            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string() })?;
+            toml::from_str(text).map_err(|e| ConfigError::Parse { path: origin.to_owned(), message: e.to_string() })?;
         config.check()?;
         Ok(config)
+    }
+
+    /// The configuration as TOML: what `check-config` prints and what the agent hands its worker.
+    /// [`Config::parse`] reads it back to an equal `Config`.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Invalid(format!("cannot write the configuration: {e}")))
     }
 
     /// Checks values serde cannot.
@@ -265,6 +301,10 @@ impl Config {
             return bad("limits.max_request_tokens must be positive".into());
         }
         laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if !self.log.level.trim().is_empty() {
+            tracing_subscriber::EnvFilter::try_new(&self.log.level)
+                .map_err(|e| ConfigError::Invalid(format!("log.level {:?}: {e}", self.log.level)))?;
+        }
         Ok(())
     }
 
@@ -343,9 +383,40 @@ mod tests {
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.engine, Engine::default());
         assert_eq!(c.rknn, Rknn::default());
-        // `performance = "default"` spells out what the empty default means.
+        assert_eq!(c.qnn, Qnn::default());
+        assert_eq!(c.log, Log::default());
+    }
+
+    #[test]
+    fn qnn_performance_defaults_to_default_not_an_empty_string() {
+        assert_eq!(Config::default().qnn.performance, "default");
+        let c: Config = toml::from_str("[qnn]\nsoc = \"qcm6490\"").unwrap();
         assert_eq!(c.qnn.performance, "default");
-        assert_eq!(Qnn { performance: Qnn::default().performance, ..c.qnn.clone() }, Qnn::default());
+    }
+
+    #[test]
+    fn the_toml_a_config_is_written_as_reads_back_to_the_same_config() {
+        let mut c = Config::default();
+        c.mqtt.device = "board \"7\"".into();
+        c.mqtt.response_topics = vec!["a/+/b".into(), "{prefix}/x/#".into()];
+        c.engine.backend = "qnn".into();
+        c.engine.threads = 3;
+        c.rknn.core_mask = 3;
+        c.qnn.performance = "burst".into();
+        c.qnn.backend_lib = "/opt/qairt/lib/libQnnHtp.so".into();
+        c.log.level = "laya_edge::engine=debug,warn".into();
+        let text = c.to_toml().unwrap();
+        assert!(text.contains("[qnn]") && text.contains("performance = \"burst\""), "{text}");
+        assert_eq!(Config::parse(&text, Path::new("round-trip")).unwrap(), c);
+        assert_eq!(Config::parse(&Config::default().to_toml().unwrap(), Path::new("-")).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn a_log_level_that_is_not_a_filter_is_refused() {
+        let c: Config = toml::from_str("[log]\nlevel = \"laya_edge=loud\"").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("log.level"));
+        let c: Config = toml::from_str("[log]\nlevel = \"laya_edge::engine=debug,warn\"").unwrap();
+        assert!(c.check().is_ok());
     }
 
     #[test]

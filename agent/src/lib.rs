@@ -2,6 +2,7 @@
 //!
 //! Data flows one way: `bus -> prompt -> engine -> decide -> bus`. See ARCHITECTURE.md.
 
+pub mod backends;
 pub mod bundle;
 pub mod bus;
 pub mod config;

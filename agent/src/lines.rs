@@ -86,3 +86,28 @@ pub fn predict_line(bundle: &HostBundle, backend: &mut dyn crate::engine::Backen
         Err(e) => error_line(request.id, e.code().as_str(), &e.to_string()),
     }
 }
+
+/// Runs `handle` on every non-blank line of `input` and writes its answer line to `output`,
+/// flushed per line; a line that is not UTF-8 gets an error line and the stream goes on.
+pub fn for_each_line(
+    input: impl std::io::BufRead,
+    mut output: impl std::io::Write,
+    mut handle: impl FnMut(&str) -> String,
+) -> std::io::Result<()> {
+    for line in input.lines() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                writeln!(output, "{}", error_line(None, "bad_request", "the line is not valid UTF-8"))?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        writeln!(output, "{}", handle(&line))?;
+        output.flush()?;
+    }
+    Ok(())
+}

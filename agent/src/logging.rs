@@ -2,21 +2,59 @@
 //!
 //! Every part of the agent and the worker logs through `tracing` macros with a level and fields;
 //! only the binary installs a subscriber, here. The filter follows `RUST_LOG` syntax
-//! (`info`, `laya_edge::engine=debug,warn`), taken from the `LAYA_LOG` environment variable, else
-//! `RUST_LOG`, else `info`. Under systemd (`JOURNAL_STREAM` set, stderr is the journal) lines carry
-//! no timestamp or colours, since the journal adds its own; elsewhere they are human-readable
-//! lines with a timestamp.
+//! (`info`, `laya_edge::engine=debug,warn`): the `--log` flag, else the `[log] level` key, else
+//! the `LAYA_LOG` environment variable, else `RUST_LOG`, else `info`. The worker process gets the
+//! agent's effective configuration (with the flag folded into `[log] level`), so it filters the
+//! same way.
+//!
+//! Under systemd (`JOURNAL_STREAM` set: stderr is the journal) each line starts with its syslog
+//! priority (`<3>` error, `<4>` warning, `<6>` info, `<7>` debug and trace), which journald
+//! strips and records as the entry's priority (`journalctl -p warning`), and carries no timestamp,
+//! level word or colours, since the journal adds its own; elsewhere lines are human-readable with
+//! a timestamp and the level.
 
+use std::fmt;
+
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// The environment variable read for the filter first.
 pub const FILTER_VAR: &str = "LAYA_LOG";
 
-/// Installs the process's subscriber. `directive` (a `--log` flag, a `[log] level` key) wins over
-/// the environment. A malformed filter falls back to `info` and says so, never aborts.
+/// The syslog priority journald reads from a `<N>` line prefix (sd-daemon(3)).
+fn priority(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// Prefixes each line of another formatter with its event's syslog priority.
+struct JournalPriority<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for JournalPriority<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        write!(writer, "<{}>", priority(event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+/// Installs the process's subscriber. `directive` (the `--log` flag, else the `[log] level` key)
+/// wins over the environment. A malformed filter falls back to `info` and says so, never aborts.
 pub fn init(directive: Option<&str>) {
     let from_env = std::env::var(FILTER_VAR).ok().or_else(|| std::env::var("RUST_LOG").ok());
-    let wanted = directive.map(str::to_owned).or(from_env).filter(|s| !s.trim().is_empty());
+    let wanted = directive.map(str::to_owned).filter(|s| !s.trim().is_empty()).or(from_env);
+    let wanted = wanted.filter(|s| !s.trim().is_empty());
     let (filter, bad) = match wanted.as_deref().map(EnvFilter::try_new) {
         Some(Ok(f)) => (f, None),
         Some(Err(e)) => (EnvFilter::new("info"), Some(e.to_string())),
@@ -24,13 +62,15 @@ pub fn init(directive: Option<&str>) {
     };
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let colour = !journal && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(colour);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // try_init: a second call keeps the first subscriber.
-    let _ = if journal { builder.without_time().try_init() } else { builder.try_init() };
+    let _ = if journal {
+        let format =
+            tracing_subscriber::fmt::format().without_time().with_target(false).with_level(false).with_ansi(false);
+        builder.event_format(JournalPriority(format)).try_init()
+    } else {
+        builder.with_target(false).with_ansi(colour).try_init()
+    };
     if let Some(e) = bad {
         tracing::warn!(filter = wanted.as_deref().unwrap_or(""), error = %e, "invalid log filter; logging at info");
     }

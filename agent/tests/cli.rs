@@ -83,3 +83,119 @@ fn predict_answers_each_line_and_reports_bad_lines() {
         Some(&Value::from("question 'bad': a score question needs at least one level"))
     );
 }
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = common::temp_dir(&format!("cli-{name}"));
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+/// One request line of the fixtures, for commands that only need something to answer.
+fn one_request() -> String {
+    let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
+    let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
+    laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT) + "\n"
+}
+
+#[test]
+fn check_config_prints_the_effective_configuration_as_toml_that_reads_back_the_same() {
+    let file = temp_file(
+        "laya-edge.toml",
+        "[mqtt]\ndevice = \"board-7\"\nresponse_topics = [\"apps/+/reply/#\"]\n[engine]\nbackend = \"null\"\n\
+         [rknn]\ncore_mask = 3\n[qnn]\nsoc = \"qcm6490\"\n",
+    );
+    let (stdout, stderr, ok) = run(&["check-config", "--config", file.to_str().expect("utf-8")], "");
+    assert!(ok, "{stderr}");
+    assert!(!stdout.contains("Config {"), "TOML, not a debug dump: {stdout}");
+    let printed = laya_edge::config::Config::parse(&stdout, std::path::Path::new("check-config output"))
+        .unwrap_or_else(|e| panic!("the output is a valid configuration file: {e}\n{stdout}"));
+    let loaded = laya_edge::config::Config::load(&file).expect("the file");
+    assert_eq!(printed, loaded);
+    assert_eq!(printed.mqtt.device, "board-7");
+    assert_eq!(printed.rknn.core_mask, 3);
+    // Every section is printed with its defaults filled in; qnn.performance is "default", not "".
+    for section in ["[mqtt]", "[limits]", "[model]", "[engine]", "[rknn]", "[qnn]", "[log]"] {
+        assert!(stdout.contains(section), "{section} missing: {stdout}");
+    }
+    let qnn = stdout.split("[qnn]").nth(1).expect("[qnn]");
+    assert!(qnn.contains("performance = \"default\""), "{qnn}");
+    assert!(stdout.contains("client id \"laya-edge-board-7\""), "{stdout}");
+}
+
+#[test]
+fn predict_takes_its_model_and_engine_keys_from_config_and_flags_override_them() {
+    let model = fixtures().join("models/bpe-t5");
+    // The [engine] keys reach the worker: every call fails with the injected input error.
+    let file = temp_file(
+        "predict.toml",
+        &format!(
+            "[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\nnull_faults = \"error=input\"\n",
+            model.display()
+        ),
+    );
+    let file = file.to_str().expect("utf-8");
+    let input = one_request();
+    let (stdout, stderr, ok) = run(&["predict", "--config", file], &input);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("injected input error"), "the null backend's fault from the file: {stdout}");
+    // --backend overrides engine.backend: the CPU model answers.
+    let (stdout, stderr, ok) = run(&["predict", "--config", file, "--backend", "cpu"], &input);
+    assert!(ok, "{stderr}");
+    let line = parse_str(stdout.trim(), ParseOptions::default()).expect("json");
+    assert!(line.get("answers").is_some(), "{stdout}");
+    // --model overrides model.dir.
+    let (_, stderr, ok) = run(&["predict", "--config", file, "--model", "/nonexistent/model"], &input);
+    assert!(!ok && stderr.contains("/nonexistent/model"), "{stderr}");
+}
+
+/// `predict --backend null` on one request with `args` and `env`: its stderr.
+fn predict_stderr(args: &[&str], env: &[(&str, &std::path::Path)]) -> String {
+    let model = fixtures().join("models/bpe-t5");
+    let mut all = vec!["predict", "--backend", "null", "--model", model.to_str().expect("utf-8")];
+    all.extend_from_slice(args);
+    let all: Vec<&OsStr> = all.iter().map(OsStr::new).collect();
+    let (stdout, stderr, ok) = common::run_cli(&all, env, &one_request());
+    assert!(ok && stdout.contains("answers"), "{stdout}\n{stderr}");
+    stderr
+}
+
+const PREDICT_DEBUG: &str = "predict: answering the lines on stdin";
+const WORKER_DEBUG: &str = "worker: loading the backend";
+
+#[test]
+fn debug_lines_of_the_agent_and_its_worker_show_only_when_the_filter_asks_for_them() {
+    let quiet = predict_stderr(&[], &[]);
+    assert!(!quiet.contains(PREDICT_DEBUG) && !quiet.contains(WORKER_DEBUG), "{quiet}");
+    // The flag; the worker (another process) filters the same way.
+    let debug = predict_stderr(&["--log", "debug"], &[]);
+    assert!(debug.contains(PREDICT_DEBUG) && debug.contains(WORKER_DEBUG), "{debug}");
+    // [log] level in the configuration file.
+    let file = temp_file("log.toml", "[log]\nlevel = \"debug\"\n");
+    let from_file = predict_stderr(&["--config", file.to_str().expect("utf-8")], &[]);
+    assert!(from_file.contains(PREDICT_DEBUG) && from_file.contains(WORKER_DEBUG), "{from_file}");
+    // LAYA_LOG, and the flag over it.
+    let env = [("LAYA_LOG", std::path::Path::new("debug"))];
+    assert!(predict_stderr(&[], &env).contains(WORKER_DEBUG));
+    let flag_wins = predict_stderr(&["--log", "info"], &env);
+    assert!(!flag_wins.contains(WORKER_DEBUG), "{flag_wins}");
+    // A filter that is not one is refused with its name.
+    let model = fixtures().join("models/bpe-t5");
+    let (_, stderr, ok) = run(&["predict", "--model", model.to_str().expect("utf-8"), "--log", "laya_edge=loud"], "");
+    assert!(!ok && stderr.contains("log.level"), "{stderr}");
+}
+
+#[test]
+fn under_the_journal_each_line_starts_with_its_syslog_priority() {
+    let env = [("JOURNAL_STREAM", std::path::Path::new("8:12345"))];
+    let stderr = predict_stderr(&["--log", "debug"], &env);
+    let debug: Vec<&str> = stderr.lines().filter(|l| l.contains(PREDICT_DEBUG) || l.contains(WORKER_DEBUG)).collect();
+    assert_eq!(debug.len(), 2, "{stderr}");
+    assert!(debug.iter().all(|l| l.starts_with("<7>") && !l.contains("DEBUG")), "{stderr}");
+    // An error line of a failing command: <3>.
+    let (_, stderr, ok) =
+        common::run_cli(&[OsStr::new("layout"), OsStr::new("--model"), OsStr::new("/nonexistent/model")], &env, "");
+    assert!(!ok);
+    let line = stderr.lines().find(|l| l.contains("/nonexistent/model")).expect("the error line");
+    assert!(line.starts_with("<3>"), "{stderr}");
+}

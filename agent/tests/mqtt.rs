@@ -703,8 +703,10 @@ async fn under_the_units_settings_the_agent_notifies_ready_and_pings_within_watc
     let mut ready_at = None;
     let start = Instant::now();
     // READY, then a watchdog ping at least every WatchdogSec (the agent pings at half of it).
+    let mut senders = HashSet::new();
     loop {
-        let n = socket.recv(&mut buf).expect("a notification within WatchdogSec");
+        let (n, sender) = recv_with_sender(&socket, &mut buf).expect("a notification within WatchdogSec");
+        senders.insert(sender);
         let m = String::from_utf8_lossy(&buf[..n]).into_owned();
         if m.starts_with("READY=1") {
             ready_at = Some(Instant::now());
@@ -716,8 +718,110 @@ async fn under_the_units_settings_the_agent_notifies_ready_and_pings_within_watc
         }
         assert!(start.elapsed() < Duration::from_secs(2 * watchdog_sec), "no READY and ping");
     }
-    // Notifications come from the main process (NotifyAccess=main): the process we started.
-    assert!(agent.child.is_some() && main_pid > 0);
+    // Notifications come from the main process (NotifyAccess=main): the process we started, as
+    // the kernel reports each datagram's sender; its worker has no NOTIFY_SOCKET to send to.
+    assert_eq!(senders, HashSet::from([main_pid]), "senders of notifications");
+    let workers = children(main_pid);
+    assert_eq!(workers.len(), 1, "one worker: {workers:?}");
+    let environ = std::fs::read(format!("/proc/{}/environ", workers[0])).expect("the worker's environment");
+    let names: Vec<String> = environ
+        .split(|&b| b == 0)
+        .filter_map(|kv| kv.split(|&b| b == b'=').next())
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    assert!(names.iter().any(|k| k == "WATCHDOG_USEC"), "the environment was read: {names:?}");
+    assert!(!names.iter().any(|k| k == "NOTIFY_SOCKET"), "the worker inherited NOTIFY_SOCKET: {names:?}");
+}
+
+/// Receives one datagram on a socket with SO_PASSCRED and returns its length and its sender's
+/// process id, as the kernel reports it (SCM_CREDENTIALS).
+fn recv_with_sender(socket: &std::os::unix::net::UnixDatagram, buf: &mut [u8]) -> std::io::Result<(usize, u32)> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: SO_PASSCRED reads one c_int from the pointer we pass with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut control = [0u64; 16]; // 128 bytes, aligned for cmsghdr
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header, filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg points at `iov` (over `buf`) and `control`, both alive and of the given sizes.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the CMSG_* walk stays within msg_controllen of `control`, which recvmsg filled in.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                return Ok((n as usize, cred.pid as u32));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Err(std::io::Error::other("a datagram without the sender's credentials"))
+}
+
+/// Live (not zombie) child processes of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // pid (comm) state ppid ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 1 && fields[0] != "Z" && fields[1].parse() == Ok(pid) {
+            out.extend(entry.file_name().to_str().and_then(|n| n.parse().ok()));
+        }
+    }
+    out
+}
+
+/// Whether `pid` is gone: no such process, or a zombie waiting to be reaped by its new parent.
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_hung_in_a_call_dies_with_its_agent_when_the_agent_is_killed() {
+    let broker = Broker::start("orphan", "");
+    // Every call hangs, and no deadline kills the worker before the agent is killed.
+    let settings = "[engine]\nbackend = \"null\"\nnull_faults = \"hang\"\ndeadline_ms = 600000\n";
+    let mut agent = Agent::start(&broker, "dev-orphan", settings);
+    let agent_pid = agent.child.as_ref().map(|c| c.id()).expect("pid");
+    wait_online(broker.port, "dev-orphan").await;
+    let mut c = Client::connect(broker.port, "orphan-asker").await;
+    c.subscribe("laya/v1/dev-orphan/telemetry").await;
+    c.ask("laya/v1/dev-orphan/ask", Encoding::Json.encode(&request("hung")), None, None, Encoding::Json).await;
+    // The question is in flight (admitted, behind the hanging warm-up call or in the worker).
+    telemetry_where(&mut c, "a question in flight", |v| v.get("in_flight").and_then(Value::as_i64) >= Some(1)).await;
+    let workers = children(agent_pid);
+    assert_eq!(workers.len(), 1, "one worker: {workers:?}");
+    agent.kill9();
+    let t = Instant::now();
+    while !gone(workers[0]) {
+        assert!(t.elapsed() < Duration::from_secs(5), "the worker {} outlived its agent by 5 s", workers[0]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Watches `{prefix}/{device}/status` on the broker's plain port for `within` and returns the

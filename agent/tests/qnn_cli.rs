@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use laya_edge::backends::BackendKind;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::{Policy, RestartReason};
 use laya_edge::prompt::{QType, Row};
@@ -63,8 +64,14 @@ fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
     let Some(libs) = qnn_simulator() else { return };
     let bundle = bundle_dir("predict", "bpe-t5");
     let input = fixture_requests("bpe-t5", 12, 256);
-    let (core, system) = (libs.join("libQnnHtp.so"), libs.join("libQnnSystem.so"));
-    let qnn = run_predict(&bundle, "qnn", &input, &[("LAYA_QNN_BACKEND_LIB", &core), ("LAYA_QNN_SYSTEM_LIB", &system)]);
+    // The [qnn] keys reach predict's worker through --config.
+    let config = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n[qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\n",
+        bundle.display(),
+        libs.join("libQnnHtp.so").display(),
+        libs.join("libQnnSystem.so").display()
+    );
+    let qnn = run_predict_with_config(&config, &input);
     let cpu = run_predict(&checkpoint("bpe-t5"), "cpu", &input, &[]);
     assert_eq!(qnn.len(), 12);
     assert_eq!(cpu.len(), 12);
@@ -128,13 +135,17 @@ fn fake_bundle(name: &str, model: &str) -> PathBuf {
     dir
 }
 
+/// The agent's QNN worker on `bundle` with both `[qnn]` libraries `lib`, plus the fake runtime's
+/// knobs.
 fn qnn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
-    let args: Vec<OsString> =
-        vec!["worker".into(), "--backend".into(), "qnn".into(), "--model".into(), bundle.as_os_str().to_owned()];
-    let mut env: Vec<(OsString, OsString)> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
-    env.push(("LAYA_QNN_BACKEND_LIB".into(), lib.as_os_str().to_owned()));
-    env.push(("LAYA_QNN_SYSTEM_LIB".into(), lib.as_os_str().to_owned()));
-    WorkerSpec { program: PathBuf::from(env!("CARGO_BIN_EXE_laya-edge")), args, env }
+    let mut config = laya_edge::config::Config::default();
+    config.model.dir = bundle.display().to_string();
+    config.qnn.backend_lib = lib.display().to_string();
+    config.qnn.system_lib = lib.display().to_string();
+    let program = Path::new(env!("CARGO_BIN_EXE_laya-edge"));
+    let mut spec = laya_edge::backends::worker_spec(program, BackendKind::Qnn, &config).expect("spec");
+    spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    spec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

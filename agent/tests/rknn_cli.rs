@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use laya_edge::backends::BackendKind;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::Policy;
 use laya_edge::prompt::{QType, Row};
@@ -55,7 +56,13 @@ fn predict_with_the_rknn_backend_gives_the_cpu_answers() {
     let lib = fake_library();
     let bundle = bundle_dir("predict", "bpe-small");
     let input = fixture_requests("bpe-small", 25, 512);
-    let rknn = run_predict(&bundle, "rknn", &input, &[("RKNN_LIB", &lib)]);
+    // The [rknn] keys reach predict's worker through --config.
+    let config = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"rknn\"\n[rknn]\nlibrary = \"{}\"\n",
+        bundle.display(),
+        lib.display()
+    );
+    let rknn = run_predict_with_config(&config, &input);
     let cpu = run_predict(
         Path::new(&format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-small", env!("CARGO_MANIFEST_DIR"))),
         "cpu",
@@ -102,12 +109,15 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
     );
 }
 
+/// The agent's RKNN worker on `bundle` with `rknn.library = lib`, plus the fake runtime's knobs.
 fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
-    let args: Vec<OsString> =
-        vec!["worker".into(), "--backend".into(), "rknn".into(), "--model".into(), bundle.as_os_str().to_owned()];
-    let mut env: Vec<(OsString, OsString)> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
-    env.push(("RKNN_LIB".into(), lib.as_os_str().to_owned()));
-    WorkerSpec { program: PathBuf::from(env!("CARGO_BIN_EXE_laya-edge")), args, env }
+    let mut config = laya_edge::config::Config::default();
+    config.model.dir = bundle.display().to_string();
+    config.rknn.library = lib.display().to_string();
+    let program = Path::new(env!("CARGO_BIN_EXE_laya-edge"));
+    let mut spec = laya_edge::backends::worker_spec(program, BackendKind::Rknn, &config).expect("spec");
+    spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    spec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

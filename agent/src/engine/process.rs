@@ -290,6 +290,7 @@ impl Driver {
                 let mut cmd = Command::new(&spec.program);
                 cmd.args(&spec.args)
                     .envs(spec.env.iter().cloned())
+                    .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit())

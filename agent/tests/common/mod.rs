@@ -315,6 +315,16 @@ pub fn run_predict(model: &Path, backend: &str, input: &str, env: &[(&str, &Path
     out.lines().map(|l| json::parse_str(l, ParseOptions::default()).expect("json")).collect()
 }
 
+/// Runs `laya-edge predict --config FILE` with `config` (TOML) in FILE on `input` (JSON lines)
+/// and returns its output lines.
+pub fn run_predict_with_config(config: &str, input: &str) -> Vec<Value> {
+    let file = temp_dir("predict-config").join("laya-edge.toml");
+    std::fs::write(&file, config).expect("config");
+    let (out, err, ok) = run_cli(&[OsStr::new("predict"), OsStr::new("--config"), file.as_os_str()], &[], input);
+    assert!(ok, "predict --config with {config:?} failed: {err}");
+    out.lines().map(|l| json::parse_str(l, ParseOptions::default()).expect("json")).collect()
+}
+
 /// How close an NPU backend's answers must be to the CPU backend's.
 pub struct Closeness<'a> {
     /// Largest difference of any probability.

@@ -1,0 +1,274 @@
+//! Backends from a [`Config`], in one place.
+//!
+//! `serve`, `predict` and the worker all turn the effective configuration into a backend here:
+//! the CPU backend loaded in process (`predict --backend cpu`), any backend loaded in the worker
+//! process (NPU runtimes are only ever loaded there), and the [`WorkerSpec`]s (the worker command
+//! lines) of the engine's primary and CPU fallback with the supervision [`Policy`].
+//!
+//! The worker gets its settings from the agent's effective configuration, not from a list of
+//! variables: the agent writes the whole `Config` as TOML into the worker's environment
+//! ([`CONFIG_VAR`]) and the worker reads it back with [`worker_config`]. The only other variable
+//! set for the worker is `ADSP_LIBRARY_PATH` (from `qnn.adsp_library_path`), which Qualcomm's
+//! FastRPC loader reads from the process environment.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::bundle::HostBundle;
+use crate::config::{Config, ConfigError};
+use crate::engine::Backend;
+use crate::engine::cpu::CpuBackend;
+use crate::engine::process::{EngineConfig, WorkerSpec};
+use crate::engine::supervisor::Policy;
+
+/// The environment variable that carries the agent's effective configuration (TOML) to its
+/// worker. A worker started without it runs on the defaults and its command line.
+pub const CONFIG_VAR: &str = "LAYA_WORKER_CONFIG";
+
+/// Which backend runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The CPU reference model.
+    Cpu,
+    /// Deterministic logits from the input, no model (tests and benchmarks).
+    Null,
+    /// Rockchip RK3588 NPU through librknnrt (needs an NPU bundle and the `rknn` feature).
+    Rknn,
+    /// Qualcomm HTP through QNN (needs an NPU bundle and the `qnn` feature).
+    Qnn,
+}
+
+impl BackendKind {
+    /// The name in the configuration (`engine.backend`) and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Null => "null",
+            BackendKind::Rknn => "rknn",
+            BackendKind::Qnn => "qnn",
+        }
+    }
+
+    /// The backend `engine.backend` names.
+    pub fn parse(name: &str) -> Result<BackendKind, ConfigError> {
+        match name {
+            "cpu" => Ok(BackendKind::Cpu),
+            "null" => Ok(BackendKind::Null),
+            "rknn" => Ok(BackendKind::Rknn),
+            "qnn" => Ok(BackendKind::Qnn),
+            other => Err(ConfigError::Invalid(format!("engine.backend {other:?}: use cpu, null, rknn or qnn"))),
+        }
+    }
+}
+
+/// Why the engine could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot find this program to start its worker: {0}")]
+    Program(std::io::Error),
+}
+
+/// This program, which is also the worker's.
+pub fn this_program() -> Result<PathBuf, SetupError> {
+    std::env::current_exe().map_err(SetupError::Program)
+}
+
+/// The worker command line for `kind` on `config`'s model directory, carrying `config` as the
+/// worker's settings and this process's id as the parent the worker must die with.
+pub fn worker_spec(program: &Path, kind: BackendKind, config: &Config) -> Result<WorkerSpec, ConfigError> {
+    let args: Vec<OsString> = vec![
+        "worker".into(),
+        "--backend".into(),
+        kind.name().into(),
+        "--model".into(),
+        config.model.dir.clone().into(),
+        "--parent".into(),
+        std::process::id().to_string().into(),
+    ];
+    let mut env = vec![(OsString::from(CONFIG_VAR), OsString::from(config.to_toml()?))];
+    if !config.qnn.adsp_library_path.is_empty() {
+        env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
+    }
+    Ok(WorkerSpec { program: program.to_owned(), args, env })
+}
+
+/// The engine for `config`: its backend in a worker, and a CPU worker as the fallback when
+/// `engine.fallback = "cpu"`, the backend is not the CPU already, and `bundle` has a checkpoint.
+pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Result<EngineConfig, SetupError> {
+    let kind = BackendKind::parse(&config.engine.backend)?;
+    let fallback = (config.engine.fallback == "cpu" && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
+        .then(|| worker_spec(program, BackendKind::Cpu, config))
+        .transpose()?;
+    Ok(EngineConfig {
+        policy: policy(config, fallback.is_some()),
+        primary: worker_spec(program, kind, config)?,
+        fallback,
+    })
+}
+
+/// The supervision policy of `[engine]`.
+pub fn policy(config: &Config, has_fallback: bool) -> Policy {
+    let e = &config.engine;
+    Policy {
+        fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
+        load_allowance: Duration::from_millis(e.load_allowance_ms),
+        startup_timeout: Duration::from_secs(e.startup_timeout_s.max(1)),
+        max_restarts: e.max_restarts,
+        restart_window: Duration::from_secs(e.restart_window_s),
+        fallback: has_fallback,
+        primary_retry: Duration::from_secs(e.retry_primary_s),
+        ..Policy::default()
+    }
+}
+
+/// The worker's settings: the configuration its agent wrote into [`CONFIG_VAR`], else the
+/// defaults (a worker started by hand).
+pub fn worker_config() -> Result<Config, ConfigError> {
+    match std::env::var(CONFIG_VAR) {
+        Ok(text) => Config::parse(&text, Path::new("$LAYA_WORKER_CONFIG")),
+        Err(std::env::VarError::NotPresent) => Ok(Config::default()),
+        Err(e) => Err(ConfigError::Invalid(format!("{CONFIG_VAR}: {e}"))),
+    }
+}
+
+/// Sets the tensor-math threads (`engine.threads`; 0: all cores), once per process.
+pub fn set_threads(threads: usize) -> Result<(), String> {
+    if threads > 0 {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+            .map_err(|e| format!("cannot set up {threads} threads: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Loads `kind` in this process on `config`'s model directory: the CPU backend for `predict`,
+/// any backend in the worker.
+pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, String> {
+    let model = Path::new(&config.model.dir);
+    match kind {
+        BackendKind::Cpu => {
+            let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+            let ckpt = bundle.checkpoint.clone().ok_or("this bundle has no checkpoint for the CPU backend")?;
+            Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?))
+        }
+        BackendKind::Null => {
+            let faults = crate::engine::null::parse_faults(&config.engine.null_faults)?;
+            Ok(Box::new(crate::engine::null::NullBackend::new(faults)?))
+        }
+        BackendKind::Rknn => load_rknn(model, config),
+        BackendKind::Qnn => load_qnn(model, config),
+    }
+}
+
+#[cfg(feature = "rknn")]
+fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
+    use crate::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let manifest =
+        bundle.manifest.as_ref().ok_or("the rknn backend needs an NPU bundle (a directory with laya-bundle.json)")?;
+    let graphs: Vec<RknnGraph> = manifest
+        .graphs
+        .iter()
+        .map(|g| RknnGraph { file: g.file.clone(), seq_len: g.seq_len, marker_slots: g.marker_slots })
+        .collect();
+    // rknn.library, else RKNN_LIB; never searched for.
+    let configured = Some(Path::new(&config.rknn.library)).filter(|p| !p.as_os_str().is_empty());
+    let mut rknn = RknnConfig::from_config_or_env(configured).map_err(|e| e.to_string())?;
+    if !manifest.runtime_allowlist.is_empty() {
+        rknn.runtime_allowlist = manifest.runtime_allowlist.clone();
+    }
+    rknn.core_mask = config.rknn.core_mask;
+    let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?;
+    let v = backend.versions();
+    tracing::info!(versions = ?v, "rknn runtime loaded");
+    Ok(Box::new(backend))
+}
+
+#[cfg(not(feature = "rknn"))]
+fn load_rknn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
+    Err("this laya-edge was built without the rknn feature".into())
+}
+
+#[cfg(not(feature = "qnn"))]
+fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
+    Err("this laya-edge was built without the qnn feature".into())
+}
+
+#[cfg(feature = "qnn")]
+fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
+    use crate::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
+    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let q = &config.qnn;
+    if q.backend_lib.is_empty() || q.system_lib.is_empty() {
+        return Err("the qnn backend needs qnn.backend_lib (libQnnHtp.so) and qnn.system_lib (libQnnSystem.so)".into());
+    }
+    let mut qnn = QnnConfig::new(&q.backend_lib, &q.system_lib);
+    // The agent also puts it into the worker's environment (worker_spec), so this sets nothing.
+    qnn.adsp_library_path = Some(q.adsp_library_path.clone()).filter(|p| !p.is_empty());
+    qnn.performance = match q.performance.as_str() {
+        "burst" => Performance::Burst,
+        "" | "default" => Performance::Default,
+        other => return Err(format!("qnn.performance {other:?}: use default or burst")),
+    };
+    if !q.generator.is_empty() {
+        if q.model_lib.is_empty() {
+            return Err("qnn.generator needs qnn.model_lib (libQnnModelDlc.so)".into());
+        }
+        qnn.generator = Some(GeneratorConfig {
+            program: q.generator.clone().into(),
+            backend_lib: qnn.backend_lib.clone(),
+            model_lib: q.model_lib.clone().into(),
+        });
+    }
+    // systemd's StateDirectory= (the unit's /var/lib/laya-edge) unless configured.
+    let systemd_state = std::env::var("STATE_DIRECTORY")
+        .ok()
+        .and_then(|v| v.split(':').next().filter(|v| !v.is_empty()).map(PathBuf::from));
+    qnn.state_dir = Some(PathBuf::from(&q.state_dir)).filter(|p| !p.as_os_str().is_empty()).or(systemd_state);
+    if !q.soc.is_empty() {
+        qnn.soc = q.soc.clone();
+    }
+    let backend = QnnBackend::load(&bundle, &qnn).map_err(|e| e.to_string())?;
+    let info = backend.runtime_info();
+    tracing::info!(
+        build_id = %info.build_id,
+        provider = %info.provider,
+        device_object = if info.device { "yes" } else { "no (default device)" },
+        execute_timeout = if backend.has_execute_timeout() { "yes" } else { "not supported (the watchdog's deadline)" },
+        power = ?info.power,
+        "QNN runtime loaded"
+    );
+    if let PowerState::Unsupported(why) = &info.power {
+        tracing::warn!(%why, "the burst vote was not applied; running at default clocks");
+    }
+    Ok(Box::new(backend))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_spec_carries_the_whole_configuration_and_the_parent_pid() {
+        let mut config = Config::default();
+        config.model.dir = "/models/laya".into();
+        config.engine.threads = 2;
+        config.engine.null_faults = "hang@3".into();
+        config.rknn.core_mask = 1;
+        config.qnn.backend_lib = "/opt/qairt/lib/libQnnHtp.so".into();
+        config.qnn.adsp_library_path = "/usr/lib/rfsa/adsp".into();
+        let spec = worker_spec(Path::new("/usr/bin/laya-edge"), BackendKind::Qnn, &config).unwrap();
+        let args: Vec<&str> = spec.args.iter().map(|a| a.to_str().unwrap()).collect();
+        let pid = std::process::id().to_string();
+        assert_eq!(args, ["worker", "--backend", "qnn", "--model", "/models/laya", "--parent", pid.as_str()]);
+        let env = |k: &str| spec.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.to_str().unwrap().to_owned());
+        let carried = Config::parse(&env(CONFIG_VAR).unwrap(), Path::new("test")).unwrap();
+        assert_eq!(carried, config);
+        assert_eq!(env("ADSP_LIBRARY_PATH").as_deref(), Some("/usr/lib/rfsa/adsp"));
+        assert_eq!(spec.env.len(), 2, "no other variable: {:?}", spec.env);
+    }
+}

@@ -1,0 +1,22 @@
+//! `laya-edge layout`: each question's token layout (`input_ids`, `marker_pos`, `qtype`) for
+//! JSON-lines requests on stdin, what laya's `build_sequence` produces; for checking the prompt
+//! builder against laya without a model run.
+
+use std::path::PathBuf;
+
+use laya_edge::bundle::HostBundle;
+use laya_edge::lines;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A laya checkpoint directory (rl_agent_config.json, tokenizer/, ...).
+    #[arg(long)]
+    model: PathBuf,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let bundle = HostBundle::load(&args.model).map_err(|e| e.to_string())?;
+    let out = std::io::BufWriter::new(std::io::stdout().lock());
+    lines::for_each_line(std::io::stdin().lock(), out, |line| lines::layout_line(&bundle, line))
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,151 @@
+//! `laya-edge serve`: the board's service. Answers questions over MQTT with the backend the
+//! configuration names, in a supervised worker process (`laya_edge::backends` builds it), until
+//! SIGTERM or Ctrl-C. `--demo` starts an in-process broker and the bundled demo model and asks
+//! the example questions itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use laya_edge::backends::{self, BackendKind};
+use laya_edge::bundle::HostBundle;
+use laya_edge::bus;
+use laya_edge::config::Config;
+use laya_edge::engine::process::Engine;
+use laya_topics::topic::Schema;
+use laya_topics::wire::Encoding;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The configuration file (TOML); without it every key has its default.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Overrides mqtt.broker.
+    #[arg(long)]
+    broker: Option<String>,
+    /// Overrides mqtt.device.
+    #[arg(long)]
+    device: Option<String>,
+    /// Overrides model.dir.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Overrides engine.backend.
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Start an in-process broker and the bundled demo model, ask the example questions,
+    /// print the answers, keep serving.
+    #[arg(long)]
+    demo: bool,
+}
+
+impl Args {
+    /// The file's configuration with the flags applied (`--demo`'s settings come at start, below
+    /// the flags).
+    pub fn config(&self) -> Result<Config, String> {
+        let mut config = super::load_config(self.config.as_deref())?;
+        if let Some(b) = &self.broker {
+            config.mqtt.broker = b.clone();
+        }
+        if let Some(d) = &self.device {
+            config.mqtt.device = d.clone();
+        }
+        if let Some(m) = &self.model {
+            config.model.dir = m.display().to_string();
+        }
+        if let Some(b) = self.backend {
+            config.engine.backend = b.name().into();
+        }
+        config.check().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+}
+
+/// The demo model bundled in the repository (a tiny random checkpoint from the fixtures).
+fn demo_model() -> PathBuf {
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models/bpe-t5");
+    if built_in.is_dir() { built_in } else { PathBuf::from("tests/fixtures/laya-0.3.20/models/bpe-t5") }
+}
+
+const DEMO_REQUESTS: &str = include_str!("../../../config/demo-requests.jsonl");
+
+/// The service's runtime: one thread. Its work is I/O and short host steps (the model runs in the
+/// worker process, large requests are tokenized in the blocking pool), and on two cores every
+/// hand-over between runtime threads cost ~20 µs of a question's ~0.2 ms (BENCHMARKS.md). Worker
+/// processes are started from this thread, which lives as long as the service: a worker dies
+/// with the thread that started it (PR_SET_PDEATHSIG, see the worker command).
+fn serve_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+pub fn run(args: Args, config: Config) -> Result<(), String> {
+    serve_runtime()?.block_on(serve(args, config))
+}
+
+async fn serve(args: Args, mut config: Config) -> Result<(), String> {
+    if args.demo {
+        // It waits (up to 2 s) for the broker to listen: not on the runtime's only thread.
+        let port = tokio::task::spawn_blocking(bus::demo::start_broker).await.map_err(|e| e.to_string())??;
+        if args.broker.is_none() {
+            config.mqtt.broker = format!("mqtt://127.0.0.1:{port}");
+        }
+        if args.device.is_none() {
+            config.mqtt.device = "demo".into();
+        }
+        if args.model.is_none() {
+            config.model.dir = demo_model().display().to_string();
+        }
+        if args.backend.is_none() {
+            config.engine.backend = "cpu".into();
+        }
+        println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
+    }
+    let bundle = Arc::new(HostBundle::load(Path::new(&config.model.dir)).map_err(|e| e.to_string())?);
+    let program = backends::this_program().map_err(|e| e.to_string())?;
+    let engine = Engine::start(backends::engine_config(&program, &config, &bundle).map_err(|e| e.to_string())?);
+    if args.demo {
+        ask_demo_questions(&config)?;
+    }
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    bus::server::run(config, engine, bundle, shutdown).await.map_err(|e| e.to_string())
+}
+
+/// Asks the example questions once the agent is online, and prints the answers.
+fn ask_demo_questions(config: &Config) -> Result<(), String> {
+    let target = bus::ask::Target {
+        schema: Schema::new(&config.mqtt.prefix).map_err(|e| e.to_string())?,
+        device: Some(config.mqtt.device.clone()),
+        fleet: None,
+    };
+    let (broker, device) = (config.mqtt.broker.clone(), config.mqtt.device.clone());
+    tokio::spawn(async move {
+        // Ask only once the agent is subscribed: on a fresh broker an early question has no
+        // listener yet.
+        if let Ok((host, port, _)) = bus::connection::parse_broker(&broker) {
+            let options = rumqttc::v5::MqttOptions::new("demo-watch", host, port);
+            if let Err(e) = bus::ask::wait_online(options, &target.schema, &device, Duration::from_secs(120)).await {
+                tracing::error!(error = %e, "demo: the agent did not come online");
+                return;
+            }
+        }
+        for (i, line) in DEMO_REQUESTS.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+            let Ok(request) = laya_topics::json::parse_str(line, Default::default()) else { continue };
+            let Ok((host, port, _)) = bus::connection::parse_broker(&broker) else { return };
+            let options = rumqttc::v5::MqttOptions::new(format!("demo-asker-{i}"), host, port);
+            match bus::ask::ask(options, &target, &request, Encoding::Json, Duration::from_secs(120)).await {
+                Ok(reply) => println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::PYTHON)),
+                Err(e) => tracing::error!(question = i, error = %e, "demo question failed"),
+            }
+        }
+        println!("demo: answered the example questions; still serving (Ctrl-C to stop)");
+    });
+    Ok(())
+}
