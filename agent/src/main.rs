@@ -292,7 +292,7 @@ impl Backend for WorkerBackend {
         use laya_edge::engine::BackendError;
         use laya_edge::engine::process::EngineError;
         let rows = rows.iter().map(|r| (*r).clone()).collect();
-        self.runtime.block_on(self.engine.run(rows)).map(|out| out.rows).map_err(|e| match e {
+        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(|e| match e {
             EngineError::Input(m) => BackendError::Input(m),
             other => BackendError::Fatal { code: None, message: other.to_string() },
         })
@@ -314,6 +314,8 @@ fn predict(model: &Path, backend: BackendKind, threads: Option<usize>) -> Result
                 policy: policy(&config, false),
                 primary: worker_spec(backend.name(), model, &config)?,
                 fallback: None,
+                health: laya_edge::engine::health::rows(&bundle.tokenizer, bundle.config.limits)?,
+                queue: config.limits.queue,
             })
         };
         Box::new(WorkerBackend { runtime, engine, name: backend.name() })
@@ -362,17 +364,7 @@ fn worker_spec(backend: &str, model: &Path, config: &Config) -> Result<WorkerSpe
 }
 
 fn policy(config: &Config, has_fallback: bool) -> Policy {
-    let e = &config.engine;
-    Policy {
-        fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
-        load_allowance: Duration::from_millis(e.load_allowance_ms),
-        startup_timeout: Duration::from_secs(e.startup_timeout_s.max(1)),
-        max_restarts: e.max_restarts,
-        restart_window: Duration::from_secs(e.restart_window_s),
-        fallback: has_fallback,
-        primary_retry: Duration::from_secs(e.retry_primary_s),
-        ..Policy::default()
-    }
+    Policy::from_config(&config.engine, has_fallback)
 }
 
 fn load_config(path: Option<&Path>) -> Result<Config, String> {
@@ -432,6 +424,8 @@ async fn serve(
         policy: policy(&config, fallback.is_some()),
         primary: worker_spec(&config.engine.backend, &model_dir, &config)?,
         fallback,
+        health: laya_edge::engine::health::rows(&bundle.tokenizer, bundle.config.limits)?,
+        queue: config.limits.queue,
     });
     if demo {
         let target = bus::ask::Target {
