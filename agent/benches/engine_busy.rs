@@ -46,10 +46,10 @@ fn main() {
             format!("sleep={LATENCY_MS}").into(),
         ];
         let worker = WorkerSpec { program: Path::new(env!("CARGO_BIN_EXE_laya-edge")).to_owned(), args, env: Vec::new() };
-        let engine = Engine::start(EngineConfig { policy: Policy::default(), primary: worker, fallback: None });
+        let engine = Engine::start(EngineConfig::new(Policy::default(), worker));
         // Warm up (worker start).
         let warm = prompt::Row { input_ids: vec![1, 2], marker_pos: vec![0], qtype: prompt::QType::Noul };
-        engine.run(vec![warm]).await.expect("warm-up");
+        engine.run(vec![warm], None).await.expect("warm-up");
         let sem = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
         let start = Instant::now();
         let mut tasks = Vec::new();
@@ -66,7 +66,7 @@ fn main() {
                 .expect("prepare task");
                 let ran = !rows.is_empty();
                 if ran {
-                    engine.run(rows).await.expect("run");
+                    engine.run(rows, None).await.expect("run");
                 }
                 drop(permit);
                 ran

@@ -69,6 +69,8 @@ pub enum SetupError {
     Config(#[from] ConfigError),
     #[error("cannot find this program to start its worker: {0}")]
     Program(std::io::Error),
+    #[error("cannot lay out the health call's rows: {0}")]
+    Health(String),
 }
 
 /// This program, which is also the worker's.
@@ -106,22 +108,14 @@ pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Re
         policy: policy(config, fallback.is_some()),
         primary: worker_spec(program, kind, config)?,
         fallback,
+        health: crate::engine::health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
+        queue: config.limits.queue,
     })
 }
 
 /// The supervision policy of `[engine]`.
 pub fn policy(config: &Config, has_fallback: bool) -> Policy {
-    let e = &config.engine;
-    Policy {
-        fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
-        load_allowance: Duration::from_millis(e.load_allowance_ms),
-        startup_timeout: Duration::from_secs(e.startup_timeout_s.max(1)),
-        max_restarts: e.max_restarts,
-        restart_window: Duration::from_secs(e.restart_window_s),
-        fallback: has_fallback,
-        primary_retry: Duration::from_secs(e.retry_primary_s),
-        ..Policy::default()
-    }
+    Policy::from_config(&config.engine, has_fallback)
 }
 
 /// The worker's settings: the configuration its agent wrote into [`CONFIG_VAR`], else the

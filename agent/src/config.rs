@@ -150,7 +150,8 @@ impl Default for Model {
 pub struct Engine {
     /// `cpu`, `null`, `rknn` or `qnn`.
     pub backend: String,
-    /// Fixed per-call deadline; 0 derives it from recent calls (4 x p99 within 1-30 s).
+    /// Fixed deadline per question (per NPU job); 0 derives it from recent calls (4 x p99 per
+    /// row, at least 1 s a call).
     pub deadline_ms: u64,
     /// `cpu` to serve from a CPU worker while the backend is degraded; empty for none.
     pub fallback: String,
@@ -159,8 +160,12 @@ pub struct Engine {
     pub restart_window_s: u64,
     /// How often a degraded backend is tried again.
     pub retry_primary_s: u64,
-    /// Extra time the first call after a worker start may take (model load, graph finalize).
+    /// The health call's deadline while nothing is known about the backend's speed (the first
+    /// inference of a fresh runtime: graph finalize, first DSP session).
     pub load_allowance_ms: u64,
+    /// The expected time of one question (one NPU job) in ms; seeds the deadline until enough
+    /// calls were measured (0: the health call's measured time alone).
+    pub expected_ms: u64,
     /// How long a worker may take to load its backend before it is killed and restarted
     /// (generating QNN context binaries from DLCs on first start takes ~33 s a graph).
     pub startup_timeout_s: u64,
@@ -180,6 +185,7 @@ impl Default for Engine {
             restart_window_s: 300,
             retry_primary_s: 300,
             load_allowance_ms: 60_000,
+            expected_ms: 0,
             startup_timeout_s: 120,
             threads: 0,
             null_faults: String::new(),

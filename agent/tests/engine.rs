@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use laya_edge::engine::null::NullBackend;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
-use laya_edge::engine::supervisor::{Policy, RestartReason, Role, WorkerState};
+use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
 use laya_edge::prompt::{QType, Row};
 
 fn worker(backend: &str, model: &str, faults: Option<&str>) -> WorkerSpec {
@@ -43,6 +43,34 @@ fn fast_policy(deadline_ms: u64) -> Policy {
     }
 }
 
+/// The agent's defaults (`[engine]` with nothing set) with these changes.
+fn defaults(change: impl FnOnce(&mut laya_edge::config::Engine)) -> Policy {
+    let mut e = laya_edge::config::Engine::default();
+    change(&mut e);
+    Policy::from_config(&e, false)
+}
+
+/// A null primary with the health call of every worker (two different rows), as `serve` runs it.
+fn with_health(policy: Policy, faults: &str) -> EngineConfig {
+    EngineConfig {
+        health: vec![row(200), row(201)],
+        queue: 64,
+        ..EngineConfig::new(policy, worker("null", "-", Some(faults)))
+    }
+}
+
+/// Waits (up to `within`) until `done` holds.
+async fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while !done() {
+        if t.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
 /// Child processes of this test process that are zombies.
 fn zombie_children() -> Vec<u32> {
     let me = std::process::id();
@@ -59,42 +87,40 @@ fn zombie_children() -> Vec<u32> {
     out
 }
 
+fn kill_9(pid: u32) {
+    let status = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+    assert!(status.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_worker_is_killed_within_its_deadline_and_the_call_is_answered_after_the_restart() {
     let faults = format!("hang@1,once={}", marker("hang"));
-    let engine = Engine::start(EngineConfig {
-        policy: fast_policy(500),
-        primary: worker("null", "-", Some(&faults)),
-        fallback: None,
-    });
+    let engine = Engine::start(EngineConfig::new(fast_policy(500), worker("null", "-", Some(&faults))));
     let t = Instant::now();
-    let out = engine.run(vec![row(5)]).await.expect("answered after the restart");
+    let out = engine.run(vec![row(5)], None).await.expect("answered after the restart");
     let elapsed = t.elapsed();
     assert_eq!(out.rows[0], NullBackend::logits_for(&row(5)));
     assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
     // Generous for a loaded CI machine; without the deadline the call would never return.
     assert!(elapsed < Duration::from_millis(500 + 3000), "killed and replaced within deadline + 3 s: {elapsed:?}");
-    assert_eq!(engine.restarts()[0].reason, RestartReason::Deadline);
+    assert_eq!(engine.restarts()[0].reason, RestartReason::Deadline(Duration::from_millis(500)));
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_is_answered_while_the_worker_hangs() {
-    let engine = Engine::start(EngineConfig {
-        policy: fast_policy(1500),
-        primary: worker("null", "-", Some("hang")),
-        fallback: None,
-    });
+    let engine = Engine::start(EngineConfig::new(fast_policy(1500), worker("null", "-", Some("hang"))));
     let e2 = engine.clone();
-    let call = tokio::spawn(async move { e2.run(vec![row(1)]).await });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let call = tokio::spawn(async move { e2.run(vec![row(1)], None).await });
+    // Wait for the call to reach the worker (it hangs there).
+    assert!(wait_for(Duration::from_secs(10), || matches!(engine.status().worker, WorkerState::Busy(_))).await);
     let t = Instant::now();
     let status = engine.status();
     assert!(t.elapsed() < Duration::from_millis(250), "status waited for the hung worker");
-    assert!(matches!(status.worker, WorkerState::Busy(_)), "{status:?}");
-    // It hangs again after the restart, so the second failure is final and retryable.
+    assert!(matches!(status.worker, WorkerState::Busy(_)) && status.in_flight == 1, "{status:?}");
+    // It hangs again after the restart, so the second failure is final: this request alone fails.
     let result = call.await.expect("the call task");
-    assert!(matches!(result, Err(EngineError::Unavailable(_))), "{result:?}");
+    assert!(matches!(&result, Err(EngineError::Quarantined(m)) if m.contains("deadline")), "{result:?}");
     assert_eq!(engine.restarts().len(), 2);
 }
 
@@ -102,50 +128,44 @@ async fn status_is_answered_while_the_worker_hangs() {
 async fn a_crashed_or_exiting_worker_is_replaced_and_the_call_rerun() {
     for fault in ["abort@1", "exit@1", "error=fatal@1"] {
         let faults = format!("{fault},once={}", marker(&fault.replace(['@', '='], "-")));
-        let engine = Engine::start(EngineConfig {
-            policy: fast_policy(5000),
-            primary: worker("null", "-", Some(&faults)),
-            fallback: None,
-        });
-        let out = engine.run(vec![row(7)]).await.unwrap_or_else(|e| panic!("{fault}: {e}"));
+        let engine = Engine::start(EngineConfig::new(fast_policy(5000), worker("null", "-", Some(&faults))));
+        let out = engine.run(vec![row(7)], None).await.unwrap_or_else(|e| panic!("{fault}: {e}"));
         assert_eq!(out.rows[0], NullBackend::logits_for(&row(7)), "{fault}");
         let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
         assert_eq!(reasons, [if fault.starts_with("error") { "fatal" } else { "crash" }], "{fault}");
     }
-    // Reaping happens on the reaper task: give it a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+    // Reaping happens on the reaper task: wait for it.
+    assert!(
+        wait_for(Duration::from_secs(5), || zombie_children().is_empty()).await,
+        "zombies: {:?}",
+        zombie_children()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_error_is_the_callers_and_restarts_nothing() {
-    let engine = Engine::start(EngineConfig {
-        policy: fast_policy(5000),
-        primary: worker("null", "-", Some("error=input@1")),
-        fallback: None,
-    });
-    assert!(matches!(engine.run(vec![row(1)]).await, Err(EngineError::Input(_))));
-    assert!(engine.run(vec![row(2)]).await.is_ok());
+    let engine = Engine::start(EngineConfig::new(fast_policy(5000), worker("null", "-", Some("error=input@1"))));
+    assert!(matches!(engine.run(vec![row(1)], None).await, Err(EngineError::Input(_))));
+    assert!(engine.run(vec![row(2)], None).await.is_ok());
     assert!(engine.restarts().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_loop_degrades_to_the_cpu_fallback() {
+async fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_reply_names_who_answered() {
     let policy =
         Policy { fallback: true, max_restarts: 2, backoff_min: Duration::from_millis(20), ..fast_policy(20_000) };
     let engine = Engine::start(EngineConfig {
-        policy,
-        primary: worker("null", "-", Some("load-fail")),
         fallback: Some(worker("cpu", &fixture_model("bpe-small"), None)),
+        ..EngineConfig::new(policy, worker("null", "-", Some("load-fail")))
     });
     let out = engine
-        .run(vec![Row { input_ids: vec![1, 50, 60, 2, 4, 70, 2], marker_pos: vec![4], qtype: QType::Noul }])
+        .run(vec![Row { input_ids: vec![1, 50, 60, 2, 4, 70, 2], marker_pos: vec![4], qtype: QType::Noul }], None)
         .await;
     let out = out.expect("served by the fallback");
-    assert_eq!(out.role, Role::Fallback);
+    assert_eq!((out.role, out.backend.as_str()), (Role::Fallback, "cpu"));
     assert_eq!(out.rows[0].logits.len(), 1);
     let status = engine.status();
-    assert!(status.degraded && status.role == Role::Fallback, "{status:?}");
+    assert!(status.degraded && status.role == Role::Fallback && status.state == BackendState::Degraded, "{status:?}");
     assert_eq!(status.backend.as_deref(), Some("cpu"));
     assert!(engine.restarts().iter().all(|r| r.reason.label() == "load_failed" && r.role == Role::Primary));
 }
@@ -160,14 +180,175 @@ async fn a_worker_that_reports_a_load_failure_and_exits_is_never_taken_for_a_cra
         backoff_max: Duration::from_millis(1),
         ..fast_policy(20_000)
     };
-    let engine =
-        Engine::start(EngineConfig { policy, primary: worker("null", "-", Some("load-fail")), fallback: None });
-    let t = Instant::now();
-    while engine.restarts().len() < 25 && t.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let restarts = engine.restarts();
-    assert!(restarts.len() >= 25, "only {} restarts in 60 s", restarts.len());
-    let labels: Vec<&str> = restarts.iter().map(|r| r.reason.label()).collect();
+    let engine = Engine::start(EngineConfig::new(policy, worker("null", "-", Some("load-fail"))));
+    assert!(
+        wait_for(Duration::from_secs(60), || engine.restart_total() >= 25).await,
+        "only {} restarts in 60 s",
+        engine.restart_total()
+    );
+    let labels: Vec<&'static str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
     assert!(labels.iter().all(|l| *l == "load_failed"), "{labels:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_defaults_six_kill_9s_then_questions_are_answered_again_within_retry_primary_s() {
+    let engine = Engine::start(with_health(defaults(|e| e.retry_primary_s = 3), ""));
+    let mut notices = engine.notices();
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+    for i in 0..6 {
+        let ready = wait_for(Duration::from_secs(20), || engine.status().state == BackendState::Ready).await;
+        assert!(ready, "kill {i}: {:?}", engine.status());
+        let pid = engine.status().worker_pid.expect("a worker");
+        kill_9(pid);
+        assert!(wait_for(Duration::from_secs(10), || engine.restart_total() == i + 1).await, "kill {i}");
+    }
+    assert!(wait_for(Duration::from_secs(5), || engine.status().degraded).await, "{:?}", engine.status());
+    let degraded_at = Instant::now();
+    // Refused at once with the root cause and the time of the next try; no agent restart needed.
+    match engine.run(vec![row(2)], None).await {
+        Err(EngineError::Unavailable(m)) => assert!(m.contains("signal: 9") && m.contains("next try in"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let mut answered = false;
+    while degraded_at.elapsed() < Duration::from_secs(3 + 3) {
+        if engine.run(vec![row(3)], None).await.is_ok() {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "not answered within retry_primary_s + 3 s: {:?}", engine.status());
+    assert_eq!(engine.status().state, BackendState::Ready);
+    let mut kinds = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        kinds.push(n.kind);
+    }
+    assert_eq!(kinds.iter().filter(|k| **k == NoticeKind::WorkerRestart).count(), 6, "{kinds:?}");
+    assert_eq!(kinds[6..], [NoticeKind::BackendDegraded, NoticeKind::BackendRecovered]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_defaults_a_hang_on_the_second_call_after_start_is_answered_within_5_s() {
+    // Call 1 of each worker is its health call, call 2 the first question, call 3 the second.
+    let engine = Engine::start(with_health(defaults(|_| {}), "hang@3"));
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+    let t = Instant::now();
+    let out = engine.run(vec![row(2)], None).await.expect("answered by the next worker");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(out.rows[0], NullBackend::logits_for(&row(2)));
+    assert!(
+        matches!(&engine.restarts()[..], [laya_edge::engine::process::RestartRecord { reason: RestartReason::Deadline(d), .. }] if *d <= Duration::from_secs(1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_defaults_an_8_question_call_at_200_ms_a_row_after_six_1_question_calls_is_not_killed() {
+    let engine = Engine::start(with_health(defaults(|_| {}), "row-sleep=200"));
+    for i in 0..6 {
+        engine.run(vec![row(i)], None).await.expect("one question");
+    }
+    let rows: Vec<Row> = (10..18).map(row).collect();
+    let out = engine.run(rows, None).await.expect("eight questions");
+    assert!(out.elapsed >= Duration::from_millis(1600), "{:?}", out.elapsed);
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_calls_never_reach_the_worker_and_the_engine_queue_is_bounded() {
+    let engine = Engine::start(with_health(defaults(|_| {}), "sleep=200"));
+    assert!(engine.run(vec![row(0)], None).await.is_ok());
+    let mut calls = Vec::new();
+    for i in 0..30 {
+        let e = engine.clone();
+        let deadline = Some(Instant::now() + Duration::from_millis(100));
+        calls.push(tokio::spawn(async move { e.run(vec![row(i)], deadline).await }));
+    }
+    let mut expired = 0;
+    for c in calls {
+        if matches!(c.await.expect("task"), Err(EngineError::Expired)) {
+            expired += 1;
+        }
+    }
+    assert!(expired >= 28, "{expired} of 30 expired");
+    // The expired calls did not run: the next question waits for at most the one running call.
+    let t = Instant::now();
+    assert!(engine.run(vec![row(99)], None).await.is_ok());
+    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+
+    // A queue of 2: the third concurrent call is refused, and in_flight counts what is there.
+    let engine = Engine::start(EngineConfig { queue: 2, ..with_health(defaults(|_| {}), "sleep=300") });
+    assert!(engine.run(vec![row(0)], None).await.is_ok());
+    let mut calls = Vec::new();
+    for i in 0..5 {
+        let e = engine.clone();
+        calls.push(tokio::spawn(async move { e.run(vec![row(i)], None).await }));
+    }
+    assert!(wait_for(Duration::from_secs(5), || engine.status().in_flight == 2).await, "{:?}", engine.status());
+    let mut overloaded = 0;
+    for c in calls {
+        if matches!(c.await.expect("task"), Err(EngineError::Overloaded(_))) {
+            overloaded += 1;
+        }
+    }
+    assert_eq!(overloaded, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_kills_the_worker_twice_is_quarantined_and_counts_once() {
+    // Calls of 3 rows or more abort the worker (like an input that makes the runtime allocate 25 GB).
+    let engine = Engine::start(with_health(defaults(|_| {}), "abort-rows=3"));
+    for i in 0..3 {
+        let result = engine.run(vec![row(i), row(i + 10), row(i + 20)], None).await;
+        assert!(matches!(&result, Err(EngineError::Quarantined(m)) if m.contains("died")), "{result:?}");
+    }
+    // Six crashes, three counted: the backend is not degraded and answers everyone else.
+    assert_eq!(engine.restart_total(), 6);
+    assert!(!engine.status().degraded);
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_output_runtime_is_caught_by_every_workers_health_call_and_the_refusal_says_so() {
+    let engine = Engine::start(with_health(defaults(|_| {}), "constant"));
+    let result = engine.run(vec![row(1)], None).await;
+    assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
+    let restarts = engine.restarts();
+    assert_eq!(restarts.len(), 6);
+    assert!(
+        restarts
+            .iter()
+            .all(|r| matches!(&r.reason, RestartReason::Fatal { message, .. } if message.contains("constant output"))),
+        "{restarts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_primary_takes_over_from_the_fallback_once_its_health_call_passes() {
+    // The first primary fails to load (degrading at once); later primaries load fine.
+    let faults = format!("load-fail,once={}", marker("candidate"));
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.retry_primary_s = 1;
+        })
+    };
+    let engine =
+        Engine::start(EngineConfig { fallback: Some(worker("null", "-", None)), ..with_health(policy, &faults) });
+    let mut notices = engine.notices();
+    let first = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(first.role, Role::Fallback);
+    assert!(
+        wait_for(Duration::from_secs(10), || engine.status().state == BackendState::Ready).await,
+        "{:?}",
+        engine.status()
+    );
+    let again = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(again.role, Role::Primary);
+    assert_eq!(again.rows, first.rows);
+    let mut kinds = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        kinds.push(n.kind);
+    }
+    assert!(kinds.ends_with(&[NoticeKind::BackendRecovered]), "{kinds:?}");
 }

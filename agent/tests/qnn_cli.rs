@@ -158,34 +158,32 @@ async fn a_hung_or_failing_qnn_runtime_is_restarted_by_the_watchdog_and_a_recove
         load_allowance: Duration::ZERO,
         ..Policy::default()
     };
-    let start = |env: &[(&str, &str)]| {
-        Engine::start(EngineConfig { policy: policy.clone(), primary: qnn_worker(&bundle, &lib, env), fallback: None })
-    };
+    let start = |env: &[(&str, &str)]| Engine::start(EngineConfig::new(policy.clone(), qnn_worker(&bundle, &lib, env)));
 
     // Healthy: answered by the worker, no restart.
     let engine = start(&[]);
-    let ok = engine.run(vec![row.clone()]).await.expect("answered");
+    let ok = engine.run(vec![row.clone()], None).await.expect("answered");
     assert_eq!(ok.rows[0].logits.len(), 1);
     assert_eq!(engine.status().backend.as_deref(), Some("qnn"));
     assert!(engine.restarts().is_empty());
 
     // Every worker hangs in graphExecute: killed at the deadline, restarted, killed again.
     let engine = start(&[("FAKE_QNN_HANG_ON_EXECUTE", "1")]);
-    assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
+    assert!(matches!(engine.run(vec![row.clone()], None).await, Err(EngineError::Quarantined(_))));
     let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
     assert_eq!(reasons, ["deadline", "deadline"]);
 
     // 1011 (subsystem restart, not recovered) on each worker's first execute: the fatal path,
     // the worker replaced and the call re-run once.
     let engine = start(&[("FAKE_QNN_EXECUTE_ERROR", "1011"), ("FAKE_QNN_EXECUTE_ERROR_ON", "1")]);
-    assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
+    assert!(matches!(engine.run(vec![row.clone()], None).await, Err(EngineError::Quarantined(_))));
     let restarts = engine.restarts();
     assert_eq!(restarts.len(), 2);
-    assert!(restarts.iter().all(|r| r.reason == RestartReason::Fatal(Some(1011))), "{restarts:?}");
+    assert!(restarts.iter().all(|r| matches!(r.reason, RestartReason::Fatal { code: Some(1011), .. })), "{restarts:?}");
 
     // 1007 (subsystem restart, recovered) on the first execute: retried in the same worker.
     let engine = start(&[("FAKE_QNN_EXECUTE_ERROR", "1007"), ("FAKE_QNN_EXECUTE_ERROR_ON", "1")]);
-    let again = engine.run(vec![row.clone()]).await.expect("answered after the retry");
+    let again = engine.run(vec![row.clone()], None).await.expect("answered after the retry");
     assert_eq!(again.rows, ok.rows);
     assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
 }

@@ -131,27 +131,25 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
         ..Policy::default()
     };
     // Every worker hangs on its first run: killed at the deadline, restarted, killed again.
-    let engine = Engine::start(EngineConfig {
-        policy: policy.clone(),
-        primary: rknn_worker(&bundle, &lib, &[("FAKE_RKNN_HANG_ON_RUN", "1")]),
-        fallback: None,
-    });
-    assert!(matches!(engine.run(vec![row.clone()]).await, Err(EngineError::Unavailable(_))));
+    let engine =
+        Engine::start(EngineConfig::new(policy.clone(), rknn_worker(&bundle, &lib, &[("FAKE_RKNN_HANG_ON_RUN", "1")])));
+    assert!(matches!(engine.run(vec![row.clone()], None).await, Err(EngineError::Quarantined(_))));
     let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
     assert_eq!(reasons, ["deadline", "deadline"]);
     // A driver job timeout (-1) after a run is fatal: the worker is replaced and the call re-run;
     // the knob applies to every worker process, so the re-run fails too and the answer is
-    // `backend_unavailable` after two fatal restarts.
-    let engine = Engine::start(EngineConfig {
+    // quarantined (an error for this request alone) after two fatal restarts.
+    let engine = Engine::start(EngineConfig::new(
         policy,
-        primary: rknn_worker(&bundle, &lib, &[("FAKE_RKNN_FAIL_CODE", "-1"), ("FAKE_RKNN_FAIL_ON_RUN", "1")]),
-        fallback: None,
-    });
-    assert!(matches!(engine.run(vec![row]).await, Err(EngineError::Unavailable(_))));
+        rknn_worker(&bundle, &lib, &[("FAKE_RKNN_FAIL_CODE", "-1"), ("FAKE_RKNN_FAIL_ON_RUN", "1")]),
+    ));
+    assert!(matches!(engine.run(vec![row], None).await, Err(EngineError::Quarantined(_))));
     let restarts = engine.restarts();
     assert_eq!(restarts.len(), 2);
     assert!(
-        restarts.iter().all(|r| r.reason == laya_edge::engine::supervisor::RestartReason::Fatal(Some(-1))),
+        restarts
+            .iter()
+            .all(|r| matches!(r.reason, laya_edge::engine::supervisor::RestartReason::Fatal { code: Some(-1), .. })),
         "{restarts:?}"
     );
 }

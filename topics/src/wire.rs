@@ -191,7 +191,10 @@ pub struct Timing {
 pub struct Reply {
     pub id: Option<Value>,
     pub device: String,
+    /// The backend that answered (`cpu` when the CPU fallback did).
     pub backend: String,
+    /// `primary` (the configured backend) or `fallback`.
+    pub serving: String,
     pub result: PredictResult,
     pub timing: Timing,
 }
@@ -209,6 +212,7 @@ impl Reply {
         }
         m.insert("device".into(), self.device.as_str().into());
         m.insert("backend".into(), self.backend.as_str().into());
+        m.insert("serving".into(), self.serving.as_str().into());
         let mut t = Map::new();
         t.insert("queue".into(), ms(self.timing.queue));
         t.insert("tokenize".into(), ms(self.timing.tokenize));
@@ -230,6 +234,8 @@ pub struct Status {
     /// Seconds since the Unix epoch.
     pub started_at: u64,
     pub degraded: bool,
+    /// `starting | ready | degraded`: whether questions are being answered, not just received.
+    pub backend_state: String,
 }
 
 impl Status {
@@ -241,6 +247,43 @@ impl Status {
         m.insert("model".into(), self.model.as_str().into());
         m.insert("started_at".into(), Value::Int(self.started_at.into()));
         m.insert("degraded".into(), Value::Bool(self.degraded));
+        m.insert("backend_state".into(), self.backend_state.as_str().into());
+        Value::Object(m)
+    }
+}
+
+/// A backend event on `{prefix}/{device}/events`, published when it happens (QoS 1, not retained):
+/// `{event, reason, code, name, message, deadline_ms, role}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineEvent {
+    /// `worker_restart`, `backend_degraded` or `backend_recovered`.
+    pub event: String,
+    /// What failed: `deadline`, `crash`, `fatal`, `load_failed` (none for a recovery).
+    pub reason: Option<String>,
+    /// The runtime's error code, for a fatal error that has one.
+    pub code: Option<i64>,
+    /// The runtime's name for the error (`RKNN_ERR_TIMEOUT`, ...), when known.
+    pub name: Option<String>,
+    /// What happened, in a sentence (the runtime's own explanation included).
+    pub message: String,
+    /// The deadline a call missed.
+    pub deadline_ms: Option<u64>,
+    /// `primary` or `fallback`: which worker it concerns.
+    pub role: String,
+}
+
+impl EngineEvent {
+    pub fn to_value(&self) -> Value {
+        let opt_str = |v: &Option<String>| v.as_deref().map_or(Value::Null, Value::from);
+        let opt_int = |v: Option<i64>| v.map_or(Value::Null, |x| Value::Int(x.into()));
+        let mut m = Map::new();
+        m.insert("event".into(), self.event.as_str().into());
+        m.insert("reason".into(), opt_str(&self.reason));
+        m.insert("code".into(), opt_int(self.code));
+        m.insert("name".into(), opt_str(&self.name));
+        m.insert("message".into(), self.message.as_str().into());
+        m.insert("deadline_ms".into(), self.deadline_ms.map_or(Value::Null, |x| Value::Int(x.into())));
+        m.insert("role".into(), self.role.as_str().into());
         Value::Object(m)
     }
 }
@@ -267,8 +310,11 @@ pub struct Telemetry {
     pub dropped: u64,
     /// Error replies by error code.
     pub refused: Vec<(String, u64)>,
+    /// Calls queued for or running on the backend.
     pub in_flight: u64,
     pub backend: String,
+    /// `starting | ready | degraded`.
+    pub backend_state: String,
     /// Whether the configured backend serves (`primary`) or the CPU fallback does (`fallback`).
     pub primary: bool,
     pub degraded: bool,
@@ -295,6 +341,7 @@ impl Telemetry {
         m.insert("refused".into(), counts(&self.refused));
         m.insert("in_flight".into(), Value::Int(self.in_flight.into()));
         m.insert("backend".into(), self.backend.as_str().into());
+        m.insert("backend_state".into(), self.backend_state.as_str().into());
         m.insert("serving".into(), if self.primary { "primary" } else { "fallback" }.into());
         m.insert("degraded".into(), Value::Bool(self.degraded));
         m.insert("restarts".into(), counts(&self.restarts));
@@ -343,6 +390,26 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_event_carries_the_errors_meaning() {
+        let e = EngineEvent {
+            event: "worker_restart".into(),
+            reason: Some("fatal".into()),
+            code: Some(-7),
+            name: Some("RKNN_ERR_TIMEOUT".into()),
+            message: "rknn_run: RKNN_ERR_TIMEOUT (-7)".into(),
+            deadline_ms: None,
+            role: "primary".into(),
+        };
+        assert_eq!(
+            json::to_string(&e.to_value(), json::Style::COMPACT),
+            concat!(
+                r#"{"event":"worker_restart","reason":"fatal","code":-7,"name":"RKNN_ERR_TIMEOUT","#,
+                r#""message":"rknn_run: RKNN_ERR_TIMEOUT (-7)","deadline_ms":null,"role":"primary"}"#
+            )
+        );
+    }
+
+    #[test]
     fn telemetry_names_every_counter_and_the_serving_role() {
         let t = Telemetry {
             device: "d1".into(),
@@ -353,6 +420,7 @@ mod tests {
             refused: vec![("overloaded".into(), 2)],
             in_flight: 3,
             backend: "qnn".into(),
+            backend_state: "degraded".into(),
             primary: false,
             degraded: true,
             restarts: vec![("deadline".into(), 4)],
@@ -362,7 +430,7 @@ mod tests {
             json::to_string(&t.to_value(), json::Style::COMPACT),
             concat!(
                 r#"{"device":"d1","uptime_s":7,"answered":5,"resent":1,"dropped":0,"refused":{"overloaded":2},"#,
-                r#""in_flight":3,"backend":"qnn","serving":"fallback","degraded":true,"restarts":{"deadline":4},"#,
+                r#""in_flight":3,"backend":"qnn","backend_state":"degraded","serving":"fallback","degraded":true,"restarts":{"deadline":4},"#,
                 r#""token_memo":{"hits":9,"misses":2,"entries":2}}"#
             )
         );

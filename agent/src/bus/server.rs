@@ -26,7 +26,9 @@ use rumqttc::v5::{AsyncClient, Event};
 use tokio::sync::{RwLock, Semaphore, mpsc, watch};
 
 use laya_topics::topic::{Channel, Schema};
-use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo, Undeliverable};
+use laya_topics::wire::{
+    Encoding, EngineEvent, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo, Undeliverable,
+};
 use laya_topics::{Map, Value};
 
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
@@ -258,10 +260,11 @@ impl Shared {
             return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into()));
         }
         let rows: Vec<Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r.clone())).collect();
+        let mut answered_by = (self.backend.clone(), crate::engine::supervisor::Role::Primary);
         let (outputs, infer_ms) = if rows.is_empty() {
             (Vec::new(), 0.0)
         } else {
-            let run = self.engine.run(rows);
+            let run = self.engine.run(rows, deadline);
             let result = match deadline {
                 Some(d) => match tokio::time::timeout_at(d.into(), run).await {
                     Ok(r) => r,
@@ -272,8 +275,16 @@ impl Shared {
                 None => run.await,
             };
             match result {
-                Ok(out) => (out.rows, out.elapsed.as_secs_f64() * 1000.0),
+                Ok(out) => {
+                    answered_by = (out.backend, out.role);
+                    (out.rows, out.elapsed.as_secs_f64() * 1000.0)
+                }
                 Err(EngineError::Input(m)) => return Err(error(ErrorCode::BadRequest, m)),
+                Err(EngineError::Expired) => {
+                    return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".to_owned()));
+                }
+                Err(e @ EngineError::Overloaded(_)) => return Err(error(ErrorCode::Overloaded, e.to_string())),
+                Err(e @ EngineError::Quarantined(_)) => return Err(error(ErrorCode::Internal, e.to_string())),
                 Err(e @ (EngineError::Unavailable(_) | EngineError::Stopped)) => {
                     return Err(error(ErrorCode::BackendUnavailable, e.to_string()));
                 }
@@ -295,7 +306,10 @@ impl Shared {
             decode: ms(done - inferred),
             total: ms(done - received),
         };
-        let reply = Reply { id, device: self.device.clone(), backend: self.backend.clone(), result, timing };
+        let (backend, role) = answered_by;
+        let backend = if backend.is_empty() { self.backend.clone() } else { backend };
+        let serving = role.as_str().to_owned();
+        let reply = Reply { id, device: self.device.clone(), backend, serving, result, timing };
         Ok(to.encoding.encode(&reply.to_value()))
     }
 
@@ -307,6 +321,7 @@ impl Shared {
             model: self.bundle.dir.display().to_string(),
             started_at,
             degraded: self.engine.status().degraded,
+            backend_state: self.engine.status().state.as_str().into(),
         };
         Encoding::Json.encode(&s.to_value())
     }
@@ -326,8 +341,9 @@ impl Shared {
                 .lock()
                 .map(|r| r.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect())
                 .unwrap_or_default(),
-            in_flight: (self.admission.limits.queue - self.permits.available_permits()) as u64,
+            in_flight: es.in_flight as u64,
             backend: self.backend.clone(),
+            backend_state: es.state.as_str().into(),
             primary: es.role == crate::engine::supervisor::Role::Primary,
             degraded: es.degraded,
             restarts: es.restarts,
@@ -368,6 +384,7 @@ pub async fn run(
             model: bundle.dir.display().to_string(),
             started_at,
             degraded: false,
+            backend_state: "starting".into(),
         }
         .to_value(),
     );
@@ -441,8 +458,8 @@ pub async fn run(
     let mut telemetry = tokio::time::interval(telemetry_every);
     telemetry.tick().await;
     let mut ready = false;
-    let mut restarts_reported = 0usize;
-    let mut degraded_reported = false;
+    let mut notices = shared.engine.notices();
+    let mut backend_state = shared.engine.backend_state();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -458,15 +475,9 @@ pub async fn run(
                     let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
                     if !ready {
                         ready = true;
-                        // READY once the broker is connected and the worker answered a warm-up row.
-                        let engine = shared.engine.clone();
-                        let device = device.clone();
-                        let n = Notifier::from_env();
-                        tokio::spawn(async move {
-                            let warm = Row { input_ids: vec![0, 0], marker_pos: vec![0], qtype: prompt::QType::Noul };
-                            let ok = engine.run(vec![warm]).await.is_ok();
-                            n.ready(&format!("serving as {device}{}", if ok { "" } else { " (warm-up failed)" }));
-                        });
+                        // READY once connected with the engine supervised; a failing backend does
+                        // not hold it back (the status says `backend_state`).
+                        notifier.ready(&format!("serving as {device}"));
                     }
                 }
                 Some(Net::Question(p)) => {
@@ -493,23 +504,22 @@ pub async fn run(
                 Some(Net::Closed) | None => break,
             },
             _ = watchdog.tick() => notifier.watchdog(),
+            // Backend events go out when they happen, and the retained status follows the backend.
+            notice = notices.recv() => match notice {
+                Ok(n) => {
+                    let event = engine_event(&n);
+                    let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "backend events were not published (too many at once)");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+            },
+            Ok(()) = backend_state.changed() => {
+                let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
+            }
             _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {
                 let _ = client.publish(telemetry_topic.clone(), QoS::AtMostOnce, false, shared.telemetry(started)).await;
-                let restarts = shared.engine.restarts();
-                for r in restarts.iter().skip(restarts_reported) {
-                    let mut m = Map::new();
-                    m.insert("event".into(), "backend_restart".into());
-                    m.insert("reason".into(), r.reason.label().into());
-                    m.insert("detail".into(), format!("{:?}", r.reason).into());
-                    let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&Value::Object(m))).await;
-                }
-                restarts_reported = restarts.len();
-                // The retained status follows the backend's health.
-                let degraded = shared.engine.status().degraded;
-                if degraded != degraded_reported {
-                    degraded_reported = degraded;
-                    let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
-                }
                 notifier.status(&format!("{} answered, backend {}{}", shared.counters.answered.load(Ordering::Relaxed), shared.backend, if shared.engine.status().degraded { " (degraded)" } else { "" }));
             }
         }
@@ -553,6 +563,24 @@ fn refusal_when_full(s: &Shared, p: &Publish) -> Option<Outbound> {
             s.counters.dropped.fetch_add(1, Ordering::Relaxed);
             Some(s.report(&report))
         }
+    }
+}
+
+/// The events-topic document for an engine notice.
+fn engine_event(n: &crate::engine::supervisor::Notice) -> EngineEvent {
+    use crate::engine::supervisor::RestartReason;
+    let reason = n.reason.as_ref();
+    EngineEvent {
+        event: n.kind.as_str().into(),
+        reason: reason.map(|r| r.label().into()),
+        code: reason.and_then(RestartReason::code),
+        name: reason.and_then(RestartReason::name),
+        message: n.message.clone(),
+        deadline_ms: match reason {
+            Some(RestartReason::Deadline(d)) => Some(d.as_millis() as u64),
+            _ => None,
+        },
+        role: n.role.as_str().into(),
     }
 }
 

@@ -63,7 +63,7 @@ impl Backend for WorkerBackend {
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let rows = rows.iter().map(|r| (*r).clone()).collect();
-        self.runtime.block_on(self.engine.run(rows)).map(|out| out.rows).map_err(|e| match e {
+        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(|e| match e {
             EngineError::Input(m) => BackendError::Input(m),
             other => BackendError::Fatal { code: None, message: other.to_string() },
         })

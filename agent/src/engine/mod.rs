@@ -4,6 +4,7 @@
 //! the CPU reference ([`cpu::CpuBackend`]) runs the whole model in this process.
 
 pub mod cpu;
+pub mod health;
 pub mod null;
 pub mod process;
 pub mod protocol;

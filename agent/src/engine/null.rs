@@ -2,8 +2,10 @@
 //! on demand. It exercises everything around a model (protocol, supervision, the MQTT service)
 //! without one, in tests and benchmarks.
 //!
-//! Faults are given as a spec, e.g. `sleep=200`, `hang@3`, `abort@2`, `exit@2`,
-//! `error=fatal@1`, `error=transient@1`, `error=input`, `load-fail`, `load-sleep=5000` (a slow
+//! Faults are given as a spec, e.g. `sleep=200`, `row-sleep=200` (per row of the call), `hang@3`,
+//! `abort@2`, `exit@2`, `error=fatal@1`, `error=transient@1`, `error=input`, `constant` (every
+//! row gets the same logits, like a broken runtime), `abort-rows=3` (abort on calls of 3 rows or
+//! more: an input that kills the runtime), `load-fail`, `load-sleep=5000` (a slow
 //! load); several are joined with commas. `@N` applies the fault to the N-th call only (counting
 //! from 1 in this process), no `@` applies it to every call. `once=PATH` makes the faults apply in one process only: the
 //! first worker that loads creates PATH, later workers (after a restart) find it and run clean.
@@ -18,6 +20,12 @@ use crate::prompt::Row;
 pub enum Fault {
     /// Sleep this long before answering.
     Sleep(Duration),
+    /// Sleep this long per row before answering.
+    RowSleep(Duration),
+    /// Answer every row with the same logits.
+    Constant,
+    /// `abort()` on a call of at least this many rows (an input that kills the runtime).
+    AbortRows(usize),
     /// Never answer.
     Hang,
     /// `abort()` the process.
@@ -53,6 +61,10 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
             Some(("sleep", ms)) => {
                 Fault::Sleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad sleep in {part:?}"))?))
             }
+            Some(("row-sleep", ms)) => {
+                Fault::RowSleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad row-sleep in {part:?}"))?))
+            }
+            Some(("abort-rows", n)) => Fault::AbortRows(n.parse().map_err(|_| format!("bad abort-rows in {part:?}"))?),
             Some(("load-sleep", ms)) => {
                 Fault::LoadSleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad load-sleep in {part:?}"))?))
             }
@@ -62,6 +74,7 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
             Some(("error", "transient")) => Fault::Error(BackendError::Transient("injected transient error".into())),
             Some(("error", "input")) => Fault::Error(BackendError::Input("injected input error".into())),
             None if what == "hang" => Fault::Hang,
+            None if what == "constant" => Fault::Constant,
             None if what == "abort" => Fault::Abort,
             None if what == "exit" => Fault::Exit,
             None if what == "load-fail" => Fault::LoadFail,
@@ -128,9 +141,14 @@ impl Backend for NullBackend {
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         self.calls += 1;
         let call = self.calls;
+        let mut constant = false;
         for rule in self.faults.iter().filter(|r| r.on_call.is_none_or(|n| n == call)) {
             match &rule.fault {
                 Fault::Sleep(d) => std::thread::sleep(*d),
+                Fault::RowSleep(d) => std::thread::sleep(d.saturating_mul(rows.len() as u32)),
+                Fault::Constant => constant = true,
+                Fault::AbortRows(n) if rows.len() >= *n => std::process::abort(),
+                Fault::AbortRows(_) => {}
                 Fault::Hang => loop {
                     std::thread::park();
                 },
@@ -139,6 +157,17 @@ impl Backend for NullBackend {
                 Fault::Error(e) => return Err(e.clone()),
                 Fault::LoadFail | Fault::LoadSleep(_) | Fault::Once(_) => {}
             }
+        }
+        if constant {
+            let first = rows.first().map(|r| Self::logits_for(r));
+            return Ok(rows
+                .iter()
+                .map(|r| {
+                    let mut out = first.clone().unwrap_or_else(|| Self::logits_for(r));
+                    out.logits.resize(r.marker_pos.len(), 0.5);
+                    out
+                })
+                .collect());
         }
         Ok(rows.iter().map(|r| Self::logits_for(r)).collect())
     }
@@ -151,7 +180,9 @@ mod tests {
 
     #[test]
     fn fault_specs_parse() {
-        let f = parse_faults("sleep=20, hang@3,error=fatal@1").unwrap();
+        let f = parse_faults("sleep=20, hang@3,error=fatal@1,row-sleep=5,constant@2").unwrap();
+        assert_eq!(f[3], FaultRule { fault: Fault::RowSleep(Duration::from_millis(5)), on_call: None });
+        assert_eq!(f[4], FaultRule { fault: Fault::Constant, on_call: Some(2) });
         assert_eq!(f[0], FaultRule { fault: Fault::Sleep(Duration::from_millis(20)), on_call: None });
         assert_eq!(f[1], FaultRule { fault: Fault::Hang, on_call: Some(3) });
         assert!(matches!(f[2].fault, Fault::Error(BackendError::Fatal { .. })));

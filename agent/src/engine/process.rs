@@ -1,12 +1,16 @@
 //! The engine's driver: runs the [`Supervisor`]'s actions on real worker processes.
 //!
-//! One task owns the supervisor, the queue of calls and the timers, and does all the I/O in a
-//! single `tokio::select!` loop: calls from the agent, frames and exits from the worker, timers.
-//! Each worker process has a small task that owns its `Child` and either reaps it when it exits
-//! or SIGKILLs and reaps it on request, so no zombie is ever left behind. Requests keep flowing
-//! into the queue while a worker hangs: only the worker is stuck, never the agent.
+//! One task owns the supervisor, the calls and the timers, and does all its I/O without waiting
+//! on a worker, in a single `tokio::select!` loop: calls from the agent, frames and exits from
+//! the workers, timers. Each worker process has a reader task (frames in), a writer task (frames
+//! out, through a channel, so a worker that stops reading never freezes the timers) and a reaper
+//! task that owns its `Child` and either reaps it when it exits or SIGKILLs and reaps it on
+//! request, so no zombie is ever left behind. Up to two workers run at once: the serving one and,
+//! while the primary is degraded, a candidate primary being health-checked beside the fallback.
+//! Every answer is checked against the constant-output evidence (`engine::health`) before it is
+//! delivered.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -14,14 +18,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{ChildStdin, Command};
-use tokio::sync::{mpsc, oneshot};
+use tokio::process::Command;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::RowResult;
+use super::health::Evidence;
 use super::protocol::{FromWorker, ToWorker, frame_len};
 use super::supervisor::{
-    Action, CallError, CallId, Event, Policy, RestartReason, Role, Supervisor, Timer, WorkerState,
+    Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, Policy, RestartReason, Role, Supervisor,
+    Timer, TimerKind, WorkerId, WorkerState,
 };
+use super::{BackendError, RowResult};
 use crate::prompt::Row;
 
 /// How to start a worker process.
@@ -39,15 +45,29 @@ pub struct EngineConfig {
     pub primary: WorkerSpec,
     /// The CPU worker used while the primary is degraded (`policy.fallback` must be set).
     pub fallback: Option<WorkerSpec>,
+    /// The health call every new worker answers before any question: two different valid rows
+    /// (`engine::health::rows`); empty for none.
+    pub health: Vec<Row>,
+    /// Calls queued or running beyond this are refused (`limits.queue`).
+    pub queue: usize,
+}
+
+impl EngineConfig {
+    /// A primary backend alone: no fallback, no health call, a queue of 1024.
+    pub fn new(policy: Policy, primary: WorkerSpec) -> EngineConfig {
+        EngineConfig { policy, primary, fallback: None, health: Vec::new(), queue: 1024 }
+    }
 }
 
 /// A successful call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOutput {
     pub rows: Vec<RowResult>,
-    /// Which backend answered.
+    /// Which worker answered: the configured backend or the fallback.
     pub role: Role,
-    /// Time from the call reaching the front of the queue to its answer.
+    /// The backend the answering worker runs (`cpu`, `rknn`, ...).
+    pub backend: String,
+    /// Time from the call being sent to the worker to its answer.
     pub elapsed: Duration,
 }
 
@@ -58,6 +78,13 @@ pub enum EngineError {
     Input(String),
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    #[error("the engine is overloaded: {0}")]
+    Overloaded(String),
+    #[error("the deadline passed before the call reached the backend")]
+    Expired,
+    /// The call failed fatally on two workers: it is not run again.
+    #[error("the backend failed on this request: {0}")]
+    Quarantined(String),
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -69,30 +96,48 @@ pub struct RestartRecord {
     pub reason: RestartReason,
 }
 
-/// The engine's state, readable at any time without waiting for the worker.
+/// How many restart records are kept (the counts are kept for ever).
+pub const RESTARTS_KEPT: usize = 64;
+
+#[derive(Debug, Default)]
+struct RestartLog {
+    total: u64,
+    recent: VecDeque<RestartRecord>,
+}
+
+/// The engine's state, readable at any time without waiting for a worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineStatus {
+    /// Who serves questions.
     pub role: Role,
     pub degraded: bool,
+    pub state: BackendState,
+    /// The serving worker's state.
     pub worker: WorkerState,
+    /// Calls waiting for a worker.
     pub queued: usize,
+    /// Calls queued or running.
+    pub in_flight: usize,
+    /// Restarts by reason.
     pub restarts: Vec<(String, u64)>,
-    /// The backend name the current worker announced.
+    /// The backend name the serving worker announced.
     pub backend: Option<String>,
-    /// The current worker's process id.
+    /// The serving worker's process id.
     pub worker_pid: Option<u32>,
 }
 
-enum Command_ {
-    Run { rows: Vec<Row>, reply: oneshot::Sender<Result<RunOutput, EngineError>> },
+enum Request {
+    Run { rows: Vec<Row>, deadline: Option<Instant>, reply: oneshot::Sender<Result<RunOutput, EngineError>> },
 }
 
 /// Handle to a running engine.
 #[derive(Clone)]
 pub struct Engine {
-    tx: mpsc::Sender<Command_>,
+    tx: mpsc::Sender<Request>,
     status: Arc<Mutex<EngineStatus>>,
-    restarts: Arc<Mutex<Vec<RestartRecord>>>,
+    restarts: Arc<Mutex<RestartLog>>,
+    notices: broadcast::Sender<Notice>,
+    state: watch::Receiver<BackendState>,
 }
 
 enum WorkerMsg {
@@ -101,53 +146,65 @@ enum WorkerMsg {
 }
 
 struct Worker {
-    instance: u64,
-    stdin: ChildStdin,
+    role: Role,
+    frames: mpsc::UnboundedSender<Vec<u8>>,
     kill: Option<oneshot::Sender<()>>,
+    backend: Option<String>,
+    pid: Option<u32>,
 }
 
 struct Pending {
     rows: Vec<Row>,
     reply: oneshot::Sender<Result<RunOutput, EngineError>>,
     sent_at: Option<Instant>,
-    result: Option<Vec<RowResult>>,
+    result: Option<(Vec<RowResult>, Role, String)>,
 }
 
 impl Engine {
     /// Starts the engine on the current tokio runtime (it spawns the first worker at once).
     pub fn start(config: EngineConfig) -> Engine {
         let (tx, rx) = mpsc::channel(1024);
-        let sup = Supervisor::new(config.policy.clone());
+        let mut policy = config.policy.clone();
+        policy.queue_limit = config.queue.max(1);
+        policy.health_rows = config.health.len();
+        let sup = Supervisor::new(policy);
         let status = Arc::new(Mutex::new(EngineStatus {
             role: Role::Primary,
             degraded: false,
+            state: BackendState::Starting,
             worker: WorkerState::Down,
             queued: 0,
+            in_flight: 0,
             restarts: Vec::new(),
             backend: None,
             worker_pid: None,
         }));
-        let restarts = Arc::new(Mutex::new(Vec::new()));
+        let restarts = Arc::new(Mutex::new(RestartLog::default()));
+        let (notices, _) = broadcast::channel(256);
+        let (state_tx, state) = watch::channel(BackendState::Starting);
         let driver = Driver {
             config,
             sup,
             rx,
             pending: HashMap::new(),
-            next_call: 1,
-            timer: None,
-            worker: None,
-            next_instance: 1,
+            next_call: HEALTH_CALL + 1,
+            timers: HashMap::new(),
+            workers: HashMap::new(),
             status: status.clone(),
             restarts: restarts.clone(),
+            notices: notices.clone(),
+            state: state_tx,
+            evidence: Evidence::default(),
         };
         tokio::spawn(driver.run());
-        Engine { tx, status, restarts }
+        Engine { tx, status, restarts, notices, state }
     }
 
-    /// Runs a batch of rows; waits for the result however the worker fares.
-    pub async fn run(&self, rows: Vec<Row>) -> Result<RunOutput, EngineError> {
+    /// Runs a batch of rows; waits for the result however the workers fare. A call whose
+    /// `deadline` passes while it is queued, or whose caller stops waiting, never reaches a worker.
+    pub async fn run(&self, rows: Vec<Row>, deadline: Option<Instant>) -> Result<RunOutput, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Command_::Run { rows, reply }).await.map_err(|_| EngineError::Stopped)?;
+        self.tx.send(Request::Run { rows, deadline, reply }).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)?
     }
 
@@ -156,24 +213,42 @@ impl Engine {
         self.status.lock().map(|s| s.clone()).unwrap_or_else(|e| e.into_inner().clone())
     }
 
-    /// Every restart so far.
+    /// The last [`RESTARTS_KEPT`] restarts, oldest first.
     pub fn restarts(&self) -> Vec<RestartRecord> {
-        self.restarts.lock().map(|r| r.clone()).unwrap_or_else(|e| e.into_inner().clone())
+        let log = self.restarts.lock().unwrap_or_else(|e| e.into_inner());
+        log.recent.iter().cloned().collect()
+    }
+
+    /// How many restarts happened in all.
+    pub fn restart_total(&self) -> u64 {
+        self.restarts.lock().map(|l| l.total).unwrap_or_else(|e| e.into_inner().total)
+    }
+
+    /// Restarts, degradation and recovery as they happen.
+    pub fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    /// The backend's state (`starting | ready | degraded`), to be told when it changes.
+    pub fn backend_state(&self) -> watch::Receiver<BackendState> {
+        self.state.clone()
     }
 }
 
 struct Driver {
     config: EngineConfig,
     sup: Supervisor,
-    rx: mpsc::Receiver<Command_>,
+    rx: mpsc::Receiver<Request>,
     pending: HashMap<CallId, Pending>,
     next_call: CallId,
-    /// The supervisor's live timer: arming one supersedes the previous (it bumps the generation).
-    timer: Option<(Instant, Timer)>,
-    worker: Option<Worker>,
-    next_instance: u64,
+    /// The supervisor's timers, one per kind: arming one supersedes the previous.
+    timers: HashMap<TimerKind, (Instant, Timer)>,
+    workers: HashMap<WorkerId, Worker>,
     status: Arc<Mutex<EngineStatus>>,
-    restarts: Arc<Mutex<Vec<RestartRecord>>>,
+    restarts: Arc<Mutex<RestartLog>>,
+    notices: broadcast::Sender<Notice>,
+    state: watch::Sender<BackendState>,
+    evidence: Evidence,
 }
 
 /// How long an exited worker's stdout may take to drain before its exit is reported.
@@ -194,11 +269,11 @@ async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<From
 
 impl Driver {
     async fn run(mut self) {
-        let (wtx, mut wrx) = mpsc::channel::<(u64, WorkerMsg)>(64);
+        let (wtx, mut wrx) = mpsc::channel::<(WorkerId, WorkerMsg)>(64);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        self.apply(Event::Start, &wtx).await;
+        self.apply(Event::Start, &wtx);
         loop {
-            let next_timer = self.timer.map(|(at, _)| at);
+            let next_timer = self.timers.values().map(|(at, _)| *at).min();
             let sleep = async {
                 match next_timer {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -207,198 +282,274 @@ impl Driver {
             };
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
-                    Some(Command_::Run { rows, reply }) => {
+                    Some(Request::Run { rows, deadline, reply }) => {
                         let call = self.next_call;
                         self.next_call += 1;
+                        let n = rows.len();
                         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-                        self.apply(Event::Submit(call), &wtx).await;
+                        self.apply(Event::Submit { call, rows: n, deadline }, &wtx);
                     }
                     None => break,
                 },
-                Some((instance, msg)) = wrx.recv() => {
-                    if self.worker.as_ref().map(|w| w.instance) != Some(instance) {
+                Some((id, msg)) = wrx.recv() => {
+                    if !self.workers.contains_key(&id) {
                         continue; // a killed worker's last words
                     }
-                    let event = match msg {
-                        WorkerMsg::Frame(FromWorker::Ready { backend, .. }) => {
-                            if let Ok(mut s) = self.status.lock() {
-                                s.backend = Some(backend);
-                            }
-                            Event::Ready
-                        }
-                        WorkerMsg::Frame(FromWorker::LoadFailed { message }) => Event::LoadFailed(message),
-                        WorkerMsg::Frame(FromWorker::Done { call, rows, .. }) => {
-                            if let Some(p) = self.pending.get_mut(&call) {
-                                p.result = Some(rows);
-                            }
-                            Event::Done(call)
-                        }
-                        WorkerMsg::Frame(FromWorker::Failed { call, error }) => Event::Failed(call, error),
-                        WorkerMsg::Exited(how) => {
-                            self.worker = None;
-                            Event::Exited(how)
-                        }
-                    };
-                    self.apply(event, &wtx).await;
+                    let event = self.on_worker(id, msg);
+                    self.apply(event, &wtx);
                 }
                 _ = sleep => {
-                    if let Some((_, t)) = self.timer.take() {
-                        self.apply(Event::Timer(t), &wtx).await;
+                    let now = Instant::now();
+                    let due: Vec<TimerKind> =
+                        self.timers.iter().filter(|(_, (at, _))| *at <= now).map(|(k, _)| *k).collect();
+                    for kind in due {
+                        if let Some((_, t)) = self.timers.remove(&kind) {
+                            self.apply(Event::Timer(t), &wtx);
+                        }
                     }
                 }
-                _ = tick.tick() => self.apply(Event::Tick, &wtx).await,
+                _ = tick.tick() => {
+                    // Callers that stopped waiting: their calls leave the queue.
+                    let gone: Vec<CallId> = self
+                        .pending
+                        .iter()
+                        .filter(|(_, p)| p.sent_at.is_none() && p.reply.is_closed())
+                        .map(|(c, _)| *c)
+                        .collect();
+                    for call in gone {
+                        self.pending.remove(&call);
+                        self.apply(Event::Cancelled(call), &wtx);
+                    }
+                    self.apply(Event::Tick, &wtx);
+                }
             }
         }
-        // The agent dropped the engine: stop the worker.
-        self.kill();
+        // The agent dropped the engine: stop the workers.
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        for id in ids {
+            self.kill(id);
+        }
     }
 
-    fn kill(&mut self) {
-        if let Some(mut w) = self.worker.take()
+    /// The supervisor's event for a worker's message; answers are checked for constant output.
+    fn on_worker(&mut self, id: WorkerId, msg: WorkerMsg) -> Event {
+        let role = self.workers.get(&id).map_or(Role::Primary, |w| w.role);
+        match msg {
+            WorkerMsg::Frame(FromWorker::Ready { backend, .. }) => {
+                if let Some(w) = self.workers.get_mut(&id) {
+                    w.backend = Some(backend);
+                }
+                Event::Ready(id)
+            }
+            WorkerMsg::Frame(FromWorker::LoadFailed { message }) => Event::LoadFailed(id, message),
+            WorkerMsg::Frame(FromWorker::Done { call, rows, .. }) => {
+                let sent: Option<&[Row]> = if call == HEALTH_CALL {
+                    Some(&self.config.health)
+                } else {
+                    self.pending.get(&call).map(|p| p.rows.as_slice())
+                };
+                let Some(sent) = sent else { return Event::Done(id, call) };
+                let check = if rows.len() != sent.len() {
+                    Err(format!("the worker answered {} rows for {}", rows.len(), sent.len()))
+                } else {
+                    self.evidence.check(sent, &rows)
+                };
+                match check {
+                    Ok(()) => {
+                        let backend = self.workers.get(&id).and_then(|w| w.backend.clone()).unwrap_or_default();
+                        if let Some(p) = self.pending.get_mut(&call) {
+                            p.result = Some((rows, role, backend));
+                        }
+                        Event::Done(id, call)
+                    }
+                    Err(message) => Event::Failed(id, call, BackendError::Fatal { code: None, message }),
+                }
+            }
+            WorkerMsg::Frame(FromWorker::Failed { call, error }) => Event::Failed(id, call, error),
+            WorkerMsg::Exited(how) => {
+                self.workers.remove(&id);
+                Event::Exited(id, how)
+            }
+        }
+    }
+
+    fn kill(&mut self, id: WorkerId) {
+        if let Some(mut w) = self.workers.remove(&id)
             && let Some(k) = w.kill.take()
         {
             let _ = k.send(());
         }
     }
 
-    async fn apply(&mut self, event: Event, wtx: &mpsc::Sender<(u64, WorkerMsg)>) {
+    fn apply(&mut self, event: Event, wtx: &mpsc::Sender<(WorkerId, WorkerMsg)>) {
         let mut queue = vec![event];
         while let Some(event) = queue.pop() {
             let actions = self.sup.handle(Instant::now(), event);
             for action in actions {
-                if let Some(follow_up) = self.act(action, wtx).await {
+                if let Some(follow_up) = self.act(action, wtx) {
                     queue.push(follow_up);
                 }
             }
         }
+        let serving = self.sup.serving_worker().and_then(|id| self.workers.get(&id));
         if let Ok(mut s) = self.status.lock() {
             s.role = self.sup.role();
             s.degraded = self.sup.degraded();
+            s.state = self.sup.backend_state();
             s.worker = self.sup.state();
             s.queued = self.sup.queued();
+            s.in_flight = self.sup.in_flight();
+            s.backend = serving.and_then(|w| w.backend.clone());
+            s.worker_pid = serving.and_then(|w| w.pid);
+        }
+        let state = self.sup.backend_state();
+        self.state.send_if_modified(|s| std::mem::replace(s, state) != state);
+    }
+
+    fn send(&mut self, id: WorkerId, frame: Vec<u8>) {
+        if let Some(w) = self.workers.get(&id) {
+            // A closed channel means the worker is gone: its exit event follows.
+            let _ = w.frames.send(frame);
         }
     }
 
-    /// Performs one action; a failure to do it comes back as an event.
-    async fn act(&mut self, action: Action, wtx: &mpsc::Sender<(u64, WorkerMsg)>) -> Option<Event> {
+    fn spawn(&mut self, id: WorkerId, role: Role, wtx: &mpsc::Sender<(WorkerId, WorkerMsg)>) -> Option<Event> {
+        let spec = match role {
+            Role::Primary => &self.config.primary,
+            Role::Fallback => self.config.fallback.as_ref().unwrap_or(&self.config.primary),
+        };
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.env.iter().cloned())
+            .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return Some(Event::LoadFailed(id, format!("cannot start {}: {e}", spec.program.display()))),
+        };
+        let (Some(mut stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Some(Event::LoadFailed(id, "the worker has no pipes".into()));
+        };
+        let pid = child.id();
+        let frames = wtx.clone();
+        let reader = tokio::spawn(async move {
+            while let Some(frame) = read_frame(&mut stdout).await {
+                let (msg, garbled) = match frame {
+                    Ok(f) => (WorkerMsg::Frame(f), false),
+                    Err(e) => {
+                        let message = format!("garbled frame: {e}");
+                        (WorkerMsg::Frame(FromWorker::LoadFailed { message }), true)
+                    }
+                };
+                // After a garbled frame the stream is out of step: nothing more can be read.
+                if frames.send((id, msg)).await.is_err() || garbled {
+                    break;
+                }
+            }
+        });
+        // The writer: the driver never waits on a worker's stdin.
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            while let Some(frame) = out_rx.recv().await {
+                if stdin.write_all(&frame).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let exits = wtx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                status = child.wait() => {
+                    let how = match status {
+                        Ok(s) => s.to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    // The worker's last frames (a LoadFailed, a Failed) are queued before its
+                    // exit: the reader sends them before it sees EOF. Without this wait a worker
+                    // that reports a load failure and exits could be taken for a crash. A
+                    // grandchild holding the pipe open must not stall us, hence the bound.
+                    let _ = tokio::time::timeout(LAST_WORDS, reader).await;
+                    let _ = exits.send((id, WorkerMsg::Exited(how))).await;
+                }
+                _ = kill_rx => {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await; // reap: no zombie
+                }
+            }
+        });
+        self.workers.insert(id, Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid });
+        None
+    }
+
+    /// Performs one action; a failure to do it, or a call found abandoned, comes back as an event.
+    fn act(&mut self, action: Action, wtx: &mpsc::Sender<(WorkerId, WorkerMsg)>) -> Option<Event> {
         match action {
-            Action::Spawn(role) => {
-                let spec = match role {
-                    Role::Primary => &self.config.primary,
-                    Role::Fallback => self.config.fallback.as_ref().unwrap_or(&self.config.primary),
-                };
-                let mut cmd = Command::new(&spec.program);
-                cmd.args(&spec.args)
-                    .envs(spec.env.iter().cloned())
-                    .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit())
-                    .kill_on_drop(true);
-                let mut child = match cmd.spawn() {
-                    Ok(c) => c,
-                    Err(e) => return Some(Event::LoadFailed(format!("cannot start {}: {e}", spec.program.display()))),
-                };
-                let instance = self.next_instance;
-                self.next_instance += 1;
-                let (Some(stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                    return Some(Event::LoadFailed("the worker has no pipes".into()));
-                };
-                if let Ok(mut s) = self.status.lock() {
-                    s.worker_pid = child.id();
-                    s.backend = None;
+            Action::Spawn(id, role) => return self.spawn(id, role, wtx),
+            Action::Kill(id) => self.kill(id),
+            Action::Send(id, call) => {
+                let Some(p) = self.pending.get_mut(&call) else { return Some(Event::Cancelled(call)) };
+                if p.reply.is_closed() {
+                    self.pending.remove(&call);
+                    return Some(Event::Cancelled(call));
                 }
-                let frames = wtx.clone();
-                let reader = tokio::spawn(async move {
-                    while let Some(frame) = read_frame(&mut stdout).await {
-                        let (msg, garbled) = match frame {
-                            Ok(f) => (WorkerMsg::Frame(f), false),
-                            Err(e) => {
-                                let message = format!("garbled frame: {e}");
-                                (WorkerMsg::Frame(FromWorker::LoadFailed { message }), true)
-                            }
-                        };
-                        // After a garbled frame the stream is out of step: nothing more can be read.
-                        if frames.send((instance, msg)).await.is_err() || garbled {
-                            break;
-                        }
-                    }
-                });
-                let (kill_tx, kill_rx) = oneshot::channel::<()>();
-                let exits = wtx.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        status = child.wait() => {
-                            let how = match status {
-                                Ok(s) => s.to_string(),
-                                Err(e) => e.to_string(),
-                            };
-                            // The worker's last frames (a LoadFailed, a Failed) are queued before its
-                            // exit: the reader sends them before it sees EOF. Without this wait a
-                            // worker that reports a load failure and exits could be taken for a crash.
-                            // A grandchild holding the pipe open must not stall us, hence the bound.
-                            let _ = tokio::time::timeout(LAST_WORDS, reader).await;
-                            let _ = exits.send((instance, WorkerMsg::Exited(how))).await;
-                        }
-                        _ = kill_rx => {
-                            let _ = child.start_kill();
-                            let _ = child.wait().await; // reap: no zombie
-                        }
-                    }
-                });
-                self.worker = Some(Worker { instance, stdin, kill: Some(kill_tx) });
-                None
+                p.sent_at = Some(Instant::now());
+                let frame = ToWorker::Run { call, rows: p.rows.clone() }.encode();
+                self.send(id, frame);
             }
-            Action::Kill => {
-                self.kill();
-                None
-            }
-            Action::Send(call) => {
-                let frame = match self.pending.get_mut(&call) {
-                    Some(p) => {
-                        p.sent_at = Some(Instant::now());
-                        ToWorker::Run { call, rows: p.rows.clone() }.encode()
-                    }
-                    None => return None,
-                };
-                if let Some(w) = self.worker.as_mut() {
-                    // A broken pipe means the worker died: its exit event follows.
-                    let _ = w.stdin.write_all(&frame).await;
-                    let _ = w.stdin.flush().await;
-                }
-                None
+            Action::Health(id) => {
+                let frame = ToWorker::Run { call: HEALTH_CALL, rows: self.config.health.clone() }.encode();
+                self.send(id, frame);
             }
             Action::SetTimer(t, after) => {
-                self.timer = Some((Instant::now() + after, t));
-                None
+                self.timers.insert(t.kind, (Instant::now() + after, t));
             }
             Action::Deliver(call) => {
                 if let Some(p) = self.pending.remove(&call) {
                     let elapsed = p.sent_at.map(|t| t.elapsed()).unwrap_or_default();
-                    let out = RunOutput { rows: p.result.unwrap_or_default(), role: self.sup.role(), elapsed };
-                    let _ = p.reply.send(Ok(out));
+                    let (rows, role, backend) = p.result.unwrap_or((Vec::new(), Role::Primary, String::new()));
+                    let _ = p.reply.send(Ok(RunOutput { rows, role, backend, elapsed }));
                 }
-                None
             }
             Action::Reject(call, error) => {
                 if let Some(p) = self.pending.remove(&call) {
                     let _ = p.reply.send(Err(match error {
                         CallError::Input(m) => EngineError::Input(m),
                         CallError::Unavailable(m) => EngineError::Unavailable(m),
+                        CallError::Overloaded(m) => EngineError::Overloaded(m),
+                        CallError::Expired => EngineError::Expired,
+                        CallError::Quarantined(m) => EngineError::Quarantined(m),
                     }));
                 }
-                None
             }
             Action::Restarted(role, reason) => {
-                if let Ok(mut r) = self.restarts.lock() {
-                    r.push(RestartRecord { role, reason });
+                tracing::warn!(role = role.as_str(), reason = %reason.describe(), "backend worker restarted");
+                if let Ok(mut log) = self.restarts.lock() {
+                    log.total += 1;
+                    log.recent.push_back(RestartRecord { role, reason });
+                    if log.recent.len() > RESTARTS_KEPT {
+                        log.recent.pop_front();
+                    }
                 }
                 if let Ok(mut s) = self.status.lock() {
                     s.restarts = self.sup.restart_counts().iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
                 }
-                None
             }
-            Action::Degraded(_) => None,
+            Action::Notify(notice) => {
+                match notice.kind {
+                    super::supervisor::NoticeKind::BackendRecovered => {
+                        tracing::info!(role = notice.role.as_str(), "{}", notice.message)
+                    }
+                    _ => {
+                        tracing::warn!(event = notice.kind.as_str(), role = notice.role.as_str(), "{}", notice.message)
+                    }
+                }
+                let _ = self.notices.send(notice); // no subscriber: nobody to tell
+            }
         }
+        None
     }
 }

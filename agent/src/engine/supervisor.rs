@@ -1,18 +1,31 @@
-//! Supervision of the worker process, as a state machine without I/O.
+//! Supervision of the worker processes, as a state machine without I/O.
 //!
 //! NPU runtimes hang and crash, and a thread stuck in a vendor call cannot be cancelled, so the
 //! backend lives in a worker process the agent can kill. This module decides *what* to do; the
 //! driver (`engine::process`) does it. Every input is an [`Event`] with the current time, every
-//! output an [`Action`], so the policy is tested without processes or clocks:
+//! output an [`Action`], so the policy is tested without processes or clocks.
 //!
-//! - every call gets a deadline (fixed, or 4 x the p99 of recent calls within [1 s, 30 s]; the
-//!   first call after a start gets a model-load allowance);
-//! - a missed deadline, a crash, a fatal backend error or a failed load kills and restarts the
-//!   worker with exponential backoff, and the call in flight is re-run once; a second failure
-//!   answers it `backend_unavailable`;
-//! - more restarts than allowed in a window degrade the engine: with a CPU fallback it serves from
-//!   a CPU worker and probes the primary backend periodically; without one it answers
-//!   `backend_unavailable` at once until a worker is healthy again.
+//! ```text
+//!             spawn            ready            health ok
+//!   (start) --------> Starting -----> Health ------------> Serving (idle <-> busy)
+//!                        |               |                     |
+//!                        +---------------+---------------------+  crash / deadline / fatal / load failure
+//!                                        |
+//!                       restarts in window <= max_restarts?
+//!                         yes: backoff, spawn again (the call in flight is re-run once;
+//!                              a call that fails twice is quarantined: answered with an error)
+//!                         no:  Degraded
+//!   Degraded: questions go to the CPU fallback if configured, else are refused at once with the
+//!   root cause and the time of the next try. Every `primary_retry` a *candidate* primary starts
+//!   beside the fallback and gets the health call; success promotes it (Recovered), failure
+//!   schedules the next try. Degraded is never forever.
+//! ```
+//!
+//! Deadlines are per row (one NPU job per question): `max(min_deadline, 4 x per-row estimate x
+//! rows)`, the estimate being the p99 of recent per-row times, seeded by the health call's
+//! measured time and `expected_ms` until enough samples exist. The health call (two different
+//! rows, after "loaded" and before any question) gets the same kind of deadline, or the load
+//! allowance while nothing is known yet (the first inference of a fresh runtime).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -22,7 +35,13 @@ use super::BackendError;
 /// Identifies one call (a batch of rows) for the life of the engine.
 pub type CallId = u64;
 
-/// Which backend the worker runs.
+/// Identifies one worker process for the life of the engine.
+pub type WorkerId = u64;
+
+/// The call id of a worker's health call (real calls start at 1).
+pub const HEALTH_CALL: CallId = 0;
+
+/// Which backend a worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// The configured backend (an NPU on a board).
@@ -31,16 +50,25 @@ pub enum Role {
     Fallback,
 }
 
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Fallback => "fallback",
+        }
+    }
+}
+
 /// Why a worker was restarted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestartReason {
-    /// A call missed its deadline.
-    Deadline,
+    /// A call missed its deadline (the deadline it had).
+    Deadline(Duration),
     /// The process exited or crashed (how).
     Crash(String),
-    /// The backend reported a fatal error (its code, if any).
-    Fatal(Option<i64>),
-    /// The backend could not be loaded, or did not become ready in time.
+    /// The backend reported a fatal error: its code, if any, and its message.
+    Fatal { code: Option<i64>, message: String },
+    /// The backend could not be loaded, did not become ready in time, or failed its health call.
     LoadFailed(String),
 }
 
@@ -48,40 +76,65 @@ impl RestartReason {
     /// A short label for counters.
     pub fn label(&self) -> &'static str {
         match self {
-            RestartReason::Deadline => "deadline",
+            RestartReason::Deadline(_) => "deadline",
             RestartReason::Crash(_) => "crash",
-            RestartReason::Fatal(_) => "fatal",
+            RestartReason::Fatal { .. } => "fatal",
             RestartReason::LoadFailed(_) => "load_failed",
         }
     }
 
-    fn describe(&self) -> String {
+    /// The error code, for a fatal error that has one.
+    pub fn code(&self) -> Option<i64> {
         match self {
-            RestartReason::Deadline => "the backend missed its deadline".into(),
+            RestartReason::Fatal { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    /// The runtime's name for the error (`RKNN_ERR_TIMEOUT`, `QNN_...`), when the message has
+    /// the `NAME (code)` form the runtimes' status types print.
+    pub fn name(&self) -> Option<String> {
+        let RestartReason::Fatal { code: Some(code), message } = self else { return None };
+        let at = message.find(&format!(" ({code})"))?;
+        let name = message[..at].rsplit([' ', ':']).next()?;
+        (!name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .then(|| name.to_owned())
+    }
+
+    /// One sentence for logs, events and refusals.
+    pub fn describe(&self) -> String {
+        match self {
+            RestartReason::Deadline(d) => format!("the backend missed its deadline ({} ms)", d.as_millis()),
             RestartReason::Crash(how) => format!("the backend worker died ({how})"),
-            RestartReason::Fatal(Some(code)) => format!("the backend failed fatally (code {code})"),
-            RestartReason::Fatal(None) => "the backend failed fatally".into(),
+            RestartReason::Fatal { code: Some(code), message } => {
+                format!("the backend failed fatally (code {code}): {message}")
+            }
+            RestartReason::Fatal { code: None, message } => format!("the backend failed fatally: {message}"),
             RestartReason::LoadFailed(why) => format!("the backend could not be loaded: {why}"),
         }
     }
 }
 
 /// Which timer fired; `generation` tells a live timer from a stale one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Timer {
     pub kind: TimerKind,
     pub generation: u64,
 }
 
-/// The supervisor's timers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The supervisor's timers. The driver keeps one per kind (arming one replaces the previous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TimerKind {
-    /// The call in flight must be answered by now.
+    /// The serving worker's call (or health call) must be answered by now.
     Deadline,
-    /// The worker must announce itself by now.
+    /// The serving worker must announce itself by now.
     Startup,
-    /// Time to start a worker again.
+    /// Time to start the serving worker again.
     Backoff,
+    /// The candidate primary's startup or health call must be done by now.
+    Candidate,
+    /// Time to try a degraded primary again.
+    Retry,
 }
 
 /// What happened.
@@ -89,21 +142,23 @@ pub enum TimerKind {
 pub enum Event {
     /// Start the first worker.
     Start,
-    /// A call was queued.
-    Submit(CallId),
-    /// The worker loaded its backend.
-    Ready,
-    /// The worker could not load its backend.
-    LoadFailed(String),
-    /// The worker answered a call.
-    Done(CallId),
-    /// The worker reported an error for a call.
-    Failed(CallId, BackendError),
-    /// The worker process ended (how).
-    Exited(String),
+    /// A call was queued: its rows, and the caller's deadline.
+    Submit { call: CallId, rows: usize, deadline: Option<Instant> },
+    /// The caller of a call went away (or the driver found it gone before sending it).
+    Cancelled(CallId),
+    /// A worker loaded its backend.
+    Ready(WorkerId),
+    /// A worker could not load its backend.
+    LoadFailed(WorkerId, String),
+    /// A worker answered a call (or its health call, [`HEALTH_CALL`]).
+    Done(WorkerId, CallId),
+    /// A worker reported an error for a call.
+    Failed(WorkerId, CallId, BackendError),
+    /// A worker process ended (how).
+    Exited(WorkerId, String),
     /// A timer fired.
     Timer(Timer),
-    /// Periodic housekeeping (probing a degraded primary).
+    /// Periodic housekeeping (expired calls leave the queue).
     Tick,
 }
 
@@ -112,39 +167,105 @@ pub enum Event {
 pub enum CallError {
     /// The rows were refused by the model: the caller's fault.
     Input(String),
-    /// No healthy backend could answer (retryable).
+    /// No healthy backend could answer (retryable); the message says why and when the next try is.
     Unavailable(String),
+    /// The engine's queue is full.
+    Overloaded(String),
+    /// The caller's deadline passed before the call reached a worker.
+    Expired,
+    /// The call failed fatally twice (crash, deadline or fatal error on both attempts): it is
+    /// quarantined, answered with this error and not run again.
+    Quarantined(String),
+}
+
+/// What happened to the backend, for the events topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// A worker was restarted.
+    WorkerRestart,
+    /// The primary backend is degraded.
+    BackendDegraded,
+    /// The primary backend serves again.
+    BackendRecovered,
+}
+
+impl NoticeKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NoticeKind::WorkerRestart => "worker_restart",
+            NoticeKind::BackendDegraded => "backend_degraded",
+            NoticeKind::BackendRecovered => "backend_recovered",
+        }
+    }
+}
+
+/// An event for the events topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub kind: NoticeKind,
+    pub role: Role,
+    /// What failed (restarts and degradation).
+    pub reason: Option<RestartReason>,
+    pub message: String,
 }
 
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Start a worker for this role.
-    Spawn(Role),
-    /// SIGKILL the current worker and reap it.
-    Kill,
+    /// Start a worker process for this role.
+    Spawn(WorkerId, Role),
+    /// SIGKILL this worker and reap it.
+    Kill(WorkerId),
     /// Send this call's rows to the worker.
-    Send(CallId),
+    Send(WorkerId, CallId),
+    /// Send the health rows to the worker (as call [`HEALTH_CALL`]).
+    Health(WorkerId),
     /// Arm a timer.
     SetTimer(Timer, Duration),
     /// Hand the worker's result for this call to its caller.
     Deliver(CallId),
     /// Answer this call with an error.
     Reject(CallId, CallError),
-    /// A restart happened (for counters and events).
+    /// A restart happened (for counters).
     Restarted(Role, RestartReason),
-    /// The engine entered (`true`) or left (`false`) degraded mode.
-    Degraded(bool),
+    /// Publish this on the events topic (and log it).
+    Notify(Notice),
+}
+
+/// The backend's state as clients see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendState {
+    /// No worker has passed its health call yet (or the serving one is being replaced).
+    Starting,
+    /// A healthy primary serves.
+    Ready,
+    /// The primary is degraded: the fallback serves, or questions are refused until it recovers.
+    Degraded,
+}
+
+impl BackendState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Starting => "starting",
+            BackendState::Ready => "ready",
+            BackendState::Degraded => "degraded",
+        }
+    }
 }
 
 /// The supervision policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
-    /// A fixed per-call deadline (`engine.deadline_ms`); `None` derives it from recent calls.
+    /// A fixed deadline per row (`engine.deadline_ms`); `None` derives it from recent calls.
     pub fixed_deadline: Option<Duration>,
+    /// The shortest deadline of any call.
     pub min_deadline: Duration,
+    /// The longest per-row estimate the derived deadline uses.
     pub max_deadline: Duration,
-    /// Added to the first call after a worker start (lazy compilation, first DSP session).
+    /// The expected time of one row (`engine.expected_ms`), seeding the deadline before samples.
+    pub expected_per_row: Option<Duration>,
+    /// The health call's deadline while nothing is known about the backend's speed (the first
+    /// inference of a fresh runtime: lazy graph finalization, first DSP session).
     pub load_allowance: Duration,
     /// How long a worker may take to load its backend.
     pub startup_timeout: Duration,
@@ -155,8 +276,12 @@ pub struct Policy {
     pub restart_window: Duration,
     /// Whether a CPU fallback worker can serve while the primary is degraded.
     pub fallback: bool,
-    /// How often a degraded primary is tried again.
+    /// How often a degraded primary is tried again (for ever).
     pub primary_retry: Duration,
+    /// Calls queued or running beyond this are refused (`limits.queue`).
+    pub queue_limit: usize,
+    /// Rows in the health call (0: no health call).
+    pub health_rows: usize,
 }
 
 impl Default for Policy {
@@ -165,6 +290,7 @@ impl Default for Policy {
             fixed_deadline: None,
             min_deadline: Duration::from_secs(1),
             max_deadline: Duration::from_secs(30),
+            expected_per_row: None,
             load_allowance: Duration::from_secs(60),
             startup_timeout: Duration::from_secs(120),
             backoff_min: Duration::from_millis(100),
@@ -173,17 +299,39 @@ impl Default for Policy {
             restart_window: Duration::from_secs(300),
             fallback: false,
             primary_retry: Duration::from_secs(300),
+            queue_limit: 64,
+            health_rows: 0,
         }
     }
 }
 
-/// The worker's state as the supervisor sees it.
+impl Policy {
+    /// The policy an `[engine]` section asks for; `fallback` says whether a CPU fallback worker
+    /// exists. The queue limit and health rows come from elsewhere (`EngineConfig`).
+    pub fn from_config(e: &crate::config::Engine, fallback: bool) -> Policy {
+        Policy {
+            fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
+            expected_per_row: (e.expected_ms > 0).then(|| Duration::from_millis(e.expected_ms)),
+            load_allowance: Duration::from_millis(e.load_allowance_ms),
+            startup_timeout: Duration::from_secs(e.startup_timeout_s.max(1)),
+            max_restarts: e.max_restarts,
+            restart_window: Duration::from_secs(e.restart_window_s),
+            fallback,
+            primary_retry: Duration::from_secs(e.retry_primary_s.max(1)),
+            ..Policy::default()
+        }
+    }
+}
+
+/// The serving worker's state as the supervisor sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerState {
-    /// No worker and none coming (before `Start`).
+    /// No worker and none coming (before `Start`, or degraded without a fallback).
     Down,
     /// Spawned, not yet ready.
     Starting,
+    /// Loaded, running its health call.
+    Health,
     /// Ready and idle.
     Idle,
     /// Running a call.
@@ -193,35 +341,61 @@ pub enum WorkerState {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Inflight {
-    call: CallId,
-    /// 0 the first time, 1 on the re-run after a restart.
+struct Slot {
+    id: WorkerId,
+    role: Role,
+    state: WorkerState,
+    /// When the current call (or health call) was sent.
+    since: Instant,
+    /// The deadline the current call has.
+    deadline: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    rows: usize,
+    deadline: Option<Instant>,
+    /// 0 the first time, 1 on the re-run after a fatal failure.
     attempt: u8,
 }
 
-/// How many recent call durations the deadline is derived from.
+#[derive(Debug, Clone)]
+struct Degraded {
+    /// The failure that degraded the primary, or the last failed try.
+    cause: String,
+    next_try: Instant,
+}
+
+/// How many recent per-row times the deadline is derived from, and how many it needs.
 const RECENT: usize = 128;
+const MIN_SAMPLES: usize = 5;
 
 /// The supervisor.
 #[derive(Debug)]
 pub struct Supervisor {
     policy: Policy,
-    state: WorkerState,
-    role: Role,
     queue: VecDeque<CallId>,
-    inflight: Option<Inflight>,
-    started_call_at: Option<Instant>,
-    first_call: bool,
-    durations: VecDeque<Duration>,
+    calls: BTreeMap<CallId, Call>,
+    serving: Option<Slot>,
+    /// A degraded primary being tried beside the serving fallback.
+    candidate: Option<Slot>,
+    degraded: Option<Degraded>,
+    /// The serving worker is waiting to start again.
+    in_backoff: bool,
+    backoff: Duration,
+    per_row: VecDeque<Duration>,
+    /// The health call's measured per-row time.
+    seed: Option<Duration>,
     restarts: VecDeque<Instant>,
     restart_counts: BTreeMap<&'static str, u64>,
-    backoff: Duration,
     generation: u64,
-    degraded_since: Option<Instant>,
-    /// A degraded primary is being tried again: one failure sends it back to the fallback.
-    probing: bool,
-    /// Too many restarts and nothing to fall back to: refuse calls until a worker is healthy.
-    unavailable: bool,
+    timers: BTreeMap<u8, u64>,
+    next_worker: WorkerId,
+    started: bool,
+}
+
+fn timer_slot(kind: TimerKind) -> u8 {
+    kind as u8
 }
 
 impl Supervisor {
@@ -229,35 +403,60 @@ impl Supervisor {
         Supervisor {
             backoff: policy.backoff_min,
             policy,
-            state: WorkerState::Down,
-            role: Role::Primary,
             queue: VecDeque::new(),
-            inflight: None,
-            started_call_at: None,
-            first_call: true,
-            durations: VecDeque::new(),
+            calls: BTreeMap::new(),
+            serving: None,
+            candidate: None,
+            degraded: None,
+            in_backoff: false,
+            per_row: VecDeque::new(),
+            seed: None,
             restarts: VecDeque::new(),
             restart_counts: BTreeMap::new(),
             generation: 0,
-            degraded_since: None,
-            probing: false,
-            unavailable: false,
+            timers: BTreeMap::new(),
+            next_worker: 1,
+            started: false,
         }
     }
 
-    /// The worker's state.
+    /// The serving worker's state.
     pub fn state(&self) -> WorkerState {
-        self.state
+        match self.serving {
+            Some(s) => s.state,
+            None if self.in_backoff => WorkerState::Backoff,
+            None => WorkerState::Down,
+        }
     }
 
-    /// Which backend serves now.
+    /// Which backend serves (or will serve) questions now.
     pub fn role(&self) -> Role {
-        self.role
+        match self.serving {
+            Some(s) => s.role,
+            None if self.degraded.is_some() && self.policy.fallback => Role::Fallback,
+            None => Role::Primary,
+        }
+    }
+
+    /// The serving worker's id, if one is running.
+    pub fn serving_worker(&self) -> Option<WorkerId> {
+        self.serving.map(|s| s.id)
     }
 
     /// Whether the primary backend is degraded.
     pub fn degraded(&self) -> bool {
-        self.degraded_since.is_some() || self.unavailable
+        self.degraded.is_some()
+    }
+
+    /// `starting | ready | degraded`.
+    pub fn backend_state(&self) -> BackendState {
+        if self.degraded.is_some() {
+            BackendState::Degraded
+        } else if matches!(self.state(), WorkerState::Idle | WorkerState::Busy(_)) {
+            BackendState::Ready
+        } else {
+            BackendState::Starting
+        }
     }
 
     /// Restarts so far, by reason label.
@@ -265,122 +464,279 @@ impl Supervisor {
         &self.restart_counts
     }
 
-    /// Calls waiting for the worker.
+    /// Calls waiting for a worker.
     pub fn queued(&self) -> usize {
         self.queue.len()
     }
 
-    /// The deadline the next call gets.
-    pub fn deadline(&self) -> Duration {
-        let base = match self.policy.fixed_deadline {
-            Some(d) => d,
-            None if self.durations.len() < 5 => self.policy.max_deadline,
-            None => {
-                let mut sorted: Vec<Duration> = self.durations.iter().copied().collect();
-                sorted.sort();
-                let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
-                (p99 * 4).clamp(self.policy.min_deadline, self.policy.max_deadline)
+    /// Calls queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// The per-row estimate the deadline is derived from, if anything is known.
+    fn per_row_estimate(&self) -> Option<Duration> {
+        if self.per_row.len() >= MIN_SAMPLES {
+            let mut sorted: Vec<Duration> = self.per_row.iter().copied().collect();
+            sorted.sort();
+            let i = ((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1;
+            return Some(sorted[i]);
+        }
+        match (self.seed, self.policy.expected_per_row) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The deadline a call of `rows` rows gets now.
+    pub fn deadline(&self, rows: usize) -> Duration {
+        let rows = u32::try_from(rows.max(1)).unwrap_or(u32::MAX);
+        match (self.policy.fixed_deadline, self.per_row_estimate()) {
+            (Some(fixed), _) => fixed.saturating_mul(rows),
+            (None, Some(est)) => {
+                est.min(self.policy.max_deadline).saturating_mul(4).saturating_mul(rows).max(self.policy.min_deadline)
             }
-        };
-        if self.first_call { base + self.policy.load_allowance } else { base }
+            (None, None) => self.policy.max_deadline.saturating_mul(rows),
+        }
+    }
+
+    /// The health call's deadline: from what is known, else the load allowance.
+    fn health_deadline(&self) -> Duration {
+        if self.policy.fixed_deadline.is_some() || self.per_row_estimate().is_some() {
+            self.deadline(self.policy.health_rows)
+        } else {
+            self.policy.load_allowance.max(self.policy.min_deadline)
+        }
+    }
+
+    /// Why questions are refused now, and when the next try is.
+    fn unavailable(&self, now: Instant) -> String {
+        match &self.degraded {
+            Some(d) if self.candidate.is_some() => {
+                format!("the backend is degraded ({}); a fresh worker is being health-checked now", d.cause)
+            }
+            Some(d) => format!(
+                "the backend is degraded ({}); next try in {} s",
+                d.cause,
+                d.next_try.saturating_duration_since(now).as_secs_f64().ceil() as u64
+            ),
+            None => "the backend is restarting".into(),
+        }
     }
 
     fn timer(&mut self, kind: TimerKind, after: Duration, actions: &mut Vec<Action>) {
         self.generation += 1;
+        self.timers.insert(timer_slot(kind), self.generation);
         actions.push(Action::SetTimer(Timer { kind, generation: self.generation }, after));
     }
 
-    fn spawn(&mut self, actions: &mut Vec<Action>) {
-        self.state = WorkerState::Starting;
-        self.first_call = true;
-        actions.push(Action::Spawn(self.role));
+    fn cancel_timer(&mut self, kind: TimerKind) {
+        self.timers.remove(&timer_slot(kind));
+    }
+
+    fn live(&self, t: Timer) -> bool {
+        self.timers.get(&timer_slot(t.kind)) == Some(&t.generation)
+    }
+
+    fn new_worker(&mut self, now: Instant, role: Role, actions: &mut Vec<Action>) -> Slot {
+        let id = self.next_worker;
+        self.next_worker += 1;
+        actions.push(Action::Spawn(id, role));
+        Slot { id, role, state: WorkerState::Starting, since: now, deadline: self.policy.startup_timeout }
+    }
+
+    fn spawn_serving(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let role = if self.degraded.is_some() { Role::Fallback } else { Role::Primary };
+        self.in_backoff = false;
+        self.cancel_timer(TimerKind::Backoff);
+        let slot = self.new_worker(now, role, actions);
+        self.serving = Some(slot);
         self.timer(TimerKind::Startup, self.policy.startup_timeout, actions);
     }
 
+    fn spawn_candidate(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let slot = self.new_worker(now, Role::Primary, actions);
+        self.candidate = Some(slot);
+        self.timer(TimerKind::Candidate, self.policy.startup_timeout, actions);
+    }
+
+    /// Sends the next live queued call to the idle serving worker.
     fn dispatch(&mut self, now: Instant, actions: &mut Vec<Action>) {
-        if self.state != WorkerState::Idle {
+        let Some(slot) = self.serving else { return };
+        if slot.state != WorkerState::Idle {
             return;
         }
-        let next = match self.inflight {
-            Some(i) => Some(i),
-            None => self.queue.pop_front().map(|call| Inflight { call, attempt: 0 }),
-        };
-        if let Some(i) = next {
-            self.inflight = Some(i);
-            self.state = WorkerState::Busy(i.call);
-            self.started_call_at = Some(now);
-            let deadline = self.deadline();
-            actions.push(Action::Send(i.call));
-            self.timer(TimerKind::Deadline, deadline, actions);
-        }
-    }
-
-    fn reject_all(&mut self, why: &str, actions: &mut Vec<Action>) {
-        if let Some(i) = self.inflight.take() {
-            actions.push(Action::Reject(i.call, CallError::Unavailable(why.to_owned())));
-        }
-        for call in self.queue.drain(..) {
-            actions.push(Action::Reject(call, CallError::Unavailable(why.to_owned())));
-        }
-    }
-
-    fn restart(&mut self, now: Instant, reason: RestartReason, kill: bool, actions: &mut Vec<Action>) {
-        if kill {
-            actions.push(Action::Kill);
-        }
-        *self.restart_counts.entry(reason.label()).or_default() += 1;
-        actions.push(Action::Restarted(self.role, reason.clone()));
-        let why = reason.describe();
-        // The call in flight runs once more on the next worker; a second failure is final.
-        if matches!(self.state, WorkerState::Busy(_)) || self.inflight.is_some() {
-            match self.inflight {
-                Some(i) if i.attempt == 0 && matches!(self.state, WorkerState::Busy(_)) => {
-                    self.inflight = Some(Inflight { call: i.call, attempt: 1 });
-                }
-                Some(i) => {
-                    self.inflight = None;
-                    actions.push(Action::Reject(i.call, CallError::Unavailable(why.clone())));
-                }
-                None => {}
+        while let Some(call) = self.queue.pop_front() {
+            let Some(c) = self.calls.get(&call).copied() else { continue };
+            if c.deadline.is_some_and(|d| d <= now) {
+                self.calls.remove(&call);
+                actions.push(Action::Reject(call, CallError::Expired));
+                continue;
             }
+            let deadline = self.deadline(c.rows);
+            self.serving = Some(Slot { state: WorkerState::Busy(call), since: now, deadline, ..slot });
+            actions.push(Action::Send(slot.id, call));
+            self.timer(TimerKind::Deadline, deadline, actions);
+            return;
         }
-        self.generation += 1; // invalidates the deadline and startup timers
-        if self.probing {
-            // The primary failed its probe: back to the fallback at once.
-            self.probing = false;
-            self.role = Role::Fallback;
-            self.degraded_since = Some(now);
+    }
+
+    fn reject_queue(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let why = self.unavailable(now);
+        for call in self.queue.drain(..) {
+            self.calls.remove(&call);
+            actions.push(Action::Reject(call, CallError::Unavailable(why.clone())));
+        }
+    }
+
+    fn schedule_retry(&mut self, now: Instant, cause: String, actions: &mut Vec<Action>) {
+        let next_try = now + self.policy.primary_retry;
+        self.degraded = Some(Degraded { cause, next_try });
+        self.timer(TimerKind::Retry, self.policy.primary_retry, actions);
+    }
+
+    /// A worker loaded and passed its health call.
+    fn healthy(&mut self, now: Instant, slot: Slot, actions: &mut Vec<Action>) {
+        let elapsed = now.duration_since(slot.since);
+        if self.policy.health_rows > 0 {
+            self.seed = Some(elapsed / u32::try_from(self.policy.health_rows).unwrap_or(u32::MAX));
+        }
+        if self.candidate.is_some_and(|c| c.id == slot.id) {
+            // The degraded primary is back: it takes over from the fallback.
+            self.candidate = None;
+            self.cancel_timer(TimerKind::Candidate);
+            if let Some(old) = self.serving.take() {
+                actions.push(Action::Kill(old.id));
+                if let WorkerState::Busy(call) = old.state {
+                    self.queue.push_front(call); // not the call's fault: it runs again, same attempt
+                }
+            }
+            self.cancel_timer(TimerKind::Deadline);
+            self.cancel_timer(TimerKind::Startup);
+            self.cancel_timer(TimerKind::Backoff);
+            self.cancel_timer(TimerKind::Retry);
+            self.in_backoff = false;
+            self.degraded = None;
             self.restarts.clear();
             self.backoff = self.policy.backoff_min;
-            self.spawn(actions);
+            actions.push(Action::Notify(Notice {
+                kind: NoticeKind::BackendRecovered,
+                role: Role::Primary,
+                reason: None,
+                message: "the primary backend passed its health call and serves again".into(),
+            }));
+        } else {
+            self.cancel_timer(TimerKind::Deadline);
+            self.backoff = self.policy.backoff_min;
+        }
+        self.serving = Some(Slot { state: WorkerState::Idle, since: now, ..slot });
+        self.dispatch(now, actions);
+    }
+
+    /// A worker failed: kill (unless it is dead already), count, and decide what comes next.
+    fn failed(&mut self, now: Instant, id: WorkerId, reason: RestartReason, kill: bool, actions: &mut Vec<Action>) {
+        let why = reason.describe();
+        if self.candidate.is_some_and(|c| c.id == id) {
+            self.candidate = None;
+            self.cancel_timer(TimerKind::Candidate);
+            if kill {
+                actions.push(Action::Kill(id));
+            }
+            *self.restart_counts.entry(reason.label()).or_default() += 1;
+            actions.push(Action::Restarted(Role::Primary, reason.clone()));
+            actions.push(Action::Notify(Notice {
+                kind: NoticeKind::WorkerRestart,
+                role: Role::Primary,
+                message: format!("the degraded primary failed its try: {why}"),
+                reason: Some(reason),
+            }));
+            self.schedule_retry(now, why, actions);
             return;
         }
-        self.restarts.push_back(now);
-        while self.restarts.front().is_some_and(|t| now.duration_since(*t) > self.policy.restart_window) {
-            self.restarts.pop_front();
+        let Some(slot) = self.serving.filter(|s| s.id == id) else { return };
+        self.serving = None;
+        self.cancel_timer(TimerKind::Deadline);
+        self.cancel_timer(TimerKind::Startup);
+        if kill {
+            actions.push(Action::Kill(id));
         }
-        if self.restarts.len() > self.policy.max_restarts {
-            if self.policy.fallback && self.role == Role::Primary {
-                self.role = Role::Fallback;
-                self.degraded_since = Some(now);
+        *self.restart_counts.entry(reason.label()).or_default() += 1;
+        actions.push(Action::Restarted(slot.role, reason.clone()));
+        actions.push(Action::Notify(Notice {
+            kind: NoticeKind::WorkerRestart,
+            role: slot.role,
+            message: why.clone(),
+            reason: Some(reason.clone()),
+        }));
+        // The call in flight runs once more on the next worker; a second failure quarantines it
+        // (answered with an error) and that failure is the request's, not the budget's.
+        let mut counts = true;
+        if let WorkerState::Busy(call) = slot.state
+            && let Some(c) = self.calls.get_mut(&call)
+        {
+            if c.attempt == 0 {
+                c.attempt = 1;
+                self.queue.push_front(call);
+            } else {
+                self.calls.remove(&call);
+                counts = false;
+                actions.push(Action::Reject(
+                    call,
+                    CallError::Quarantined(format!("this request failed twice ({why}); it is not run again")),
+                ));
+            }
+        }
+        if counts && slot.role == Role::Primary && self.degraded.is_none() {
+            self.restarts.push_back(now);
+            while self.restarts.front().is_some_and(|t| now.duration_since(*t) > self.policy.restart_window) {
+                self.restarts.pop_front();
+            }
+            if self.restarts.len() > self.policy.max_restarts {
+                let cause = format!(
+                    "{} restarts within {} s, the last: {why}",
+                    self.restarts.len(),
+                    self.policy.restart_window.as_secs()
+                );
                 self.restarts.clear();
                 self.backoff = self.policy.backoff_min;
-                actions.push(Action::Degraded(true));
-                self.spawn(actions);
+                self.schedule_retry(now, cause.clone(), actions);
+                actions.push(Action::Notify(Notice {
+                    kind: NoticeKind::BackendDegraded,
+                    role: Role::Primary,
+                    message: self.unavailable(now),
+                    reason: Some(reason),
+                }));
+                if self.policy.fallback {
+                    self.spawn_serving(now, actions);
+                } else {
+                    self.reject_queue(now, actions);
+                }
                 return;
             }
-            if !self.unavailable {
-                self.unavailable = true;
-                if self.degraded_since.is_none() {
-                    actions.push(Action::Degraded(true));
-                }
-            }
-            self.reject_all(&why, actions);
         }
-        self.state = WorkerState::Backoff;
+        if self.degraded.is_some() && !self.policy.fallback {
+            // A promoted primary failed again: back to degraded; the retry timer is running.
+            self.reject_queue(now, actions);
+            return;
+        }
+        self.in_backoff = true;
         let wait = self.backoff;
         self.backoff = (self.backoff * 2).min(self.policy.backoff_max);
         self.timer(TimerKind::Backoff, wait, actions);
+        if self.degraded.is_some() {
+            // The fallback itself is failing: refuse rather than queue behind its backoff.
+            self.reject_queue(now, actions);
+        }
+    }
+
+    fn slot_mut(&mut self, id: WorkerId) -> Option<&mut Slot> {
+        if self.serving.is_some_and(|s| s.id == id) {
+            self.serving.as_mut()
+        } else if self.candidate.is_some_and(|c| c.id == id) {
+            self.candidate.as_mut()
+        } else {
+            None
+        }
     }
 
     /// Feeds one event; returns what to do, in order.
@@ -388,118 +744,183 @@ impl Supervisor {
         let mut actions = Vec::new();
         match event {
             Event::Start => {
-                if self.state == WorkerState::Down {
-                    self.spawn(&mut actions);
+                if !self.started {
+                    self.started = true;
+                    self.spawn_serving(now, &mut actions);
                 }
             }
-            Event::Submit(call) => {
-                if self.unavailable {
-                    actions.push(Action::Reject(
-                        call,
-                        CallError::Unavailable("the backend is restarting after repeated failures".into()),
-                    ));
+            Event::Submit { call, rows, deadline } => {
+                if deadline.is_some_and(|d| d <= now) {
+                    actions.push(Action::Reject(call, CallError::Expired));
+                } else if self.degraded.is_some() && self.serving.is_none() {
+                    actions.push(Action::Reject(call, CallError::Unavailable(self.unavailable(now))));
+                } else if self.calls.len() >= self.policy.queue_limit.max(1) {
+                    let why = format!("the engine has {} calls queued or running, its limit", self.calls.len());
+                    actions.push(Action::Reject(call, CallError::Overloaded(why)));
                 } else {
+                    self.calls.insert(call, Call { rows, deadline, attempt: 0 });
                     self.queue.push_back(call);
                     self.dispatch(now, &mut actions);
                 }
             }
-            Event::Ready => {
-                if self.state == WorkerState::Starting {
-                    self.generation += 1; // cancels the startup timer
-                    self.state = WorkerState::Idle;
-                    self.dispatch(now, &mut actions);
+            Event::Cancelled(call) => {
+                if self.calls.remove(&call).is_some() {
+                    self.queue.retain(|c| *c != call);
+                    // Sent nowhere yet (the driver cancels before writing): the worker is free.
+                    if let Some(s) = self.serving.filter(|s| s.state == WorkerState::Busy(call)) {
+                        self.cancel_timer(TimerKind::Deadline);
+                        self.serving = Some(Slot { state: WorkerState::Idle, ..s });
+                        self.dispatch(now, &mut actions);
+                    }
                 }
             }
-            Event::LoadFailed(why) => {
-                if matches!(self.state, WorkerState::Starting | WorkerState::Idle | WorkerState::Busy(_)) {
-                    self.restart(now, RestartReason::LoadFailed(why), true, &mut actions);
+            Event::Ready(id) => {
+                let health = self.policy.health_rows > 0;
+                let deadline = self.health_deadline();
+                let is_candidate = self.candidate.is_some_and(|c| c.id == id);
+                if let Some(slot) = self.slot_mut(id).filter(|s| s.state == WorkerState::Starting) {
+                    slot.state = WorkerState::Health;
+                    slot.since = now;
+                    slot.deadline = deadline;
+                    let slot = *slot;
+                    if health {
+                        actions.push(Action::Health(id));
+                        let kind = if is_candidate { TimerKind::Candidate } else { TimerKind::Deadline };
+                        if !is_candidate {
+                            self.cancel_timer(TimerKind::Startup);
+                        }
+                        self.timer(kind, deadline, &mut actions);
+                    } else {
+                        if !is_candidate {
+                            self.cancel_timer(TimerKind::Startup);
+                        }
+                        self.healthy(now, slot, &mut actions);
+                    }
                 }
             }
-            Event::Done(call) => {
-                if self.state == WorkerState::Busy(call) {
-                    if let Some(t) = self.started_call_at.take() {
-                        self.durations.push_back(now.duration_since(t));
-                        if self.durations.len() > RECENT {
-                            self.durations.pop_front();
+            Event::LoadFailed(id, why) => self.failed(now, id, RestartReason::LoadFailed(why), true, &mut actions),
+            Event::Exited(id, how) => self.failed(now, id, RestartReason::Crash(how), false, &mut actions),
+            Event::Done(id, call) => {
+                let Some(slot) = self.slot_mut(id).copied() else { return actions };
+                match slot.state {
+                    WorkerState::Health if call == HEALTH_CALL => self.healthy(now, slot, &mut actions),
+                    WorkerState::Busy(c) if c == call => {
+                        let elapsed = now.duration_since(slot.since);
+                        if let Some(info) = self.calls.remove(&call) {
+                            self.per_row.push_back(elapsed / u32::try_from(info.rows.max(1)).unwrap_or(u32::MAX));
+                            if self.per_row.len() > RECENT {
+                                self.per_row.pop_front();
+                            }
                         }
+                        self.cancel_timer(TimerKind::Deadline);
+                        self.backoff = self.policy.backoff_min;
+                        self.serving = Some(Slot { state: WorkerState::Idle, since: now, ..slot });
+                        actions.push(Action::Deliver(call));
+                        self.dispatch(now, &mut actions);
                     }
-                    self.inflight = None;
-                    self.first_call = false;
-                    self.backoff = self.policy.backoff_min;
-                    self.generation += 1; // cancels the deadline
-                    if self.unavailable {
-                        self.unavailable = false;
-                        self.restarts.clear();
-                        if self.degraded_since.is_none() {
-                            actions.push(Action::Degraded(false));
-                        }
-                    }
-                    if self.probing {
-                        self.probing = false;
-                        self.degraded_since = None;
-                        actions.push(Action::Degraded(false));
-                    }
-                    self.state = WorkerState::Idle;
-                    actions.push(Action::Deliver(call));
-                    self.dispatch(now, &mut actions);
+                    _ => {}
                 }
             }
-            Event::Failed(call, error) => {
-                if self.state == WorkerState::Busy(call) {
-                    let attempt = self.inflight.map_or(0, |i| i.attempt);
-                    match error {
-                        BackendError::Input(msg) => {
-                            self.generation += 1;
-                            self.inflight = None;
-                            self.state = WorkerState::Idle;
-                            actions.push(Action::Reject(call, CallError::Input(msg)));
-                            self.dispatch(now, &mut actions);
-                        }
-                        BackendError::Transient(msg) => {
-                            self.generation += 1;
-                            self.state = WorkerState::Idle;
-                            if attempt == 0 {
-                                self.inflight = Some(Inflight { call, attempt: 1 });
-                            } else {
-                                self.inflight = None;
+            Event::Failed(id, call, error) => {
+                let Some(slot) = self.slot_mut(id).copied() else { return actions };
+                let running = match slot.state {
+                    WorkerState::Health => call == HEALTH_CALL,
+                    WorkerState::Busy(c) => c == call,
+                    _ => false,
+                };
+                if !running {
+                    return actions;
+                }
+                match error {
+                    BackendError::Input(msg) | BackendError::Transient(msg) if slot.state == WorkerState::Health => {
+                        let why = format!("the health call failed: {msg}");
+                        self.failed(now, id, RestartReason::LoadFailed(why), true, &mut actions);
+                    }
+                    BackendError::Input(msg) => {
+                        self.cancel_timer(TimerKind::Deadline);
+                        self.calls.remove(&call);
+                        self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
+                        actions.push(Action::Reject(call, CallError::Input(msg)));
+                        self.dispatch(now, &mut actions);
+                    }
+                    BackendError::Transient(msg) => {
+                        self.cancel_timer(TimerKind::Deadline);
+                        self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
+                        match self.calls.get_mut(&call) {
+                            Some(c) if c.attempt == 0 => {
+                                c.attempt = 1;
+                                self.queue.push_front(call);
+                            }
+                            _ => {
+                                self.calls.remove(&call);
                                 actions.push(Action::Reject(call, CallError::Unavailable(msg)));
                             }
-                            self.dispatch(now, &mut actions);
                         }
-                        BackendError::Fatal { code, .. } => {
-                            self.restart(now, RestartReason::Fatal(code), true, &mut actions);
-                        }
+                        self.dispatch(now, &mut actions);
                     }
-                }
-            }
-            Event::Exited(how) => {
-                if matches!(self.state, WorkerState::Starting | WorkerState::Idle | WorkerState::Busy(_)) {
-                    self.restart(now, RestartReason::Crash(how), false, &mut actions);
+                    BackendError::Fatal { code, message } => {
+                        self.failed(now, id, RestartReason::Fatal { code, message }, true, &mut actions);
+                    }
                 }
             }
             Event::Timer(t) => {
-                if t.generation == self.generation {
-                    match (t.kind, self.state) {
-                        (TimerKind::Deadline, WorkerState::Busy(_)) => {
-                            self.restart(now, RestartReason::Deadline, true, &mut actions);
+                if !self.live(t) {
+                    return actions;
+                }
+                self.timers.remove(&timer_slot(t.kind));
+                match t.kind {
+                    TimerKind::Deadline => {
+                        if let Some(s) =
+                            self.serving.filter(|s| matches!(s.state, WorkerState::Busy(_) | WorkerState::Health))
+                        {
+                            self.failed(now, s.id, RestartReason::Deadline(s.deadline), true, &mut actions);
                         }
-                        (TimerKind::Startup, WorkerState::Starting) => {
-                            let why = format!("not ready within {:?}", self.policy.startup_timeout);
-                            self.restart(now, RestartReason::LoadFailed(why), true, &mut actions);
+                    }
+                    TimerKind::Startup => {
+                        if let Some(s) = self.serving.filter(|s| s.state == WorkerState::Starting) {
+                            let why = format!("not ready within {} s", self.policy.startup_timeout.as_secs());
+                            self.failed(now, s.id, RestartReason::LoadFailed(why), true, &mut actions);
                         }
-                        (TimerKind::Backoff, WorkerState::Backoff) => self.spawn(&mut actions),
-                        _ => {}
+                    }
+                    TimerKind::Candidate => {
+                        if let Some(c) = self.candidate {
+                            let reason = if c.state == WorkerState::Starting {
+                                RestartReason::LoadFailed(format!(
+                                    "not ready within {} s",
+                                    self.policy.startup_timeout.as_secs()
+                                ))
+                            } else {
+                                RestartReason::Deadline(c.deadline)
+                            };
+                            self.failed(now, c.id, reason, true, &mut actions);
+                        }
+                    }
+                    TimerKind::Backoff => {
+                        if self.serving.is_none() && self.in_backoff {
+                            self.spawn_serving(now, &mut actions);
+                        }
+                    }
+                    TimerKind::Retry => {
+                        if self.degraded.is_some() && self.candidate.is_none() {
+                            if let Some(d) = self.degraded.as_mut() {
+                                d.next_try = now + self.policy.primary_retry;
+                            }
+                            self.spawn_candidate(now, &mut actions);
+                        }
                     }
                 }
             }
             Event::Tick => {
-                let due = self.degraded_since.is_some_and(|t| now.duration_since(t) >= self.policy.primary_retry);
-                if self.role == Role::Fallback && self.state == WorkerState::Idle && due {
-                    actions.push(Action::Kill);
-                    self.generation += 1;
-                    self.role = Role::Primary;
-                    self.probing = true;
-                    self.spawn(&mut actions);
+                let expired: Vec<CallId> = self
+                    .queue
+                    .iter()
+                    .copied()
+                    .filter(|c| self.calls.get(c).is_some_and(|i| i.deadline.is_some_and(|d| d <= now)))
+                    .collect();
+                for call in expired {
+                    self.queue.retain(|c| *c != call);
+                    self.calls.remove(&call);
+                    actions.push(Action::Reject(call, CallError::Expired));
                 }
             }
         }
@@ -514,13 +935,14 @@ mod tests {
     struct Sim {
         sup: Supervisor,
         now: Instant,
-        timers: Vec<(Instant, Timer)>,
+        timers: BTreeMap<u8, (Instant, Timer)>,
         log: Vec<Action>,
     }
 
     impl Sim {
         fn new(policy: Policy) -> Sim {
-            let mut s = Sim { sup: Supervisor::new(policy), now: Instant::now(), timers: Vec::new(), log: Vec::new() };
+            let mut s =
+                Sim { sup: Supervisor::new(policy), now: Instant::now(), timers: BTreeMap::new(), log: Vec::new() };
             s.feed(Event::Start);
             s
         }
@@ -529,7 +951,7 @@ mod tests {
             let actions = self.sup.handle(self.now, e);
             for a in &actions {
                 if let Action::SetTimer(t, after) = a {
-                    self.timers.push((self.now + *after, *t));
+                    self.timers.insert(timer_slot(t.kind), (self.now + *after, *t));
                 }
             }
             self.log.extend(actions.clone());
@@ -541,11 +963,11 @@ mod tests {
             let until = self.now + by;
             let mut out = Vec::new();
             loop {
-                self.timers.sort_by_key(|(at, _)| *at);
-                match self.timers.first() {
-                    Some((at, _)) if *at <= until => {
-                        let (at, t) = self.timers.remove(0);
-                        self.now = at;
+                let next = self.timers.iter().map(|(k, (at, t))| (*at, *k, *t)).min_by_key(|x| x.0);
+                match next {
+                    Some((at, k, t)) if at <= until => {
+                        self.timers.remove(&k);
+                        self.now = self.now.max(at);
                         out.extend(self.feed(Event::Timer(t)));
                     }
                     _ => break,
@@ -554,54 +976,95 @@ mod tests {
             self.now = until;
             out
         }
+
+        /// The most recently spawned worker.
+        fn worker(&self) -> WorkerId {
+            self.log.iter().rev().find_map(|a| if let Action::Spawn(w, _) = a { Some(*w) } else { None }).unwrap()
+        }
+
+        fn submit(&mut self, call: CallId, rows: usize) -> Vec<Action> {
+            self.feed(Event::Submit { call, rows, deadline: None })
+        }
+
+        /// The latest worker reports ready and passes its health call `health_ms` later.
+        fn ready_and_healthy(&mut self, health_ms: u64) -> Vec<Action> {
+            let w = self.worker();
+            let a = self.feed(Event::Ready(w));
+            assert!(a.contains(&Action::Health(w)), "{a:?}");
+            self.now += Duration::from_millis(health_ms);
+            self.feed(Event::Done(w, HEALTH_CALL))
+        }
+
+        fn spawns(&self) -> usize {
+            self.log.iter().filter(|a| matches!(a, Action::Spawn(..))).count()
+        }
     }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
     }
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn healthy_policy() -> Policy {
+        Policy { health_rows: 2, ..Policy::default() }
+    }
+
     #[test]
-    fn a_call_waits_for_the_worker_then_is_sent_and_delivered() {
-        let mut s = Sim::new(Policy::default());
-        assert_eq!(s.feed(Event::Submit(1)), []);
-        let a = s.feed(Event::Ready);
-        assert_eq!(a[0], Action::Send(1));
-        assert_eq!(s.feed(Event::Done(1)), [Action::Deliver(1)]);
+    fn a_call_waits_for_the_health_call_then_is_sent_and_delivered() {
+        let mut s = Sim::new(healthy_policy());
+        assert_eq!(s.submit(1, 1), []);
+        let w = s.worker();
+        assert_eq!(s.feed(Event::Ready(w))[0], Action::Health(w));
+        assert_eq!(s.sup.backend_state(), BackendState::Starting);
+        let a = s.feed(Event::Done(w, HEALTH_CALL));
+        assert_eq!(a[0], Action::Send(w, 1));
+        assert_eq!(s.sup.backend_state(), BackendState::Ready);
+        assert_eq!(s.feed(Event::Done(w, 1)), [Action::Deliver(1)]);
         assert_eq!(s.sup.state(), WorkerState::Idle);
     }
 
     #[test]
-    fn a_hung_call_is_killed_at_its_deadline_rerun_once_then_refused() {
-        let mut s =
-            Sim::new(Policy { fixed_deadline: Some(secs(2)), load_allowance: Duration::ZERO, ..Policy::default() });
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(7));
-        let a = s.advance(Duration::from_millis(2001));
-        assert_eq!(a[0], Action::Kill);
-        assert_eq!(a[1], Action::Restarted(Role::Primary, RestartReason::Deadline));
-        // Backoff, a new worker, and the same call again.
-        s.advance(Duration::from_millis(100));
-        assert_eq!(s.log.iter().filter(|x| **x == Action::Spawn(Role::Primary)).count(), 2);
-        assert_eq!(s.feed(Event::Ready)[0], Action::Send(7));
+    fn a_hung_call_is_killed_at_its_deadline_rerun_once_then_quarantined() {
+        let mut s = Sim::new(Policy { fixed_deadline: Some(secs(2)), ..healthy_policy() });
+        s.ready_and_healthy(1);
+        s.submit(7, 1);
+        let w = s.worker();
+        let a = s.advance(ms(2001));
+        assert_eq!(a[0], Action::Kill(w));
+        assert_eq!(a[1], Action::Restarted(Role::Primary, RestartReason::Deadline(secs(2))));
+        // Backoff, a new worker, its health call, and the same call again.
+        s.advance(ms(100));
+        assert_eq!(s.spawns(), 2);
+        let a = s.ready_and_healthy(1);
+        assert_eq!(a[0], Action::Send(s.worker(), 7));
         let a = s.advance(secs(3));
-        assert!(
-            a.contains(&Action::Reject(7, CallError::Unavailable("the backend missed its deadline".into()))),
-            "{a:?}"
-        );
+        let quarantined = a.iter().any(|x| {
+            matches!(x, Action::Reject(7, CallError::Quarantined(m)) if m.contains("missed its deadline (2000 ms)"))
+        });
+        assert!(quarantined, "{a:?}");
         assert_eq!(s.sup.restart_counts()["deadline"], 2);
     }
 
     #[test]
     fn a_crash_mid_call_restarts_and_the_call_succeeds_on_the_new_worker() {
-        let mut s = Sim::new(Policy::default());
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(3));
-        let a = s.feed(Event::Exited("signal 6".into()));
-        assert!(!a.contains(&Action::Kill), "a dead worker is reaped, not killed: {a:?}");
+        let mut s = Sim::new(healthy_policy());
+        s.ready_and_healthy(1);
+        s.submit(3, 1);
+        let w = s.worker();
+        let a = s.feed(Event::Exited(w, "signal 6".into()));
+        assert!(!a.contains(&Action::Kill(w)), "a dead worker is reaped, not killed: {a:?}");
         assert_eq!(s.sup.state(), WorkerState::Backoff);
-        s.advance(Duration::from_millis(100));
-        assert_eq!(s.feed(Event::Ready), [Action::Send(3), s.log.last().cloned().unwrap()]);
-        assert_eq!(s.feed(Event::Done(3)), [Action::Deliver(3)]);
+        s.advance(ms(100));
+        let w2 = s.worker();
+        assert_ne!(w, w2);
+        // The health call comes first, the re-run right after it passes.
+        assert_eq!(s.feed(Event::Ready(w2))[0], Action::Health(w2));
+        let a = s.feed(Event::Done(w2, HEALTH_CALL));
+        assert!(matches!(a.as_slice(), [Action::Send(x, 3), Action::SetTimer(..)] if *x == w2), "{a:?}");
+        assert_eq!(s.feed(Event::Done(w2, 3)), [Action::Deliver(3)]);
     }
 
     #[test]
@@ -609,126 +1072,313 @@ mod tests {
         let mut s = Sim::new(Policy { max_restarts: 100, ..Policy::default() });
         let mut waits = Vec::new();
         for _ in 0..12 {
-            let a = s.feed(Event::Exited("exit 3".into()));
-            for x in a {
+            let w = s.worker();
+            for x in s.feed(Event::Exited(w, "exit 3".into())) {
                 if let Action::SetTimer(Timer { kind: TimerKind::Backoff, .. }, d) = x {
                     waits.push(d);
                 }
             }
             s.advance(secs(31));
         }
-        assert_eq!(waits[0], Duration::from_millis(100));
-        assert_eq!(waits[1], Duration::from_millis(200));
+        assert_eq!(waits[0], ms(100));
+        assert_eq!(waits[1], ms(200));
         assert_eq!(*waits.last().unwrap(), secs(30));
     }
 
     #[test]
     fn a_transient_error_is_retried_once_and_an_input_error_is_the_callers() {
-        let mut s = Sim::new(Policy::default());
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(1));
-        assert_eq!(s.feed(Event::Failed(1, BackendError::Transient("ssr".into())))[0], Action::Send(1));
+        let mut s = Sim::new(healthy_policy());
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        s.submit(1, 1);
+        assert_eq!(s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0], Action::Send(w, 1));
         assert_eq!(
-            s.feed(Event::Failed(1, BackendError::Transient("ssr".into())))[0],
+            s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0],
             Action::Reject(1, CallError::Unavailable("ssr".into()))
         );
-        s.feed(Event::Submit(2));
+        s.submit(2, 1);
         assert_eq!(
-            s.feed(Event::Failed(2, BackendError::Input("bad".into())))[0],
+            s.feed(Event::Failed(w, 2, BackendError::Input("bad".into())))[0],
             Action::Reject(2, CallError::Input("bad".into()))
         );
         assert!(s.sup.restart_counts().is_empty());
     }
 
     #[test]
-    fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_primary_is_probed_later() {
-        let mut s = Sim::new(Policy { fallback: true, max_restarts: 2, primary_retry: secs(60), ..Policy::default() });
-        // Two restarts are allowed; the third in the window degrades.
-        for _ in 0..2 {
-            s.feed(Event::Exited("signal 11".into()));
+    fn without_a_fallback_six_crashes_refuse_with_the_cause_then_the_retry_recovers_with_no_restart() {
+        let mut s = Sim::new(Policy { primary_retry: secs(20), ..healthy_policy() });
+        s.ready_and_healthy(1);
+        for i in 0..6 {
+            let w = s.worker();
+            let a = s.feed(Event::Exited(w, "signal 9".into()));
+            if i < 5 {
+                assert!(!s.sup.degraded(), "{a:?}");
+                s.advance(secs(1));
+                s.ready_and_healthy(1);
+            } else {
+                let degraded =
+                    a.iter().any(|x| matches!(x, Action::Notify(n) if n.kind == NoticeKind::BackendDegraded));
+                assert!(degraded, "{a:?}");
+            }
+        }
+        assert_eq!(s.sup.backend_state(), BackendState::Degraded);
+        s.advance(secs(5));
+        // Refused at once, with the root cause and the time of the next try.
+        match s.submit(1, 1).as_slice() {
+            [Action::Reject(1, CallError::Unavailable(m))] => {
+                assert!(m.contains("signal 9") && m.contains("6 restarts") && m.contains("next try in 15 s"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // The retry: a fresh worker gets the health call before any question.
+        let a = s.advance(secs(15));
+        assert!(a.iter().any(|x| matches!(x, Action::Spawn(_, Role::Primary))), "{a:?}");
+        match s.submit(2, 1).as_slice() {
+            [Action::Reject(2, CallError::Unavailable(m))] => assert!(m.contains("health-checked now"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let a = s.ready_and_healthy(1);
+        assert!(a.iter().any(|x| matches!(x, Action::Notify(n) if n.kind == NoticeKind::BackendRecovered)), "{a:?}");
+        assert_eq!(s.sup.backend_state(), BackendState::Ready);
+        s.submit(3, 1);
+        assert_eq!(s.feed(Event::Done(s.worker(), 3)), [Action::Deliver(3)]);
+    }
+
+    #[test]
+    fn a_degraded_primary_is_retried_for_ever_through_every_kind_of_failed_try() {
+        let mut s = Sim::new(Policy { max_restarts: 0, primary_retry: secs(10), ..healthy_policy() });
+        let w = s.worker();
+        s.feed(Event::LoadFailed(w, "no DSP".into()));
+        assert!(s.sup.degraded());
+        // Tries that fail in each way: load failure, never ready, hung health call, crash, fatal.
+        for i in 0..5 {
+            let a = s.advance(secs(10));
+            let w = s.worker();
+            assert!(a.contains(&Action::Spawn(w, Role::Primary)), "try {i}: {a:?}");
+            match i {
+                0 => drop(s.feed(Event::LoadFailed(w, "no DSP".into()))),
+                1 => drop(s.advance(secs(120))),
+                2 => {
+                    s.feed(Event::Ready(w));
+                    s.advance(secs(60));
+                }
+                3 => drop(s.feed(Event::Exited(w, "signal 11".into()))),
+                _ => {
+                    s.feed(Event::Ready(w));
+                    s.feed(Event::Failed(w, HEALTH_CALL, BackendError::Fatal { code: Some(3), message: "x".into() }));
+                }
+            }
+            assert!(s.sup.degraded(), "try {i}");
+        }
+        s.advance(secs(10));
+        s.ready_and_healthy(1);
+        assert!(!s.sup.degraded());
+    }
+
+    #[test]
+    fn a_candidate_primary_starts_beside_the_serving_fallback_and_takes_over_only_after_its_health_call() {
+        let mut s = Sim::new(Policy { fallback: true, max_restarts: 2, primary_retry: secs(60), ..healthy_policy() });
+        for _ in 0..3 {
+            let w = s.worker();
+            s.feed(Event::Exited(w, "signal 11".into()));
             s.advance(secs(1));
         }
-        assert_eq!(s.sup.role(), Role::Primary);
-        let a = s.feed(Event::Exited("signal 11".into()));
-        assert!(a.contains(&Action::Degraded(true)) && a.contains(&Action::Spawn(Role::Fallback)), "{a:?}");
         assert!(s.sup.degraded());
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(5));
-        assert_eq!(s.feed(Event::Done(5)), [Action::Deliver(5)]);
-        // Before the retry period nothing happens; after it the primary is tried again.
-        assert_eq!(s.feed(Event::Tick), []);
-        s.advance(secs(61));
-        let a = s.feed(Event::Tick);
-        assert!(a.contains(&Action::Kill) && a.contains(&Action::Spawn(Role::Primary)), "{a:?}");
-        // It fails its probe: straight back to the fallback.
-        let a = s.feed(Event::LoadFailed("no DSP".into()));
-        assert!(a.contains(&Action::Spawn(Role::Fallback)), "{a:?}");
-        s.feed(Event::Ready);
-        s.advance(secs(61));
-        s.feed(Event::Tick);
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(6));
-        let a = s.feed(Event::Done(6));
-        assert!(a.contains(&Action::Degraded(false)), "{a:?}");
+        assert_eq!(s.sup.role(), Role::Fallback);
+        let fallback = s.worker();
+        assert!(s.log.contains(&Action::Spawn(fallback, Role::Fallback)));
+        s.ready_and_healthy(1);
+        s.submit(5, 1);
+        assert_eq!(s.feed(Event::Done(fallback, 5)), [Action::Deliver(5)]);
+        // The retry: a candidate primary starts, the fallback is not touched.
+        let a = s.advance(secs(60));
+        let candidate = s.worker();
+        assert_eq!(a.iter().filter(|x| matches!(x, Action::Spawn(..))).count(), 1);
+        assert!(a.contains(&Action::Spawn(candidate, Role::Primary)) && !a.contains(&Action::Kill(fallback)));
+        // It hangs while loading: the fallback keeps answering meanwhile.
+        s.submit(6, 1);
+        assert_eq!(s.feed(Event::Done(fallback, 6)), [Action::Deliver(6)]);
+        let a = s.advance(secs(120));
+        assert!(a.contains(&Action::Kill(candidate)) && !a.contains(&Action::Kill(fallback)), "{a:?}");
+        // The next candidate passes its health call while the fallback is busy: it takes over
+        // and runs the interrupted call.
+        s.advance(secs(60));
+        let candidate = s.worker();
+        s.submit(7, 1);
+        s.feed(Event::Ready(candidate));
+        let a = s.feed(Event::Done(candidate, HEALTH_CALL));
+        assert!(a.contains(&Action::Kill(fallback)) && a.contains(&Action::Send(candidate, 7)), "{a:?}");
         assert_eq!(s.sup.role(), Role::Primary);
         assert!(!s.sup.degraded());
     }
 
     #[test]
-    fn without_a_fallback_a_crash_loop_refuses_calls_at_once_until_a_worker_recovers() {
-        let mut s = Sim::new(Policy { max_restarts: 1, ..Policy::default() });
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(1));
-        s.feed(Event::Submit(2));
-        s.feed(Event::Exited("signal 9".into()));
-        s.advance(secs(1));
-        let a = s.feed(Event::Exited("signal 9".into()));
-        assert!(a.iter().any(|x| matches!(x, Action::Reject(2, CallError::Unavailable(_)))), "{a:?}");
-        assert!(matches!(s.feed(Event::Submit(3))[0], Action::Reject(3, CallError::Unavailable(_))));
-        s.advance(secs(1));
-        s.feed(Event::Ready);
-        // Still refusing until a call succeeds... which needs a call: let one through by hand.
-        assert!(s.sup.degraded());
+    fn a_crash_looping_fallback_is_restarted_for_ever_and_questions_are_refused_while_it_is_down() {
+        let mut s = Sim::new(Policy { fallback: true, max_restarts: 0, primary_retry: secs(3600), ..healthy_policy() });
+        let w = s.worker();
+        s.feed(Event::Exited(w, "signal 11".into()));
+        for _ in 0..20 {
+            let f = s.worker();
+            s.feed(Event::Exited(f, "signal 6".into()));
+            assert!(matches!(s.submit(9, 1)[0], Action::Reject(9, CallError::Unavailable(_))));
+            s.advance(secs(31));
+        }
+        let f = s.worker();
+        assert!(s.log.contains(&Action::Spawn(f, Role::Fallback)));
+        s.ready_and_healthy(1);
+        s.submit(10, 1);
+        assert_eq!(s.feed(Event::Done(f, 10)), [Action::Deliver(10)]);
+    }
+
+    #[test]
+    fn after_the_health_call_a_hang_is_detected_within_max_1s_4x_expected_and_big_calls_scale_by_rows() {
+        let mut s = Sim::new(healthy_policy());
+        // Nothing known yet: the health call gets the load allowance.
+        let w = s.worker();
+        s.feed(Event::Ready(w));
+        assert_eq!(s.sup.health_deadline(), secs(60));
+        s.now += ms(2);
+        s.feed(Event::Done(w, HEALTH_CALL));
+        assert_eq!(s.sup.deadline(1), secs(1));
+        // Six one-question calls at 200 ms, then an 8-question call at 200 ms per row: not killed.
+        for call in 1..=6 {
+            s.submit(call, 1);
+            s.now += ms(200);
+            s.feed(Event::Done(w, call));
+        }
+        assert_eq!(s.sup.deadline(1), ms(800).max(secs(1)));
+        s.submit(7, 8);
+        let a = s.advance(ms(1600));
+        assert!(!a.iter().any(|x| matches!(x, Action::Kill(_))), "{a:?}");
+        assert_eq!(s.feed(Event::Done(w, 7)), [Action::Deliver(7)]);
+        // A hang on a one-question call is detected at max(1 s, 4 x 200 ms).
+        s.submit(8, 1);
+        let a = s.advance(ms(999));
+        assert!(a.is_empty(), "{a:?}");
+        assert!(s.advance(ms(2)).contains(&Action::Kill(w)));
+        // expected_ms seeds the estimate before samples exist.
+        let s = Sim::new(Policy { expected_per_row: Some(ms(500)), ..healthy_policy() });
+        assert_eq!(s.sup.deadline(3), secs(6));
+        assert_eq!(s.sup.health_deadline(), secs(4));
+    }
+
+    #[test]
+    fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
+        let mut s = Sim::new(Policy { queue_limit: 3, ..healthy_policy() });
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        s.submit(1, 1);
+        let soon = Some(s.now + ms(100));
+        s.feed(Event::Submit { call: 2, rows: 1, deadline: soon });
+        s.feed(Event::Submit { call: 3, rows: 1, deadline: soon });
+        assert_eq!(s.sup.in_flight(), 3);
+        assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, CallError::Overloaded(_))));
+        s.now += ms(200);
+        // The tick drops the expired calls from the queue; the running one is not affected.
+        let a = s.feed(Event::Tick);
+        assert_eq!(a, [Action::Reject(2, CallError::Expired), Action::Reject(3, CallError::Expired)]);
+        assert_eq!(s.sup.in_flight(), 1);
+        s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)) });
+        s.submit(6, 1);
+        s.now += ms(50);
+        // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
+        let a = s.feed(Event::Done(w, 1));
+        assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(5, CallError::Expired), Action::Send(w, 6)]);
+        // A caller that went away: its queued call is dropped too.
+        s.submit(7, 1);
+        s.feed(Event::Cancelled(7));
+        assert_eq!(s.sup.in_flight(), 1);
+        assert!(matches!(
+            s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now) })[0],
+            Action::Reject(8, CallError::Expired)
+        ));
+    }
+
+    #[test]
+    fn requests_that_kill_the_worker_twice_are_quarantined_and_count_once() {
+        let mut s = Sim::new(Policy { max_restarts: 5, ..healthy_policy() });
+        s.ready_and_healthy(1);
+        // Three poisonous requests: each crashes its worker twice.
+        for call in 1..=3 {
+            s.submit(call, 1);
+            for attempt in 0..2 {
+                let w = s.worker();
+                let a = s.feed(Event::Exited(w, "signal 9".into()));
+                if attempt == 1 {
+                    assert!(a.iter().any(|x| matches!(x, Action::Reject(c, CallError::Quarantined(_)) if *c == call)));
+                }
+                s.advance(secs(31));
+                s.ready_and_healthy(1);
+            }
+        }
+        assert!(!s.sup.degraded(), "3 quarantined requests count 3 restarts, not 6");
+        assert_eq!(s.sup.restart_counts()["crash"], 6);
+        s.submit(4, 1);
+        assert_eq!(s.feed(Event::Done(s.worker(), 4)), [Action::Deliver(4)]);
+    }
+
+    #[test]
+    fn a_fatal_errors_code_name_and_message_travel_to_the_restart_and_the_refusal() {
+        let mut s = Sim::new(Policy { max_restarts: 0, ..healthy_policy() });
+        s.ready_and_healthy(1);
+        s.submit(1, 1);
+        let message = "rknn_run: RKNN_ERR_TIMEOUT (-7): the NPU timed out".to_owned();
+        let a = s.feed(Event::Failed(s.worker(), 1, BackendError::Fatal { code: Some(-7), message: message.clone() }));
+        let reason = RestartReason::Fatal { code: Some(-7), message: message.clone() };
+        assert!(a.contains(&Action::Restarted(Role::Primary, reason.clone())), "{a:?}");
+        assert_eq!(reason.name().as_deref(), Some("RKNN_ERR_TIMEOUT"));
+        assert_eq!(RestartReason::Fatal { code: Some(3), message: "x (3)".into() }.name(), None);
+        let degraded = a.iter().find_map(|x| match x {
+            Action::Notify(n) if n.kind == NoticeKind::BackendDegraded => Some(n.clone()),
+            _ => None,
+        });
+        assert_eq!(degraded.and_then(|n| n.reason), Some(reason));
+        match s.submit(2, 1).as_slice() {
+            [Action::Reject(2, CallError::Unavailable(m))] => assert!(m.contains("the NPU timed out"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
     fn a_worker_that_never_becomes_ready_is_restarted() {
         let mut s = Sim::new(Policy { startup_timeout: secs(10), ..Policy::default() });
+        let w = s.worker();
         let a = s.advance(secs(11));
-        assert!(a.contains(&Action::Kill), "{a:?}");
+        assert!(a.contains(&Action::Kill(w)), "{a:?}");
         assert!(matches!(s.sup.restart_counts().get("load_failed"), Some(1)));
     }
 
     #[test]
     fn the_deadline_follows_recent_calls_within_its_bounds() {
-        let mut s = Sim::new(Policy { load_allowance: secs(60), ..Policy::default() });
-        s.feed(Event::Ready);
-        assert_eq!(s.sup.deadline(), secs(30) + secs(60));
-        for call in 0..20 {
-            s.feed(Event::Submit(call));
-            s.now += Duration::from_millis(500);
-            s.feed(Event::Done(call));
+        let mut s = Sim::new(Policy::default());
+        let w = s.worker();
+        s.feed(Event::Ready(w));
+        assert_eq!(s.sup.deadline(1), secs(30));
+        for call in 1..=20 {
+            s.submit(call, 1);
+            s.now += ms(500);
+            s.feed(Event::Done(w, call));
         }
-        assert_eq!(s.sup.deadline(), secs(2));
-        for call in 20..30 {
-            s.feed(Event::Submit(call));
-            s.now += Duration::from_millis(10);
-            s.feed(Event::Done(call));
+        assert_eq!(s.sup.deadline(1), secs(2));
+        for call in 21..=30 {
+            s.submit(call, 1);
+            s.now += ms(10);
+            s.feed(Event::Done(w, call));
         }
-        // 4 x p99 is still the 500 ms calls' 2 s; fast calls alone would clamp at 1 s.
-        assert_eq!(s.sup.deadline(), secs(2));
+        // 4 x p99 is still the 500 ms rows' 2 s; fast calls alone would clamp at 1 s.
+        assert_eq!(s.sup.deadline(1), secs(2));
+        assert_eq!(s.sup.deadline(4), secs(8));
     }
 
     #[test]
     fn stale_timers_are_ignored() {
-        let mut s =
-            Sim::new(Policy { fixed_deadline: Some(secs(1)), load_allowance: Duration::ZERO, ..Policy::default() });
-        s.feed(Event::Ready);
-        s.feed(Event::Submit(1));
-        s.feed(Event::Done(1));
-        s.feed(Event::Submit(2));
-        // The first call's deadline timer fires while call 2 runs fine: nothing happens at 1 s
-        // from call 1's start other than call 2's own deadline later.
+        let mut s = Sim::new(Policy { fixed_deadline: Some(secs(1)), ..healthy_policy() });
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        s.submit(1, 1);
+        s.feed(Event::Done(w, 1));
+        s.submit(2, 1);
+        // An old deadline timer fires while call 2 runs fine: nothing happens.
         let old = Timer { kind: TimerKind::Deadline, generation: 1 };
         assert_eq!(s.feed(Event::Timer(old)), []);
     }

@@ -1,0 +1,108 @@
+//! The engine's recovery seen from MQTT: `laya-edge serve` with the `null` backend's faults,
+//! against a real mosquitto. Events and the retained status go out when they happen (here with
+//! telemetry off), and READY=1 does not wait for the backend.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use laya_topics::Value;
+use laya_topics::wire::Encoding;
+
+fn config(broker: &Broker, device: &str, engine: &str) -> PathBuf {
+    let dir = temp_dir(&format!("healing-{device}"));
+    let path = dir.join("laya-edge.toml");
+    let text = format!(
+        "[mqtt]\nbroker = \"{}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 0\nreconnect_min_ms = 100\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n{engine}",
+        broker.url(),
+        model("bpe-small")
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+fn field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// Collects what arrives until `want` has been seen on `topic`.
+async fn until(c: &mut Client, within: Duration, seen: &mut Vec<(String, Value)>, want: impl Fn(&str, &Value) -> bool) {
+    let t = Instant::now();
+    while t.elapsed() < within {
+        let Some(p) = c.next(Duration::from_millis(200)).await else { continue };
+        let topic = String::from_utf8_lossy(&p.topic).into_owned();
+        let v = decode(&p);
+        let hit = want(&topic, &v);
+        seen.push((topic, v));
+        if hit {
+            return;
+        }
+    }
+    panic!("not seen within {within:?}: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backend_degrades_and_recovers_with_events_and_status_published_as_it_happens() {
+    let broker = Broker::start("healing", "");
+    let marker = temp_dir("healing-once").join("failed-once");
+    let _ = std::fs::remove_file(&marker);
+    // The first worker fails to load (degraded at once); the try 2 s later loads.
+    let engine =
+        format!("null_faults = \"load-fail,once={}\"\nmax_restarts = 0\nretry_primary_s = 2\n", marker.display());
+    let mut watch = Client::connect(broker.port, "healing-watch").await;
+    watch.subscribe("laya/v1/dev-heal/status").await;
+    watch.subscribe("laya/v1/dev-heal/events").await;
+    let _agent = Agent::with_config(config(&broker, "dev-heal", &engine), Vec::new());
+    let mut seen = Vec::new();
+    until(&mut watch, Duration::from_secs(20), &mut seen, |t, v| {
+        t.ends_with("/events") && field(v, "event") == Some("backend_recovered")
+    })
+    .await;
+    let events: Vec<&Value> = seen.iter().filter(|(t, _)| t.ends_with("/events")).map(|(_, v)| v).collect();
+    let restart = events.iter().find(|v| field(v, "event") == Some("worker_restart")).expect("a restart event");
+    assert_eq!(field(restart, "reason"), Some("load_failed"), "{restart:?}");
+    assert!(field(restart, "message").is_some_and(|m| m.contains("injected load failure")), "{restart:?}");
+    assert_eq!(field(restart, "role"), Some("primary"));
+    let kinds: Vec<&str> = events.iter().filter_map(|v| field(v, "event")).collect();
+    assert_eq!(kinds, ["worker_restart", "backend_degraded", "backend_recovered"]);
+    // The retained status followed: degraded, then ready (telemetry is off: no tick carried it).
+    until(&mut watch, Duration::from_secs(5), &mut seen, |t, v| {
+        t.ends_with("/status") && field(v, "backend_state") == Some("ready")
+    })
+    .await;
+    let states: Vec<&str> =
+        seen.iter().filter(|(t, _)| t.ends_with("/status")).filter_map(|(_, v)| field(v, "backend_state")).collect();
+    assert!(states.contains(&"degraded"), "{states:?}");
+    // And questions are answered, naming who answered.
+    let mut c = Client::connect(broker.port, "heal-asker").await;
+    c.subscribe("laya/v1/heal-asker/reply/#").await;
+    let reply_to = "laya/v1/heal-asker/reply/h1";
+    c.ask("laya/v1/dev-heal/ask", Encoding::Json.encode(&request("h1")), Some(reply_to), None, Encoding::Json).await;
+    let reply = decode(&c.next(Duration::from_secs(10)).await.expect("answered"));
+    assert_eq!((field(&reply, "backend"), field(&reply, "serving")), (Some("null"), Some("primary")), "{reply:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_is_sent_once_connected_however_slowly_the_backend_loads() {
+    let broker = Broker::start("healing-ready", "");
+    let dir = temp_dir("healing-ready-sock");
+    let socket_path = dir.join("notify.sock");
+    let _ = std::fs::remove_file(&socket_path);
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("bind");
+    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let config = config(&broker, "dev-slow", "null_faults = \"load-sleep=30000\"\n");
+    let env = vec![("NOTIFY_SOCKET".to_owned(), socket_path.display().to_string())];
+    let t = Instant::now();
+    let _agent = Agent::with_config(config, env);
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).expect("READY=1 within 10 s while the backend still loads");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("READY=1"));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    // The retained status says the backend is not answering yet.
+    let mut watch = Client::connect(broker.port, "slow-watch").await;
+    watch.subscribe("laya/v1/dev-slow/status").await;
+    let status = decode(&watch.next(Duration::from_secs(5)).await.expect("the retained status"));
+    assert_eq!((field(&status, "state"), field(&status, "backend_state")), (Some("online"), Some("starting")));
+}
