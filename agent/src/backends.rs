@@ -13,7 +13,6 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::bundle::HostBundle;
 use crate::config::{Config, ConfigError};

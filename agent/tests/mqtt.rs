@@ -787,7 +787,7 @@ fn children(pid: u32) -> Vec<u32> {
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
         if fields.len() > 1 && fields[0] != "Z" && fields[1].parse() == Ok(pid) {
-            out.extend(entry.file_name().to_str().and_then(|n| n.parse().ok()));
+            out.extend(entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
         }
     }
     out

@@ -29,7 +29,6 @@ use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{
     Encoding, EngineEvent, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo, Undeliverable,
 };
-use laya_topics::{Map, Value};
 
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
 use super::connection;
@@ -38,7 +37,7 @@ use crate::config::Config;
 use crate::decide::{self, RowOutput};
 use crate::engine::process::{Engine, EngineError};
 use crate::pipeline;
-use crate::prompt::{self, Row};
+use crate::prompt::Row;
 use crate::systemd::Notifier;
 
 /// Why the service stopped with an error.
