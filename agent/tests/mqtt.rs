@@ -653,10 +653,25 @@ fn serve_demo_answers_the_example_questions_over_its_own_broker() {
     }
     let _ = child.kill();
     let _ = child.wait();
+    // One answer per example request, in order, with an answer for each of its questions.
+    let examples: Vec<Value> =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
+            .expect("demo requests")
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| json::parse_str(l, ParseOptions::default()).expect("a demo request"))
+            .collect();
+    assert!(examples.len() >= 2, "{examples:?}");
     let ids: Vec<&Value> = answers.iter().filter_map(|a| a.get("id")).collect();
-    assert_eq!(ids, [&Value::from("demo-1"), &Value::from("demo-2")]);
-    assert!(answers[0].get("answers").and_then(|a| a.get("dept")).and_then(|d| d.get("choice")).is_some());
-    assert!(answers[1].get("answers").and_then(|a| a.get("bad")).and_then(|d| d.get("error")).is_some());
+    let want: Vec<&Value> = examples.iter().filter_map(|e| e.get("id")).collect();
+    assert_eq!(ids, want);
+    for (answer, example) in answers.iter().zip(&examples) {
+        let questions = example.get("questions").and_then(Value::as_object).expect("questions");
+        for qid in questions.keys() {
+            let a = answer.get("answers").and_then(|a| a.get(qid.as_str()));
+            assert!(a.is_some_and(|a| a.get("type").is_some() || a.get("error").is_some()), "{qid}: {answer:?}");
+        }
+    }
 }
 
 /// The unit file the Yocto layer installs: `key=value` of its [Service] section.
@@ -979,18 +994,24 @@ async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
     c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p1")), Some(inbox), None, Encoding::Json).await;
     // Under the old prefix the agent neither listens nor speaks.
     c.ask("laya/v1/dev-prefix/ask", Encoding::Json.encode(&request("p2")), Some(inbox), None, Encoding::Json).await;
-    let (mut replies, mut telemetry, mut status) = (Vec::new(), 0, 0);
-    while let Some(p) = c.next(Duration::from_secs(3)).await {
+    let (mut replies, mut refused, mut telemetry, mut status) = (Vec::new(), Vec::new(), 0, 0);
+    // Telemetry arrives every second: listen for a bounded time, not until silence.
+    let until = Instant::now() + Duration::from_secs(8);
+    while let Some(p) = c.next(until.saturating_duration_since(Instant::now())).await {
         match String::from_utf8_lossy(&p.topic).as_ref() {
             "acme/edge/dev-prefix/ask" => {}
             "acme/edge/dev-prefix/telemetry" => telemetry += 1,
             "acme/edge/dev-prefix/status" => status += 1,
+            "acme/edge/dev-prefix/errors" => {
+                refused.push(decode(&p).get("id").and_then(Value::as_str).unwrap_or("?").to_owned())
+            }
             topic => {
                 replies.push((topic.to_owned(), decode(&p).get("id").and_then(Value::as_str).unwrap_or("?").to_owned()))
             }
         }
     }
     assert_eq!(replies, [(inbox.to_owned(), "p1".to_owned())], "one reply, on the allowed response topic");
+    assert_eq!(refused, ["p0"], "the refused response topic is reported on the errors topic under acme/edge");
     assert!(telemetry >= 1 && status >= 1, "status and telemetry under acme/edge: {telemetry} {status}");
     let mut stray = Vec::new();
     while let Some(p) = everything.next(Duration::from_millis(100)).await {
