@@ -280,8 +280,13 @@ fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too
         r#"{{"id": "mixed", "state": {state}, "questions": {{"ok": {{"type": "noul", "instructions": "Is this a bug report?"}}, "many": {{"type": "choice", "instructions": "Which label?", "criteria": [{}]}}}}}}"#,
         labels.join(", ")
     ) + "\n";
-    let (core, system) = (libs.join("libQnnHtp.so"), libs.join("libQnnSystem.so"));
-    let qnn = run_predict(&bundle, "qnn", &input, &[("LAYA_QNN_BACKEND_LIB", &core), ("LAYA_QNN_SYSTEM_LIB", &system)]);
+    let config = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n[qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\n",
+        bundle.display(),
+        libs.join("libQnnHtp.so").display(),
+        libs.join("libQnnSystem.so").display()
+    );
+    let qnn = run_predict_with_config(&config, &input);
     let cpu = run_predict(&bundle, "cpu", &input, &[]);
     let answers = qnn[0].get("answers").unwrap_or_else(|| panic!("no answers: {}", text(&qnn[0])));
     let many = answers.get("many").and_then(|a| a.get("error")).expect("an error in place of 'many'");
