@@ -138,7 +138,9 @@ async fn telemetry_counts_answers_and_a_repeated_question_is_not_tokenized_again
     let texts = memo(&seen[0], "misses") - memo(&before, "misses");
     assert!(texts >= 4, "two instructions and at least two options per question: {texts}");
     assert_eq!(memo(&seen[1], "misses"), memo(&seen[0], "misses"));
-    assert_eq!(memo(&seen[1], "hits") - memo(&seen[0], "hits"), texts);
+    // Every text of the second request is a hit: at least the first request's new ones (texts it
+    // shares with the engine's health rows, such as a yes/no question's options, were hits already).
+    assert!(memo(&seen[1], "hits") - memo(&seen[0], "hits") >= texts);
     assert_eq!(memo(&seen[1], "entries"), memo(&seen[1], "misses"));
 }
 
@@ -1003,7 +1005,7 @@ async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
             "acme/edge/dev-prefix/telemetry" => telemetry += 1,
             "acme/edge/dev-prefix/status" => status += 1,
             "acme/edge/dev-prefix/errors" => {
-                refused.push(decode(&p).get("id").and_then(Value::as_str).unwrap_or("?").to_owned())
+                refused.push(decode(&p).get("response_topic").and_then(Value::as_str).unwrap_or("?").to_owned())
             }
             topic => {
                 replies.push((topic.to_owned(), decode(&p).get("id").and_then(Value::as_str).unwrap_or("?").to_owned()))
@@ -1011,7 +1013,7 @@ async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
         }
     }
     assert_eq!(replies, [(inbox.to_owned(), "p1".to_owned())], "one reply, on the allowed response topic");
-    assert_eq!(refused, ["p0"], "the refused response topic is reported on the errors topic under acme/edge");
+    assert_eq!(refused, [default_shape], "the refused response topic is reported on the errors topic under acme/edge");
     assert!(telemetry >= 1 && status >= 1, "status and telemetry under acme/edge: {telemetry} {status}");
     let mut stray = Vec::new();
     while let Some(p) = everything.next(Duration::from_millis(100)).await {

@@ -109,7 +109,8 @@ mod tests {
         let bundle = crate::bundle::HostBundle::load(&dir).unwrap();
         let rows = rows(&bundle.tokenizer, bundle.config.limits).unwrap();
         assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].marker_pos.len(), rows[1].marker_pos.len()), (1, 2));
+        // A noul question lays out its two options (yes, no); the choice here has two as well.
+        assert_eq!((rows[0].marker_pos.len(), rows[1].marker_pos.len()), (2, 2));
         assert!(rows.iter().all(|r| r.input_ids.len() as i64 <= bundle.config.limits.max_len));
     }
 }
