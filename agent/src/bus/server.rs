@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use tokio::sync::{RwLock, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, RwLock, Semaphore, mpsc, watch};
 
 use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{
@@ -140,7 +140,11 @@ impl Shared {
 
     /// Sends what a question's handling produced, then acknowledges the question; after
     /// shutdown closed the gate, neither.
-    async fn deliver(&self, publish: &Publish, out: Option<Outbound>) {
+    ///
+    /// `permit` (the question's place in `limits.queue`) is given back before the acknowledgement:
+    /// the broker sends the next question as soon as it has the PUBACK (the Receive Maximum is the
+    /// queue), and that question must find its place free, not be refused `overloaded`.
+    async fn deliver(&self, publish: &Publish, out: Option<Outbound>, permit: Option<OwnedSemaphorePermit>) {
         let closed = self.closed.read().await;
         if *closed {
             return; // not acknowledged: the broker delivers it again to the next run
@@ -153,6 +157,7 @@ impl Shared {
                 self.counters.answered.fetch_add(1, Ordering::Relaxed);
             }
         }
+        drop(permit);
         let _ = self.client.ack(publish).await;
     }
 
@@ -489,15 +494,14 @@ pub async fn run(
                         let s = shared.clone();
                         tokio::spawn(async move {
                             let out = refusal_when_full(&s, &p);
-                            s.deliver(&p, out).await;
+                            s.deliver(&p, out, None).await;
                         });
                         continue;
                     };
                     let s = shared.clone();
                     tokio::spawn(async move {
                         let out = s.handle(&p, received).await;
-                        s.deliver(&p, out).await;
-                        drop(permit);
+                        s.deliver(&p, out, Some(permit)).await;
                     });
                 }
                 Some(Net::Closed) | None => break,
