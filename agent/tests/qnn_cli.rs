@@ -59,18 +59,23 @@ fn bundle_dir(name: &str, model: &str) -> PathBuf {
     dir
 }
 
+/// A configuration that runs `bundle` on the simulator libraries in `libs`: the [qnn] keys reach
+/// predict's worker through --config.
+fn simulator_config(bundle: &Path, libs: &Path) -> String {
+    format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n[qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\n",
+        bundle.display(),
+        libs.join("libQnnHtp.so").display(),
+        libs.join("libQnnSystem.so").display()
+    )
+}
+
 #[test]
 fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
     let Some(libs) = qnn_simulator() else { return };
     let bundle = bundle_dir("predict", "bpe-t5");
     let input = fixture_requests("bpe-t5", 12, 256);
-    // The [qnn] keys reach predict's worker through --config.
-    let config = format!(
-        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n[qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\n",
-        bundle.display(),
-        libs.join("libQnnHtp.so").display(),
-        libs.join("libQnnSystem.so").display()
-    );
+    let config = simulator_config(&bundle, &libs);
     let qnn = run_predict_with_config(&config, &input);
     let cpu = run_predict(&checkpoint("bpe-t5"), "cpu", &input, &[]);
     assert_eq!(qnn.len(), 12);
@@ -280,12 +285,7 @@ fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too
         r#"{{"id": "mixed", "state": {state}, "questions": {{"ok": {{"type": "noul", "instructions": "Is this a bug report?"}}, "many": {{"type": "choice", "instructions": "Which label?", "criteria": [{}]}}}}}}"#,
         labels.join(", ")
     ) + "\n";
-    let config = format!(
-        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n[qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\n",
-        bundle.display(),
-        libs.join("libQnnHtp.so").display(),
-        libs.join("libQnnSystem.so").display()
-    );
+    let config = simulator_config(&bundle, &libs);
     let qnn = run_predict_with_config(&config, &input);
     let cpu = run_predict(&bundle, "cpu", &input, &[]);
     let answers = qnn[0].get("answers").unwrap_or_else(|| panic!("no answers: {}", text(&qnn[0])));
