@@ -76,6 +76,27 @@ impl Persistent {
     }
 }
 
+/// Replies by request id: collected until `ids` distinct ids have replies (or 60 s passed), then
+/// for as long as more keep coming within 2 s (a question answered twice shows as two).
+async fn replies_by_id(c: &mut Persistent, ids: usize) -> HashMap<String, Vec<Value>> {
+    let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let filling = by_id.len() < ids && Instant::now() < deadline;
+        let Some(p) = c.next(Duration::from_secs(2)).await else {
+            if filling {
+                continue;
+            }
+            break;
+        };
+        if topic(&p).contains("/reply/") {
+            let v = decode(&p);
+            by_id.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
+        }
+    }
+    by_id
+}
+
 fn topic(p: &Publish) -> String {
     String::from_utf8_lossy(&p.topic).into_owned()
 }
@@ -340,22 +361,7 @@ async fn sigterm_mid_stream_answers_and_acknowledges_each_question_or_leaves_it_
     assert!(before.len() < ids.len(), "some questions were still in progress: {before:?}");
     // The next run answers exactly those not answered before.
     agent.launch();
-    let mut after: HashMap<String, Vec<Value>> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while before.len() + after.len() < ids.len() && Instant::now() < deadline {
-        if let Some(p) = c.next(Duration::from_secs(2)).await
-            && topic(&p).contains("/reply/")
-        {
-            let v = decode(&p);
-            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
-        }
-    }
-    while let Some(p) = c.next(Duration::from_secs(2)).await {
-        if topic(&p).contains("/reply/") {
-            let v = decode(&p);
-            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
-        }
-    }
+    let after = replies_by_id(&mut c, ids.len() - before.len()).await;
     for id in &ids {
         let (b, a) = (before.get(id).map_or(0, Vec::len), after.get(id).map_or(0, Vec::len));
         assert_eq!(b + a, 1, "{id}: {b} replies before SIGTERM, {a} after the restart");
@@ -398,22 +404,7 @@ async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
     assert_clean_disconnect(&broker, "laya-edge-dev-th", offline_seen);
     // Not acknowledged either: the next run (a clean worker) gets them again and answers each once.
     agent.launch();
-    let mut after: HashMap<String, Vec<Value>> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while after.len() < ids.len() && Instant::now() < deadline {
-        if let Some(p) = c.next(Duration::from_secs(2)).await
-            && topic(&p).contains("/reply/")
-        {
-            let v = decode(&p);
-            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
-        }
-    }
-    while let Some(p) = c.next(Duration::from_secs(2)).await {
-        if topic(&p).contains("/reply/") {
-            let v = decode(&p);
-            after.entry(v.get("id").and_then(Value::as_str).unwrap_or("?").to_owned()).or_default().push(v);
-        }
-    }
+    let after = replies_by_id(&mut c, ids.len()).await;
     for id in &ids {
         let replies = after.get(id).map_or(&[][..], Vec::as_slice);
         assert_eq!(replies.len(), 1, "{id} answered once by the next run: {replies:?}");
