@@ -115,6 +115,10 @@ pub struct Limits {
     /// `max_len`); beyond this the request gets `too_large`. Bounds one request's work and the
     /// CPU worker's memory (docs/config.md, "What one request can cost").
     pub max_request_tokens: usize,
+    /// Payload bytes of questions a broker delivers beyond `queue` (one that does not honour the
+    /// Receive Maximum, such as mosquitto before 2.0.13) that may wait, unacknowledged, for a
+    /// place; beyond this they get `overloaded`. `0`: no waiting.
+    pub waiting_bytes: usize,
 }
 
 impl Default for Limits {
@@ -126,6 +130,7 @@ impl Default for Limits {
             nesting_depth: 64,
             remember_replies: 1024,
             max_request_tokens: 16_384,
+            waiting_bytes: 16 << 20,
         }
     }
 }

@@ -421,7 +421,7 @@ async fn fleet_flood(c: &Persistent, n: usize) {
     }
 }
 
-#[ignore = "unverified: a reply without a device field (an error reply?) stops it, and mosquitto may hand shared-subscription messages to an offline member's session whatever the Receive Maximum (see docs/config.md, Fleets)"]
+#[ignore = "needs a broker that honours the Receive Maximum: mosquitto before 2.0.13 (this machine has Ubuntu 22.04's 2.0.11) sends a whole new window per PUBACK (eclipse/mosquitto#2306); check a broker with tools/broker/receive_maximum_probe.py, then run this with --ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_receive_maximum_a_killed_share_group_member_strands_at_most_that_many() {
     let broker = Broker::start("strand", "");
@@ -444,7 +444,7 @@ async fn with_the_receive_maximum_a_killed_share_group_member_strands_at_most_th
         let v = decode(&p);
         answered.insert(
             v.get("id").and_then(Value::as_str).expect("id").to_owned(),
-            v.get("device").and_then(Value::as_str).expect("device").to_owned(),
+            v.get("device").and_then(Value::as_str).unwrap_or("an error reply").to_owned(),
         );
     }
     doomed.kill9();
@@ -452,7 +452,7 @@ async fn with_the_receive_maximum_a_killed_share_group_member_strands_at_most_th
         let v = decode(&p);
         answered.insert(
             v.get("id").and_then(Value::as_str).expect("id").to_owned(),
-            v.get("device").and_then(Value::as_str).expect("device").to_owned(),
+            v.get("device").and_then(Value::as_str).unwrap_or("an error reply").to_owned(),
         );
     }
     let stranded = n - answered.len();
@@ -481,7 +481,6 @@ fn shipped_mosquitto_conf(dir: &Path, port: u16) -> String {
     out
 }
 
-#[ignore = "fails: about 66 questions in, the agent answers overloaded; the broker sends more than the announced Receive Maximum (limits.queue) lets the agent hold, or the agent gives back its places too late: not yet understood"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_losing_one() {
     let dir = temp_dir("shipped-broker");
@@ -577,4 +576,99 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     let _ = mosquitto.kill();
     let _ = mosquitto.wait();
     assert_eq!(answered.len(), n, "every question of the flood answered");
+}
+
+/// The MQTT 5 properties of the CONNECT the agent sends to a listener on `port` that plays the
+/// broker just long enough to read it.
+fn connect_properties_announced(listener: std::net::TcpListener, extra: &str) -> HashMap<u8, u32> {
+    use std::io::Read;
+    let port = listener.local_addr().expect("addr").port();
+    let dir = temp_dir("connect-props");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"mqtt://127.0.0.1:{port}\"\ndevice = \"dev-props\"\n{extra}\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+            model("bpe-small")
+        ),
+    )
+    .expect("config");
+    let _agent = Agent::with_config(config, Vec::new());
+    let (mut sock, _) = listener.accept().expect("the agent connects");
+    sock.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let mut byte = |sock: &mut std::net::TcpStream| {
+        let mut b = [0u8; 1];
+        sock.read_exact(&mut b).expect("CONNECT bytes");
+        b[0]
+    };
+    assert_eq!(byte(&mut sock), 0x10, "a CONNECT");
+    let varint = |sock: &mut std::net::TcpStream, byte: &mut dyn FnMut(&mut std::net::TcpStream) -> u8| {
+        let (mut n, mut shift) = (0u32, 0);
+        loop {
+            let b = byte(sock);
+            n |= u32::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                return n;
+            }
+        }
+    };
+    let len = varint(&mut sock, &mut byte) as usize;
+    let mut body = vec![0u8; len];
+    sock.read_exact(&mut body).expect("the CONNECT body");
+    assert_eq!(&body[..7], b"\x00\x04MQTT\x05", "MQTT 5");
+    // Variable header: name (6), version (1), flags (1), keep alive (2), then the properties.
+    let mut at = 10;
+    let (mut plen, mut shift) = (0usize, 0);
+    loop {
+        let b = body[at];
+        at += 1;
+        plen |= usize::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    let end = at + plen;
+    let u16_at = |i: usize| u32::from(u16::from_be_bytes([body[i], body[i + 1]]));
+    let mut props = HashMap::new();
+    while at < end {
+        let id = body[at];
+        at += 1;
+        let size = match id {
+            0x11 | 0x27 => 4,
+            0x21 | 0x22 => 2,
+            0x17 | 0x19 => 1,
+            0x15 | 0x16 => 2 + u16_at(at) as usize,
+            0x26 => {
+                let k = 2 + u16_at(at) as usize;
+                k + 2 + u16_at(at + k) as usize
+            }
+            other => panic!("unexpected CONNECT property {other:#x}"),
+        };
+        let value = match size {
+            1 => u32::from(body[at]),
+            2 if matches!(id, 0x21 | 0x22) => u16_at(at),
+            4 => u32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]),
+            _ => 0,
+        };
+        props.insert(id, value);
+        at += size;
+    }
+    props
+}
+
+#[test]
+fn the_connect_announces_a_receive_maximum_of_limits_queue_or_of_mqtt_receive_maximum() {
+    const RECEIVE_MAXIMUM: u8 = 0x21;
+    let props = connect_properties_announced(
+        std::net::TcpListener::bind("127.0.0.1:0").expect("listen"),
+        "[limits]\nqueue = 7",
+    );
+    assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&7), "{props:?}");
+    let props = connect_properties_announced(
+        std::net::TcpListener::bind("127.0.0.1:0").expect("listen"),
+        "receive_maximum = 5\n[limits]\nqueue = 7",
+    );
+    assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&5), "{props:?}");
 }

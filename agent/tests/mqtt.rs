@@ -318,8 +318,9 @@ async fn overload_and_oversize_get_clear_errors() {
     let _agent = Agent::start(
         &broker,
         "dev-lim",
-        // A Receive Maximum above the queue, so the broker sends more than the agent holds.
-        "max_payload = 2000\nreceive_maximum = 100\n[limits]\nqueue = 1\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=1500\"\n",
+        // A Receive Maximum above the queue, so the broker sends more than the agent holds,
+        // and no waiting room: what does not fit the queue is refused at once.
+        "max_payload = 2000\nreceive_maximum = 100\n[limits]\nqueue = 1\nwaiting_bytes = 0\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=1500\"\n",
     );
     wait_online(broker.port, "dev-lim").await;
     let mut c = Client::connect(broker.port, "lim-asker").await;
@@ -353,6 +354,54 @@ async fn overload_and_oversize_get_clear_errors() {
     assert_eq!(codes["o0"], "ok");
     assert!(codes.values().filter(|c| *c == "overloaded").count() >= 2, "{codes:?}");
     assert_eq!(codes["big"], "too_large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_a_broker_sends_beyond_the_queue_wait_within_waiting_bytes_and_the_rest_are_overloaded() {
+    let broker = Broker::start("waiting", "");
+    // Every question of this test has the same size; the waiting room holds two of them.
+    let size = Encoding::Json.encode(&request("w0")).len();
+    let _agent = Agent::start(
+        &broker,
+        "dev-wait",
+        // A Receive Maximum above the queue: the broker sends more than the queue holds, as a
+        // broker that does not honour the Receive Maximum does.
+        &format!(
+            "receive_maximum = 100\n[limits]\nqueue = 1\nwaiting_bytes = {}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+            2 * size + size / 2
+        ),
+    );
+    wait_online(broker.port, "dev-wait").await;
+    let mut c = Client::connect(broker.port, "wait-asker").await;
+    c.subscribe("laya/v1/wait-asker/reply/#").await;
+    for i in 0..5 {
+        let id = format!("w{i}");
+        c.ask(
+            "laya/v1/dev-wait/ask",
+            Encoding::Json.encode(&request(&id)),
+            Some(&format!("laya/v1/wait-asker/reply/{id}")),
+            None,
+            Encoding::Json,
+        )
+        .await;
+    }
+    let mut order = Vec::new();
+    let mut codes: HashMap<String, String> = HashMap::new();
+    while codes.len() < 5 {
+        let p = c.next(Duration::from_secs(30)).await.expect("a reply for each question");
+        let v = decode(&p);
+        let id = v.get("id").and_then(Value::as_str).expect("id").to_owned();
+        let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("ok").to_owned();
+        assert!(codes.insert(id.clone(), code.clone()).is_none(), "one reply per question: {id} twice");
+        if code == "ok" {
+            order.push(id);
+        }
+    }
+    // One runs, two wait for its place and are answered in arrival order, two are refused.
+    assert_eq!(order, ["w0", "w1", "w2"], "{codes:?}");
+    assert_eq!(codes["w3"], "overloaded", "{codes:?}");
+    assert_eq!(codes["w4"], "overloaded", "{codes:?}");
+    assert!(c.next(Duration::from_secs(2)).await.is_none(), "nothing more");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

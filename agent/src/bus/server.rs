@@ -16,7 +16,7 @@
 //! DISCONNECT, or neither (the broker delivers it again to the next run).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -74,6 +74,9 @@ struct Shared {
     /// (`None` until then; the sender dropped without one means the original failed).
     in_progress: Mutex<std::collections::HashMap<RequestKey, watch::Receiver<Option<Vec<u8>>>>>,
     permits: Arc<Semaphore>,
+    /// Payload bytes of questions waiting for a place (`limits.waiting_bytes`).
+    waiting: AtomicUsize,
+    waiting_limit: usize,
     device: String,
     backend: String,
     /// `{prefix}/{device}/errors`, where undeliverable questions are reported.
@@ -159,6 +162,17 @@ impl Shared {
         }
         drop(permit);
         let _ = self.client.ack(publish).await;
+    }
+
+    /// Takes `bytes` of the waiting room (`limits.waiting_bytes`), if they fit.
+    fn reserve_waiting(&self, bytes: usize) -> Option<usize> {
+        let bytes = bytes.max(1);
+        self.waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                w.checked_add(bytes).filter(|total| *total <= self.waiting_limit)
+            })
+            .ok()
+            .map(|_| bytes)
     }
 
     /// Handles one question end to end, up to what to send back; the caller delivers it.
@@ -402,6 +416,8 @@ pub async fn run(
         replies: Mutex::new(ReplyCache::new(config.limits.remember_replies)),
         in_progress: Mutex::default(),
         permits: Arc::new(Semaphore::new(config.limits.queue)),
+        waiting: AtomicUsize::new(0),
+        waiting_limit: config.limits.waiting_bytes,
         device: device.clone(),
         backend,
         errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
@@ -409,6 +425,27 @@ pub async fn run(
         stopping: AtomicBool::new(false),
         closed: RwLock::new(false),
     });
+
+    // The waiting room: one task hands places to waiting questions in arrival order.
+    let (waiting_tx, mut waiting_rx) = mpsc::unbounded_channel::<(Box<Publish>, Instant, usize)>();
+    {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            while let Some((p, received, bytes)) = waiting_rx.recv().await {
+                let permit = shared.permits.clone().acquire_owned().await;
+                shared.waiting.fetch_sub(bytes, Ordering::Relaxed);
+                let Ok(permit) = permit else { break };
+                if shared.stopping.load(Ordering::Relaxed) {
+                    continue; // not acknowledged: the broker delivers it again later
+                }
+                let s = shared.clone();
+                tokio::spawn(async move {
+                    let out = s.handle(&p, received).await;
+                    s.deliver(&p, out, Some(permit)).await;
+                });
+            }
+        });
+    }
 
     // The event loop's own task: poll, forward, reconnect with backoff and jitter.
     enum Net {
@@ -489,20 +526,25 @@ pub async fn run(
                         continue; // not acknowledged: the broker delivers it again later
                     }
                     let received = Instant::now();
-                    let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
-                        // Over the queue: a retryable error, then the ack (not redelivered forever).
-                        let s = shared.clone();
+                    let s = shared.clone();
+                    if let Ok(permit) = shared.permits.clone().try_acquire_owned() {
+                        tokio::spawn(async move {
+                            let out = s.handle(&p, received).await;
+                            s.deliver(&p, out, Some(permit)).await;
+                        });
+                    } else if let Some(bytes) = shared.reserve_waiting(p.payload.len()) {
+                        // More than the Receive Maximum lets the broker send: the question waits,
+                        // unacknowledged, for a place, in arrival order; its deadline runs from
+                        // its arrival.
+                        let _ = waiting_tx.send((p, received, bytes));
+                    } else {
+                        // Over the queue and the waiting room: a retryable error, then the ack
+                        // (not redelivered for ever).
                         tokio::spawn(async move {
                             let out = refusal_when_full(&s, &p);
                             s.deliver(&p, out, None).await;
                         });
-                        continue;
-                    };
-                    let s = shared.clone();
-                    tokio::spawn(async move {
-                        let out = s.handle(&p, received).await;
-                        s.deliver(&p, out, Some(permit)).await;
-                    });
+                    }
                 }
                 Some(Net::Closed) | None => break,
             },
