@@ -241,11 +241,15 @@ async fn a_broker_restart_under_load_loses_no_question() {
     o.set_session_expiry_interval(Some(600));
     let (client, mut eventloop) = AsyncClient::new(o, 10_000);
     let (tx, mut rx) = mpsc::channel::<Publish>(10_000);
+    let (sub_tx, mut subacks) = mpsc::channel::<()>(10);
     tokio::spawn(async move {
         loop {
             match eventloop.poll().await {
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     let _ = tx.send(p).await;
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    let _ = sub_tx.send(()).await;
                 }
                 Ok(_) => {}
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -253,7 +257,7 @@ async fn a_broker_restart_under_load_loses_no_question() {
         }
     });
     client.subscribe("laya/v1/restart-asker/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(10), subacks.recv()).await.expect("a SUBACK");
     let n = 80;
     for i in 0..n {
         let id = format!("q{i}");
@@ -296,6 +300,8 @@ async fn an_agent_killed_mid_question_answers_it_after_restarting() {
     wait_online(broker.port, "dev-kill").await;
     let mut c = Client::connect(broker.port, "kill-asker").await;
     c.subscribe("laya/v1/kill-asker/reply/#").await;
+    let mut watch = Client::connect(broker.port, "kill-watch").await;
+    watch.subscribe("laya/v1/dev-kill/telemetry").await;
     c.ask(
         "laya/v1/dev-kill/ask",
         Encoding::Json.encode(&request("k1")),
@@ -304,7 +310,9 @@ async fn an_agent_killed_mid_question_answers_it_after_restarting() {
         Encoding::Json,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Killed while it computes the answer (not before the question reached it).
+    telemetry_where(&mut watch, "the question in flight", |v| v.get("in_flight").and_then(Value::as_i64) >= Some(1))
+        .await;
     agent.kill9();
     assert!(c.next(Duration::from_millis(500)).await.is_none(), "no reply from a killed agent");
     agent.launch();

@@ -202,6 +202,8 @@ impl Drop for Agent {
 pub struct Client {
     pub client: AsyncClient,
     rx: mpsc::Receiver<Publish>,
+    /// One `()` per SUBACK, so a subscription is in place before anything is published.
+    subacks: tokio::sync::Mutex<mpsc::Receiver<()>>,
 }
 
 impl Client {
@@ -211,6 +213,7 @@ impl Client {
         let (client, mut eventloop) = AsyncClient::new(o, 10_000);
         let (tx, rx) = mpsc::channel(100_000);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (sub_tx, subacks) = mpsc::channel(100);
         tokio::spawn(async move {
             let mut ready = Some(ready_tx);
             loop {
@@ -219,6 +222,9 @@ impl Client {
                         if let Some(r) = ready.take() {
                             let _ = r.send(());
                         }
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = sub_tx.send(()).await;
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         if tx.send(p).await.is_err() {
@@ -231,12 +237,17 @@ impl Client {
             }
         });
         tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("connected").expect("connack");
-        Client { client, rx }
+        Client { client, rx, subacks: tokio::sync::Mutex::new(subacks) }
     }
 
+    /// Subscribes and waits for the broker's SUBACK.
     pub async fn subscribe(&self, filter: &str) {
+        let mut subacks = self.subacks.lock().await;
         self.client.subscribe(filter, QoS::AtLeastOnce).await.expect("subscribe");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::timeout(Duration::from_secs(10), subacks.recv())
+            .await
+            .expect("a SUBACK")
+            .expect("the client runs");
     }
 
     pub async fn next(&mut self, within: Duration) -> Option<Publish> {
