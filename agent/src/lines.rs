@@ -69,12 +69,17 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
 }
 
 /// `laya-edge predict` for one line: laya's result `{"id", "model", "answers", "usage"}`.
-pub fn predict_line(bundle: &HostBundle, backend: &mut dyn crate::engine::Backend, line: &str) -> String {
+pub fn predict_line(
+    bundle: &HostBundle,
+    backend: &mut dyn crate::engine::Backend,
+    max_request_tokens: usize,
+    line: &str,
+) -> String {
     let request = match read_request(line) {
         Ok(r) => r,
         Err(error_line) => return error_line,
     };
-    match pipeline::answer(bundle, backend, &request) {
+    match pipeline::answer_within(bundle, backend, &request, max_request_tokens) {
         Ok(result) => {
             let mut out = Map::new();
             out.insert("id".into(), request.id.unwrap_or(Value::Null));

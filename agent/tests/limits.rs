@@ -152,3 +152,38 @@ async fn a_request_beyond_max_request_tokens_is_refused_too_large_and_a_smaller_
         }
     }
 }
+
+#[test]
+fn predict_takes_max_request_tokens_from_its_config() {
+    let dir = temp_dir("predict-tokens");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(&config, format!("[limits]\nmax_request_tokens = 1000\n[model]\ndir = \"{}\"\n", model("bpe-t5")))
+        .expect("config");
+    let state = json::to_string(&Value::Str("The app crashes when I log in. ".repeat(200)), Style::COMPACT);
+    let question = r#"{"type": "noul", "instructions": "Is this a bug report?"}"#;
+    // Two rows of 512 tokens: 1024 > 1000; one row: answered.
+    let input = format!(
+        "{{\"id\": \"two\", \"state\": {state}, \"questions\": {{\"a\": {question}, \"b\": {question}}}}}\n{{\"id\": \"one\", \"state\": {state}, \"questions\": {{\"a\": {question}}}}}\n"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        .arg("predict")
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("predict starts");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("predict runs");
+    assert!(out.status.success());
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| json::parse_str(l, ParseOptions::default()).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    let code = |v: &Value| v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).map(str::to_owned);
+    assert_eq!(code(&lines[0]).as_deref(), Some("too_large"), "{}", text(&lines[0]));
+    assert_eq!(code(&lines[1]), None, "{}", text(&lines[1]));
+    assert_eq!(lines[1].get("usage").and_then(|u| u.get("input_tokens")), Some(&Value::int(512)));
+}

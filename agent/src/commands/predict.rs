@@ -1,7 +1,8 @@
 //! `laya-edge predict`: answers JSON-lines requests on stdin with laya's result per line, on the
 //! backend the configuration and flags name. The CPU backend runs in this process; any other runs
 //! in a supervised worker process built exactly as `serve` builds it (`laya_edge::backends`), so
-//! `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config`.
+//! `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config` (and `[limits]
+//! max_request_tokens` bounds each line as it bounds a request to `serve`).
 
 use std::path::{Path, PathBuf};
 
@@ -15,8 +16,8 @@ use laya_edge::prompt::Row;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The configuration file (TOML): its [model], [engine], [rknn] and [qnn] keys apply; the
-    /// flags below override them.
+    /// The configuration file (TOML): its [model], [engine], [rknn], [qnn] and [limits]
+    /// max_request_tokens keys apply; the flags below override them.
     #[arg(long)]
     config: Option<PathBuf>,
     /// A laya checkpoint directory or NPU bundle (overrides model.dir).
@@ -88,6 +89,9 @@ pub fn run(config: Config) -> Result<(), String> {
     };
     tracing::debug!(backend = kind.name(), model = %config.model.dir, "predict: answering the lines on stdin");
     let out = std::io::BufWriter::new(std::io::stdout().lock());
-    lines::for_each_line(std::io::stdin().lock(), out, |line| lines::predict_line(&bundle, backend.as_mut(), line))
-        .map_err(|e| e.to_string())
+    let max_tokens = config.limits.max_request_tokens;
+    lines::for_each_line(std::io::stdin().lock(), out, |line| {
+        lines::predict_line(&bundle, backend.as_mut(), max_tokens, line)
+    })
+    .map_err(|e| e.to_string())
 }
