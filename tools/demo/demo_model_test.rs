@@ -24,9 +24,11 @@ use laya_topics::{Answer, PredictResult, Request, Value};
 /// points under what laya.Agent measured on the same requests (`laya-accuracy.json`, see
 /// tools/demo/README.md), so the committed model passes it and a broken pipeline does not;
 /// guessing the most common label of each question id scores far below it (asserted in the test).
-const OVERALL_FLOOR: f64 = 0.90;
+/// laya measured 1033/1055 = 0.979 overall (noul 0.961, choice 1.000, score 0.995); the majority
+/// answer per question id scores 0.60 on noul, 0.32 on score, 0.15 on choice.
+const OVERALL_FLOOR: f64 = 0.95;
 /// The floor for each question type (noul, choice, score) on its own, set the same way.
-const PER_KIND_FLOOR: f64 = 0.85;
+const PER_KIND_FLOOR: f64 = 0.90;
 /// How far laya-edge's accuracy may fall below laya's own on the held-out set: a decision may flip
 /// only where laya's probabilities are a near tie (float differences of ~1e-6), which on 1,000
 /// questions is a handful at most.

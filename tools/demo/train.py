@@ -244,7 +244,7 @@ def main():
     ap.add_argument("--out", default="models/demo")
     ap.add_argument("--train-requests", type=int, default=6000)
     ap.add_argument("--val-requests", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=1600)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--stop-at", type=int, default=0,
