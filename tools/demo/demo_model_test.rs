@@ -105,8 +105,12 @@ fn the_demo_model_decides_held_out_tickets_as_their_generator_labelled_them() {
             let (kind, got) = decision(a);
             let right = got == *label;
             if !right {
-                wrong.push(format!("{} {qid}: {} for {}", request.get("id").and_then(Value::as_str).unwrap_or("?"),
-                    json::to_string(&got, json::Style::COMPACT), json::to_string(label, json::Style::COMPACT)));
+                wrong.push(format!(
+                    "{} {qid}: {} for {}",
+                    request.get("id").and_then(Value::as_str).unwrap_or("?"),
+                    json::to_string(&got, json::Style::COMPACT),
+                    json::to_string(label, json::Style::COMPACT)
+                ));
             }
             let key = format!("{qid}={}", json::to_string(label, json::Style::COMPACT));
             let entry = match tally.iter_mut().find(|t| t.0 == kind) {
@@ -192,8 +196,9 @@ fn assert_same_answer(id: &str, ours: &Value, laya: &Value, tol: f64, path: &str
 #[test]
 fn laya_itself_gives_the_demo_model_the_same_answers_as_laya_edge() {
     let recorded = lines("laya-answers.jsonl");
-    let demo_requests = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
-        .expect("the demo requests");
+    let demo_requests =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
+            .expect("the demo requests");
     let n_demo = demo_requests.lines().filter(|l| !l.trim().is_empty()).count();
     assert!(recorded.len() >= n_demo + 20, "only {} recorded answers", recorded.len());
     let mut decisions = 0;
