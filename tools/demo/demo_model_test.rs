@@ -7,8 +7,9 @@
 //!
 //! `tests/fixtures/demo` is written by `tools/demo/record.py`: `heldout.jsonl` holds requests the
 //! model never saw (a seed neither training nor validation used) with the labels the ticket
-//! generator gave them, and `laya-answers.jsonl` what `laya.Agent.predict` answered. Nothing here
-//! computes an expected value.
+//! generator gave them, `laya-answers.jsonl` what `laya.Agent.predict` answered, and
+//! `laya-accuracy.json` the share of held-out decisions `laya.Agent` got right (measured by laya's
+//! own code). Nothing here computes an expected value.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -19,12 +20,19 @@ use laya_edge::pipeline;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::{Answer, PredictResult, Request, Value};
 
-/// The share of held-out decisions the demo model must get right, over all questions. The
-/// trained model scores well above it (tools/demo/README.md); guessing the most common label of
-/// each question kind scores far below it (asserted in the test).
-const OVERALL_FLOOR: f64 = 0.90;
-/// The floor for each question kind (noul, choice, score) on its own.
-const PER_KIND_FLOOR: f64 = 0.80;
+/// The share of held-out decisions the demo model must get right, over all questions: a few
+/// points under what laya.Agent measured on the same requests (`laya-accuracy.json`, see
+/// tools/demo/README.md), so the committed model passes it and a broken pipeline does not;
+/// guessing the most common label of each question id scores far below it (asserted in the test).
+/// laya measured 1033/1055 = 0.979 overall (noul 0.961, choice 1.000, score 0.995); the majority
+/// answer per question id scores 0.60 on noul, 0.32 on score, 0.15 on choice.
+const OVERALL_FLOOR: f64 = 0.95;
+/// The floor for each question type (noul, choice, score) on its own, set the same way.
+const PER_KIND_FLOOR: f64 = 0.90;
+/// How far laya-edge's accuracy may fall below laya's own on the held-out set: a decision may flip
+/// only where laya's probabilities are a near tie (float differences of ~1e-6), which on 1,000
+/// questions is a handful at most.
+const LAYA_SLACK: f64 = 0.01;
 
 fn demo_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("models").join("demo")
@@ -97,8 +105,12 @@ fn the_demo_model_decides_held_out_tickets_as_their_generator_labelled_them() {
             let (kind, got) = decision(a);
             let right = got == *label;
             if !right {
-                wrong.push(format!("{} {qid}: {} for {}", request.get("id").and_then(Value::as_str).unwrap_or("?"),
-                    json::to_string(&got, json::Style::COMPACT), json::to_string(label, json::Style::COMPACT)));
+                wrong.push(format!(
+                    "{} {qid}: {} for {}",
+                    request.get("id").and_then(Value::as_str).unwrap_or("?"),
+                    json::to_string(&got, json::Style::COMPACT),
+                    json::to_string(label, json::Style::COMPACT)
+                ));
             }
             let key = format!("{qid}={}", json::to_string(label, json::Style::COMPACT));
             let entry = match tally.iter_mut().find(|t| t.0 == kind) {
@@ -143,6 +155,20 @@ fn the_demo_model_decides_held_out_tickets_as_their_generator_labelled_them() {
         assert!(baseline + 0.15 <= PER_KIND_FLOOR, "{kind}: the majority answer scores {baseline:.4}");
     }
     assert!(overall >= OVERALL_FLOOR, "{right}/{total} = {overall:.4} right, the floor is {OVERALL_FLOOR}");
+    // laya's own accuracy on the same requests, measured by record.py with laya.Agent
+    let path = fixture("laya-accuracy.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let laya = json::parse_str(&text, ParseOptions { max_depth: 10 }).expect("laya-accuracy.json parses");
+    let laya_total = laya.get("questions").map(float).expect("questions");
+    assert_eq!(laya_total as usize, total, "laya answered the same held-out questions");
+    let laya_overall = laya.get("accuracy").map(float).expect("accuracy");
+    assert!(overall >= laya_overall - LAYA_SLACK, "laya-edge {overall:.4}, laya itself {laya_overall:.4}");
+    for (kind, r, n, _) in &tally {
+        let theirs = laya.get("by_type").and_then(|t| t.get(kind)).and_then(|t| t.get("accuracy")).map(float);
+        let theirs = theirs.unwrap_or_else(|| panic!("laya's accuracy for {kind}"));
+        let ours = *r as f64 / *n as f64;
+        assert!(ours >= theirs - LAYA_SLACK, "{kind}: laya-edge {ours:.4}, laya itself {theirs:.4}");
+    }
 }
 
 /// Every number of laya's answer (probabilities, noul, score, confidences) within `tol` of ours, and
@@ -170,8 +196,9 @@ fn assert_same_answer(id: &str, ours: &Value, laya: &Value, tol: f64, path: &str
 #[test]
 fn laya_itself_gives_the_demo_model_the_same_answers_as_laya_edge() {
     let recorded = lines("laya-answers.jsonl");
-    let demo_requests = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
-        .expect("the demo requests");
+    let demo_requests =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
+            .expect("the demo requests");
     let n_demo = demo_requests.lines().filter(|l| !l.trim().is_empty()).count();
     assert!(recorded.len() >= n_demo + 20, "only {} recorded answers", recorded.len());
     let mut decisions = 0;

@@ -8,6 +8,8 @@ Usage:  python tools/demo/record.py --model models/demo --out tests/fixtures/dem
   model: the labels come from the ticket's latent facts.
 - `laya-answers.jsonl`: what laya 0.3.20's own `Agent.predict` answers on the demo requests of
   config/demo-requests.jsonl and on the first held-out requests (`{"request", "result"}`).
+- `laya-accuracy.json`: the share of held-out decisions `laya.Agent` gets right against the
+  generator's labels, overall and per question type (what the Rust test's floors are set from).
 """
 import argparse
 import json
@@ -29,7 +31,7 @@ import torch  # noqa: E402
 import laya.agent  # noqa: E402
 import tickets  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # one thread: far faster than two on the shared 2-core machine
 
 HELDOUT_SEED = 20261130
 HELDOUT_N = 400
@@ -68,6 +70,7 @@ def main():
             result = agent.predict(req["state"], req["questions"], **kw)
             f.write(jline({"request": req, "result": result}))
     right = total = 0
+    by_type = {}
     for h in heldout:
         res = agent.predict(h["request"]["state"], h["request"]["questions"])
         for qid, label in h["labels"].items():
@@ -81,7 +84,14 @@ def main():
                 ok = max(range(len(probs)), key=lambda i: probs[str(i)]) == label
             right += ok
             total += 1
+            r, n = by_type.get(a["type"], (0, 0))
+            by_type[a["type"]] = (r + ok, n + 1)
     print("laya.Agent on the held-out set: %d/%d = %.4f" % (right, total, right / total), file=sys.stderr)
+    acc = {"requests": HELDOUT_N, "questions": total, "right": right, "accuracy": round(right / total, 4),
+           "by_type": {k: {"right": r, "questions": n, "accuracy": round(r / n, 4)} for k, (r, n) in sorted(by_type.items())}}
+    with open(os.path.join(args.out, "laya-accuracy.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(acc, indent=2) + "\n")
+    print(json.dumps(acc, indent=2), file=sys.stderr)
 
 
 if __name__ == "__main__":

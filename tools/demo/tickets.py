@@ -283,11 +283,14 @@ QIDS = {"noul_topic": ["about", "topic", "is_about"], "noul_refund": ["refund", 
         "score_urgency": ["urgency", "priority"], "score_sentiment": ["sentiment", "feeling"]}
 
 
-def request(rng, rid=None, n_questions=None):
-    """One request (laya's JSON shape) and the generator's label for each question."""
+def request(rng, rid=None, n_questions=None, kinds=None):
+    """One request (laya's JSON shape) and the generator's label for each question.
+
+    `kinds` restricts the questions to those kinds (a training curriculum); by default all of them."""
     t = ticket(rng)
-    n = n_questions or rng.choice([1, 2, 3, 3, 4])
-    kinds = rng.sample(KINDS, n)
+    pool = KINDS if kinds is None else [k for k in KINDS if k in kinds]
+    n = min(n_questions or rng.choice([1, 2, 3, 3, 4]), len(pool))
+    kinds = rng.sample(pool, n)
     questions, labels = {}, {}
     for kind in kinds:
         qid = rng.choice(QIDS[kind])

@@ -42,7 +42,6 @@ import laya.agent  # noqa: E402
 import laya.common as lc  # noqa: E402
 import tickets  # noqa: E402
 
-torch.set_num_threads(2)
 torch.use_deterministic_algorithms(False)
 
 SEED = 19
@@ -64,7 +63,7 @@ def corpus(rng, n):
     return lines
 
 
-def encode(tok, req, labels):
+def encode(tok, req, labels, t=None):
     """laya's rows for one request (what Agent._encode_state builds), each with a one-hot target."""
     ids = list(req["questions"])
     for qid in ids:
@@ -88,17 +87,20 @@ def encode(tok, req, labels):
             idx = lab
         target = [0.0] * k
         target[idx] = 1.0
-        items.append({"ids": seq, "markers": markers, "qtype": lc.QTYPES[q["t"]], "target": target, "label": idx,
-                      "kind": qid})
+        item = {"ids": seq, "markers": markers, "qtype": lc.QTYPES[q["t"]], "target": target, "label": idx,
+                "kind": qid}
+        if t is not None:
+            item["facts"] = [tickets.TOPIC_NAMES.index(t["topic"]), int(t["refund"]), t["urgency"], t["sentiment"]]
+        items.append(item)
     return items
 
 
-def dataset(tok, seed, n):
+def dataset(tok, seed, n, kinds=None):
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        req, labels, _ = tickets.request(rng)
-        rows.extend(encode(tok, req, labels))
+        req, labels, t = tickets.request(rng, kinds=kinds)
+        rows.extend(encode(tok, req, labels, t))
     return rows
 
 
@@ -130,10 +132,13 @@ class MarkerProbe(torch.nn.Module):
 
     OFFSETS = 3
 
-    def __init__(self, d, vocab, special_ids):
+    def __init__(self, d, vocab, special_ids, question=False):
         super().__init__()
         self.out = torch.nn.ModuleList(torch.nn.Linear(d, vocab) for _ in range(self.OFFSETS))
         self.special = torch.tensor(sorted(special_ids))
+        # with `question`, each marker also predicts the words of the question's instructions (a
+        # bag of words): a noul marker's option text is always the same, its question is not
+        self.question = torch.nn.Linear(d, vocab) if question else None
 
     def forward(self, h, b):
         ids, mpos, mmask = b["input_ids"], b["marker_pos"], b["marker_mask"]
@@ -146,7 +151,43 @@ class MarkerProbe(torch.nn.Module):
                 hm = torch.gather(h, 1, mpos[:, :, None].expand(-1, -1, h.size(-1)))
                 total = total + torch.nn.functional.cross_entropy(lin(hm[ok]), tgt[ok])
                 n += 1
+        if self.question is not None:
+            # the instructions: between [CLS] and the [SEP] before the first marker
+            bag = torch.zeros(ids.size(0), self.question.out_features)
+            for i in range(ids.size(0)):
+                head = ids[i, 1:max(2, int(mpos[i, 0]) - 1)]
+                head = head[~torch.isin(head, self.special)]
+                if len(head):
+                    bag[i].index_add_(0, head, torch.ones(len(head)))
+            bag = bag / bag.sum(-1, keepdim=True).clamp(min=1)
+            hm = torch.gather(h, 1, mpos[:, :, None].expand(-1, -1, h.size(-1)))
+            logp = torch.log_softmax(self.question(hm), -1)
+            total = total - ((bag[:, None, :] * logp).sum(-1) * mmask).sum() / mmask.sum()
+            n += 1
         return total / max(1, n)
+
+
+class FactProbe(torch.nn.Module):
+    """Training aid, not saved: predicts the ticket's latent facts (topic, refund, urgency,
+    sentiment) from the encoder's output at every option marker.
+
+    Every laya answer here is a function of these facts and of the question; a tiny encoder from
+    scratch finds no gradient towards reading the state while its markers are still interchangeable.
+    This loss makes each marker carry a summary of the state; the laya loss then only has to learn
+    to match it against the option and the question.
+    """
+
+    SIZES = (6, 2, 5, 5)
+
+    def __init__(self, d):
+        super().__init__()
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, k) for k in self.SIZES)
+
+    def forward(self, h, b, facts):
+        mpos, mmask = b["marker_pos"], b["marker_mask"]
+        hm = torch.gather(h, 1, mpos[:, :, None].expand(-1, -1, h.size(-1)))[mmask]
+        f = facts[:, None, :].expand(-1, mpos.size(1), -1)[mmask]
+        return sum(torch.nn.functional.cross_entropy(lin(hm), f[:, i]) for i, lin in enumerate(self.out)) / len(self.out)
 
 
 @torch.no_grad()
@@ -203,14 +244,26 @@ def main():
     ap.add_argument("--out", default="models/demo")
     ap.add_argument("--train-requests", type=int, default=6000)
     ap.add_argument("--val-requests", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--stop-at", type=int, default=0,
                     help="stop after this many steps of the --steps schedule (what a STOP file in --out did)")
     ap.add_argument("--aux-weight", type=float, default=0.5)
+    ap.add_argument("--facts-weight", type=float, default=1.0)
+    ap.add_argument("--no-question-probe", dest="question_probe", action="store_false")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads; on the 2-core machine shared with Rust builds one thread ran a step "
+                         "about 4x faster than two (the second thread mostly waited for the first)")
+    ap.add_argument("--kinds", default="", help="comma-separated question kinds (tickets.KINDS); default all")
+    ap.add_argument("--hidden", type=int, default=SPEC["hidden"])
+    ap.add_argument("--layers", type=int, default=SPEC["layers"])
+    ap.add_argument("--heads", type=int, default=SPEC["heads"])
+    ap.add_argument("--intermediate", type=int, default=SPEC["intermediate"])
+    ap.add_argument("--init-range", type=float, default=SPEC["initializer_range"])
     ap.add_argument("--metrics", default=os.path.join(HERE, "metrics.json"))
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     started = time.time()
     random.seed(SEED)
     np.random.seed(SEED)
@@ -228,6 +281,8 @@ def main():
 
     enc_dir = os.path.join(out, "encoder")
     os.makedirs(enc_dir)
+    SPEC.update(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate,
+                initializer_range=args.init_range)
     ecfg = fixtures.encoder_config(SPEC, tok)
     # ModernBERT's 0.02 suits a 768-wide pretrained encoder; a 64-wide one trained from scratch
     # sits on a plateau for hundreds of steps with it (attention starts out uniform, every option
@@ -238,8 +293,9 @@ def main():
         fixtures.write_json(os.path.join(enc_dir, "config.json"), json.load(f), indent=2)
 
     # train and validation requests come from different seeds; the committed test set from a third
-    train_rows = dataset(tok, SEED + 1, args.train_requests)
-    val_rows = dataset(tok, SEED + 2, args.val_requests)
+    kinds = [k for k in args.kinds.split(",") if k] or None
+    train_rows = dataset(tok, SEED + 1, args.train_requests, kinds)
+    val_rows = dataset(tok, SEED + 2, args.val_requests, kinds)
     print("rows: train %d, val %d, longest %d tokens (%.0fs)" % (len(train_rows), len(val_rows),
                                                          max(len(r["ids"]) for r in train_rows), time.time() - started), file=sys.stderr)
 
@@ -248,14 +304,16 @@ def main():
     act_init = {k: v.clone() for k, v in model.act_head.state_dict().items()}
     captured = {}
     model.encoder.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", out.last_hidden_state))
-    probe = MarkerProbe(SPEC["hidden"], len(tok), tok.all_special_ids)
+    probe = MarkerProbe(SPEC["hidden"], len(tok), tok.all_special_ids, question=args.question_probe)
+    fprobe = FactProbe(SPEC["hidden"])
     params = [p for n, p in model.named_parameters() if not n.startswith("act_head.")]
-    opt = torch.optim.AdamW(params + list(probe.parameters()), lr=args.lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(params + list(probe.parameters()) + list(fprobe.parameters()), lr=args.lr,
+                            weight_decay=0.01)
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
     rng = random.Random(SEED + 3)
-    step, plan, running, running_aux = 0, [], None, None
+    step, plan, running, running_aux, running_facts = 0, [], None, None, 0.0
     stop_at = args.stop_at or args.steps
     stop_file = os.path.join(out, "STOP")
     while step < stop_at:
@@ -268,9 +326,15 @@ def main():
         b = lc.collate_items([[train_rows[i] for i in idx]], tok.pad_token_id)
         model.train()
         loss, _ = loss_of(model, b)
-        aux = probe(captured["h"], b)
+        aux = probe(captured["h"], b) if args.aux_weight else torch.zeros(())
+        total = loss + args.aux_weight * aux
+        if args.facts_weight:
+            facts = torch.tensor([train_rows[i]["facts"] for i in idx])
+            floss = fprobe(captured["h"], b, facts)
+            total = total + args.facts_weight * floss
+            running_facts = 0.95 * running_facts + 0.05 * floss.item()
         opt.zero_grad()
-        (loss + args.aux_weight * aux).backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
@@ -278,8 +342,8 @@ def main():
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
         running_aux = aux.item() if running_aux is None else 0.95 * running_aux + 0.05 * aux.item()
         if step % 20 == 0 or step == stop_at:
-            print("step %d loss %.4f aux %.4f (%.0fs)" % (step, running, running_aux, time.time() - started),
-                  file=sys.stderr)
+            print("step %d loss %.4f aux %.4f facts %.4f (%.0fs)" % (step, running, running_aux, running_facts,
+                                                                     time.time() - started), file=sys.stderr)
     for k, v in model.act_head.state_dict().items():
         assert torch.equal(v, act_init[k]), "the act head must stay as build_model initialised it"
 
@@ -295,6 +359,9 @@ def main():
     save_file(sd, os.path.join(out, "model.safetensors"))
 
     metrics = {"seed": SEED, "steps": args.steps, "steps_done": step, "batch": args.batch, "lr": args.lr, "aux_weight": args.aux_weight,
+               "facts_weight": args.facts_weight, "question_probe": args.question_probe, "kinds": kinds or "all",
+               "threads": args.threads, "encoder": {k: SPEC[k] for k in ("hidden", "layers", "heads", "intermediate",
+                                                                          "initializer_range")},
                "train_requests": args.train_requests, "train_rows": len(train_rows), "val_rows": len(val_rows),
                "val_accuracy": acc, "val_accuracy_by_question": acc_by, "temperatures": temp_report,
                "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - started),
