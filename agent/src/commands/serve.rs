@@ -60,10 +60,11 @@ impl Args {
     }
 }
 
-/// The demo model bundled in the repository (a tiny random checkpoint from the fixtures).
+/// The demo model bundled in the repository (a toy trained on synthetic support tickets:
+/// tools/demo/README.md).
 fn demo_model() -> PathBuf {
-    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models/bpe-t5");
-    if built_in.is_dir() { built_in } else { PathBuf::from("tests/fixtures/laya-0.3.20/models/bpe-t5") }
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
+    if built_in.is_dir() { built_in } else { PathBuf::from("models/demo") }
 }
 
 const DEMO_REQUESTS: &str = include_str!("../../../config/demo-requests.jsonl");

@@ -1,6 +1,3 @@
-// DRAFT, not built: becomes tests/demo_model.rs (with a [[test]] entry in tests/Cargo.toml) once
-// models/demo exists; see tools/demo/README.md.
-
 //! The demo model (`models/demo`, trained by `tools/demo/train.py`) through the real pipeline
 //! (`pipeline::answer` on the CPU backend): its decisions on held-out tickets must match the
 //! generator's labels, and its answers must be laya 0.3.20's own.
