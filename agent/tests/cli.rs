@@ -199,3 +199,20 @@ fn under_the_journal_each_line_starts_with_its_syslog_priority() {
     let line = stderr.lines().find(|l| l.contains("/nonexistent/model")).expect("the error line");
     assert!(line.starts_with("<3>"), "{stderr}");
 }
+
+#[test]
+fn predict_names_the_root_cause_on_every_line_while_the_backend_is_degraded() {
+    let model = fixtures().join("models/bpe-t5");
+    let file = temp_file(
+        "degraded.toml",
+        &format!("[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\nnull_faults = \"load-fail\"\n", model.display()),
+    );
+    let input = one_request().repeat(3);
+    let (stdout, stderr, ok) = run(&["predict", "--config", file.to_str().expect("utf-8")], &input);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for line in lines {
+        assert!(line.contains("injected load failure"), "a line without the root cause: {line}");
+    }
+}

@@ -352,3 +352,111 @@ async fn a_candidate_primary_takes_over_from_the_fallback_once_its_health_call_p
     }
     assert!(kinds.ends_with(&[NoticeKind::BackendRecovered]), "{kinds:?}");
 }
+
+fn signal(sig: &str, pid: u32) {
+    let status = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_reading_its_stdin_does_not_freeze_the_timers_or_the_queue() {
+    let engine = Engine::start(with_health(defaults(|_| {}), ""));
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+    let pid = engine.status().worker_pid.expect("a worker");
+    // The worker stops reading: a frame far larger than a pipe buffer (64 KiB) blocks its writer.
+    signal("-STOP", pid);
+    let big = Row {
+        input_ids: (0..50_000).map(|i| 5 + i % 200).collect(),
+        marker_pos: vec![1, 25_000],
+        qtype: QType::Choice,
+    };
+    let e2 = engine.clone();
+    let big_call = tokio::spawn({
+        let big = big.clone();
+        async move { e2.run(vec![big], None).await }
+    });
+    let busy = wait_for(Duration::from_secs(5), || matches!(engine.status().worker, WorkerState::Busy(_))).await;
+    // While the write is blocked, the driver still takes calls (and status is answered at once).
+    let e3 = engine.clone();
+    let small_call = tokio::spawn(async move { e3.run(vec![row(2)], None).await });
+    let queued = wait_for(Duration::from_secs(5), || engine.status().in_flight == 2).await;
+    // The deadline (1 s with the defaults) kills the stopped worker; the call runs on a new one.
+    let answered = tokio::time::timeout(Duration::from_secs(15), big_call).await;
+    if answered.is_err() {
+        signal("-KILL", pid); // unblock a frozen driver before failing
+    }
+    let out = answered.expect("answered within 15 s").expect("task").expect("answered by the next worker");
+    assert!(busy, "the big call never showed as running");
+    assert!(queued, "a second call was not taken while the write was blocked");
+    assert_eq!(out.rows[0], NullBackend::logits_for(&big));
+    assert_ne!(engine.status().worker_pid, Some(pid));
+    assert!(
+        matches!(
+            engine.restarts()[..],
+            [laya_edge::engine::process::RestartRecord { reason: RestartReason::Deadline(_), .. }]
+        ),
+        "{:?}",
+        engine.restarts()
+    );
+    let small = small_call.await.expect("task").expect("the queued call is answered too");
+    assert_eq!(small.rows[0], NullBackend::logits_for(&row(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_candidate_primary_hangs_loading_the_fallback_keeps_answering() {
+    // Every primary takes 30 s to load (startup timeout 1 s): degraded at once, and each retry's
+    // candidate hangs loading until it is killed. The fallback must serve all the while.
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.retry_primary_s = 1;
+            e.startup_timeout_s = 1;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", None)),
+        ..with_health(policy, "load-sleep=30000")
+    });
+    let mut notices = engine.notices();
+    let first = engine.run(vec![row(1)], None).await.expect("served by the fallback");
+    assert_eq!(first.role, Role::Fallback);
+    let t = Instant::now();
+    let mut tries = 0;
+    let mut i = 0;
+    while tries < 3 {
+        assert!(t.elapsed() < Duration::from_secs(20), "only {tries} candidate tries in 20 s");
+        i += 1;
+        let asked = Instant::now();
+        let out = engine.run(vec![row(i)], None).await.unwrap_or_else(|e| panic!("question {i}: {e}"));
+        assert_eq!(out.role, Role::Fallback, "question {i}");
+        assert!(asked.elapsed() < Duration::from_secs(1), "question {i} waited {:?}", asked.elapsed());
+        while let Ok(n) = notices.try_recv() {
+            if n.kind == NoticeKind::WorkerRestart && n.message.contains("degraded primary failed its try") {
+                tries += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(engine.restarts().iter().all(|r| r.role == Role::Primary), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_log_keeps_the_last_64_records_and_counts_every_restart() {
+    let policy = Policy {
+        max_restarts: 1000,
+        backoff_min: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(1),
+        ..fast_policy(20_000)
+    };
+    let engine = Engine::start(EngineConfig::new(policy, worker("null", "-", Some("load-fail"))));
+    let kept = laya_edge::engine::process::RESTARTS_KEPT;
+    assert!(
+        wait_for(Duration::from_secs(90), || engine.restart_total() > kept as u64 + 6).await,
+        "only {} restarts in 90 s",
+        engine.restart_total()
+    );
+    assert_eq!(engine.restarts().len(), kept);
+    let counted: u64 = engine.status().restarts.iter().map(|(_, n)| *n).sum();
+    assert!(counted > kept as u64, "{:?}", engine.status().restarts);
+}

@@ -112,3 +112,19 @@ async fn ready_is_sent_once_connected_however_slowly_the_backend_loads() {
     let status = decode(&watch.next(Duration::from_secs(5)).await.expect("the retained status"));
     assert_eq!((field(&status, "state"), field(&status, "backend_state")), (Some("online"), Some("starting")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_from_the_cpu_fallback_names_the_cpu_backend_and_the_fallback() {
+    let broker = Broker::start("healing-fallback", "");
+    // The configured backend never loads: degraded at once, the CPU fallback answers.
+    let engine = "null_faults = \"load-fail\"\nmax_restarts = 0\nfallback = \"cpu\"\n";
+    let _agent = Agent::with_config(config(&broker, "dev-fb", engine), Vec::new());
+    wait_online(broker.port, "dev-fb").await;
+    let mut c = Client::connect(broker.port, "fb-asker").await;
+    c.subscribe("laya/v1/fb-asker/reply/#").await;
+    let reply_to = "laya/v1/fb-asker/reply/f1";
+    c.ask("laya/v1/dev-fb/ask", Encoding::Json.encode(&request("f1")), Some(reply_to), None, Encoding::Json).await;
+    let reply = decode(&c.next(Duration::from_secs(30)).await.expect("answered"));
+    assert!(reply.get("answers").is_some(), "{reply:?}");
+    assert_eq!((field(&reply, "backend"), field(&reply, "serving")), (Some("cpu"), Some("fallback")), "{reply:?}");
+}

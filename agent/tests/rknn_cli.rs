@@ -189,3 +189,74 @@ fn a_question_with_more_options_than_marker_slots_is_too_large_in_place_and_the_
         "ok",
     );
 }
+
+/// The agent's settings for the RKNN backend on `bundle` with the fake runtime `lib`.
+fn rknn_config(bundle: &Path, lib: &Path) -> laya_edge::config::Config {
+    let mut config = laya_edge::config::Config::default();
+    config.model.dir = bundle.display().to_string();
+    config.engine.backend = "rknn".into();
+    config.rknn.library = lib.display().to_string();
+    config
+}
+
+fn kill_9(pid: u32) {
+    let status = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+    assert!(status.success());
+}
+
+const CONSTANT: (&str, &str) = ("FAKE_RKNN_CONSTANT_OUTPUT", "1");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_output_rknn_runtime_fails_every_workers_health_call_and_the_refusal_says_so() {
+    let lib = fake_library();
+    let bundle = bundle_dir("constant-health", "bpe-small");
+    let config = rknn_config(&bundle, &lib);
+    let host = laya_edge::bundle::HostBundle::load(&bundle).expect("bundle");
+    // As serve builds it: all defaults, the health call of two different rows of the model.
+    let mut engine_config =
+        laya_edge::backends::engine_config(Path::new(env!("CARGO_BIN_EXE_laya-edge")), &config, &host).expect("config");
+    assert_eq!(engine_config.health.len(), 2);
+    engine_config.primary.env.push((CONSTANT.0.into(), CONSTANT.1.into()));
+    let engine = Engine::start(engine_config);
+    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let result = engine.run(vec![row], None).await;
+    assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
+    let restarts = engine.restarts();
+    assert_eq!(restarts.len(), 6, "{restarts:?}");
+    assert!(restarts.iter().all(|r| r.reason.describe().contains("constant output")), "{restarts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_output_rknn_runtime_is_caught_on_a_new_workers_first_row_after_a_kill_9() {
+    let lib = fake_library();
+    let bundle = bundle_dir("constant-restart", "bpe-small");
+    let config = rknn_config(&bundle, &lib);
+    // No health call: nothing but the answers themselves can show the runtime is constant.
+    let engine = Engine::start(EngineConfig::new(
+        laya_edge::backends::policy(&config, false),
+        rknn_worker(&bundle, &lib, &[CONSTANT]),
+    ));
+    let first = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let other = Row { input_ids: vec![1, 61, 71, 2, 4, 81, 2], ..first.clone() };
+    // Worker 1's first row: nothing to compare with yet, so it is answered.
+    engine.run(vec![first], None).await.expect("the first row is answered");
+    let pid = engine.status().worker_pid.expect("a worker");
+    kill_9(pid);
+    let mut restarted = false;
+    for _ in 0..500 {
+        let s = engine.status();
+        if engine.restart_total() == 1 && s.worker_pid.is_some_and(|p| p != pid) {
+            restarted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(restarted, "{:?}", engine.status());
+    // The new worker's first row, a different one, comes back with the same bits: caught by the
+    // evidence the agent kept across workers, never answered.
+    let result = engine.run(vec![other], None).await;
+    match &result {
+        Err(EngineError::Quarantined(m) | EngineError::Unavailable(m)) => assert!(m.contains("constant output"), "{m}"),
+        other => panic!("answered with the constant vector: {other:?}"),
+    }
+}

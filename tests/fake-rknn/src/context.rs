@@ -8,7 +8,6 @@
 //! the row), so a padding bug in the backend shows up as `RKNN_ERR_INPUT_INVALID`.
 
 use std::io::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -23,8 +22,13 @@ use crate::knobs::Knobs;
 
 /// Runs so far in this process (what `FAKE_RKNN_HANG_ON_RUN`/`FAIL_ON_RUN` count).
 static RUNS: AtomicU64 = AtomicU64::new(0);
-/// The first output of the process, for `FAKE_RKNN_CONSTANT_OUTPUT`.
-static FIRST_OUTPUT: Mutex<Option<Vec<f32>>> = Mutex::new(None);
+/// What `FAKE_RKNN_CONSTANT_OUTPUT` answers in option slot `i`, whatever the input, from the
+/// first run of every process: a real 2.4.2 runtime on driver 0.9.8 is constant from its first
+/// run, so no process ever gives a legitimate answer. The values are fixed (not the model's),
+/// distinct per slot and exact in float16.
+pub fn constant_logit(i: usize) -> f32 {
+    1.5 - 0.25 * (i % 16) as f32
+}
 
 /// The graph's inputs, in this order (the index `rknn_query(INPUT_ATTR)` reports).
 pub const INPUTS: [&str; 5] = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"];
@@ -126,10 +130,15 @@ impl Context {
             return abi::RKNN_ERR_INPUT_INVALID;
         };
         let mut logits = vec![MISSING_MARKER_LOGIT; self.graph.marker_slots];
-        logits[..out[0].logits.len()].copy_from_slice(&out[0].logits);
+        let options = out[0].logits.len();
         if self.knobs.constant_output {
-            let mut first = FIRST_OUTPUT.lock().unwrap_or_else(|e| e.into_inner());
-            logits = first.get_or_insert(logits).clone();
+            // The broken runtime: the same vector for every input; the slots past the options
+            // keep -10000 as in a real run (the graph's marker mask).
+            for (i, l) in logits[..options].iter_mut().enumerate() {
+                *l = constant_logit(i);
+            }
+        } else {
+            logits[..options].copy_from_slice(&out[0].logits);
         }
         self.trace(&format!(
             "run={n} seq_len={} tokens={} options={}",

@@ -9,7 +9,7 @@
 //! | `FAKE_RKNN_FAIL_CODE=C` | `rknn_run` returns C (negative) instead of running... |
 //! | `FAKE_RKNN_FAIL_ON_RUN=N` | ...only on the process's Nth run (default: every run) |
 //! | `FAKE_RKNN_FAIL_INIT=C` | `rknn_init` returns C |
-//! | `FAKE_RKNN_CONSTANT_OUTPUT=1` | every run returns the process's first run's logits (the 2.4.2 bug) |
+//! | `FAKE_RKNN_CONSTANT_OUTPUT=1` | every run, from the first, in every process, returns the same fixed logits whatever the input (`context::constant_logit`; -10000 past the row's options, as in a real run): the 2.4.2 bug |
 //! | `FAKE_RKNN_TRACE=FILE` | appends a line per `rknn_set_core_mask` and per run (graph, tokens, options) |
 
 use std::path::PathBuf;
