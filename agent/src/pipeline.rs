@@ -32,6 +32,8 @@ impl PipelineError {
         match self {
             PipelineError::TooManyTokens { .. } => ErrorCode::TooLarge,
             PipelineError::Backend(BackendError::Input(_)) => ErrorCode::BadRequest,
+            // A failure the backend may recover from: the request can be sent again.
+            PipelineError::Backend(BackendError::Transient(_)) => ErrorCode::BackendUnavailable,
             PipelineError::Tokenizer(_) | PipelineError::Backend(_) | PipelineError::Assemble(_) => ErrorCode::Internal,
         }
     }

@@ -214,5 +214,7 @@ fn predict_names_the_root_cause_on_every_line_while_the_backend_is_degraded() {
     assert_eq!(lines.len(), 3, "{stdout}");
     for line in lines {
         assert!(line.contains("injected load failure"), "a line without the root cause: {line}");
+        // Retryable, as `serve` says it: the backend is degraded, not the request wrong.
+        assert!(line.contains(r#""code":"backend_unavailable""#), "not backend_unavailable: {line}");
     }
 }
