@@ -898,6 +898,47 @@ async fn a_worker_hung_in_a_call_dies_with_its_agent_when_the_agent_is_killed() 
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_to_the_whole_unit_lets_the_worker_finish_the_question_it_computes() {
+    let broker = Broker::start("unit-stop", "");
+    // systemd's default stop (KillMode=control-group) and Ctrl-C signal every process, the worker
+    // too. The question in progress must still be answered within the grace, by that worker.
+    let settings = "shutdown_grace_s = 10\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=1500\"\n";
+    let mut agent = Agent::start(&broker, "dev-unit", settings);
+    let agent_pid = agent.child.as_ref().map(|c| c.id()).expect("pid");
+    wait_online(broker.port, "dev-unit").await;
+    let mut c = Client::connect(broker.port, "unit-asker").await;
+    c.subscribe("laya/v1/unit-asker/reply/#").await;
+    let mut watch = Client::connect(broker.port, "unit-watch").await;
+    watch.subscribe("laya/v1/dev-unit/telemetry").await;
+    watch.subscribe("laya/v1/dev-unit/events").await;
+    c.ask(
+        "laya/v1/dev-unit/ask",
+        Encoding::Json.encode(&request("u1")),
+        Some("laya/v1/unit-asker/reply/u1"),
+        None,
+        Encoding::Json,
+    )
+    .await;
+    telemetry_where(&mut watch, "the question in flight", |v| v.get("in_flight").and_then(Value::as_i64) >= Some(1))
+        .await;
+    let workers = children(agent_pid);
+    assert_eq!(workers.len(), 1, "one worker: {workers:?}");
+    for pid in [workers[0], agent_pid] {
+        let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+    }
+    let reply = decode(&c.next(Duration::from_secs(10)).await.expect("the question in progress is answered"));
+    assert!(reply.get("answers").is_some(), "answered, not refused: {reply:?}");
+    let status = agent.child.take().expect("running").wait().expect("exit status");
+    assert!(status.success(), "{status:?}");
+    // The worker was not restarted: no worker_restart event went out.
+    while let Some(p) = watch.next(Duration::from_millis(500)).await {
+        let v = decode(&p);
+        assert_ne!(v.get("event").and_then(Value::as_str), Some("worker_restart"), "the worker died: {v:?}");
+    }
+    assert!(gone(workers[0]), "the worker {} outlived its agent", workers[0]);
+}
+
 /// Watches `{prefix}/{device}/status` on the broker's plain port for `within` and returns the
 /// `state` of every status seen (retained or live).
 async fn states_seen(port: u16, prefix: &str, device: &str, within: Duration) -> Vec<String> {

@@ -46,6 +46,9 @@ impl Args {
 
 pub fn run(args: Args, config: Config) -> Result<(), String> {
     die_with_parent(args.parent)?;
+    if args.parent.is_some() {
+        leave_stopping_to_the_agent();
+    }
     backends::set_threads(config.engine.threads)?;
     tracing::debug!(pid = std::process::id(), backend = args.backend.name(), model = %config.model.dir, "worker: loading the backend");
     laya_edge::engine::worker::serve(
@@ -54,6 +57,22 @@ pub fn run(args: Args, config: Config) -> Result<(), String> {
         std::io::stdout().lock(),
     )
     .map_err(|e| e.to_string())
+}
+
+/// Ignores SIGINT and SIGTERM. Ctrl-C signals the whole foreground process group and systemd's
+/// default stop (KillMode=control-group) signals every process of the unit: the worker must not
+/// die under the call it is computing while the agent gives questions in progress
+/// `mqtt.shutdown_grace_s`. The agent ends it (SIGKILL on drop, and PR_SET_PDEATHSIG when the
+/// agent exits).
+fn leave_stopping_to_the_agent() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: signal() with SIG_IGN installs no handler of ours (no code runs on delivery)
+        // and touches no memory of this process; SIGINT and SIGTERM are valid signal numbers.
+        let previous = unsafe { libc::signal(signal, libc::SIG_IGN) };
+        if previous == libc::SIG_ERR {
+            tracing::warn!(signal, error = %std::io::Error::last_os_error(), "worker: cannot ignore a stop signal");
+        }
+    }
 }
 
 /// SIGKILL when the parent dies; an error if `parent` already has (this process was adopted).
