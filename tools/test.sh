@@ -5,7 +5,8 @@
 #   tools/test.sh [extra cargo test arguments]
 #
 # Installs, only what is missing:
-#   - from apt: mosquitto (a real broker for the MQTT tests), openssl (test certificates),
+#   - from apt: mosquitto (a real broker for the MQTT tests; 2.0.13 or later, from
+#     bookworm-backports on Debian 12 whose own 2.0.11 ignores the Receive Maximum), openssl (test certificates),
 #     python3-venv (Debian's python3 keeps venv/ensurepip apart; .ci/yocto-checks.sh makes a
 #     venv), python3-pip (tools/qnn/fetch-runtime.sh downloads a wheel with pip) and systemd
 #     (systemd-analyze, for the unit checks). As root, or through sudo.
@@ -39,6 +40,27 @@ if [ "${#need[@]}" -gt 0 ]; then
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+# mosquitto 2.0.13 or later: earlier versions do not honour a client's Receive Maximum
+# (eclipse/mosquitto#2306), which the delivery tests check. Debian 12 ships 2.0.11; its
+# bookworm-backports has a fixed one.
+mosquitto_bin="$(command -v mosquitto || echo /usr/sbin/mosquitto)"
+mosquitto_version="$("$mosquitto_bin" -h 2>/dev/null | sed -n 's/^mosquitto version \([0-9.]*\).*/\1/p' | head -1)"
+if [ "$(printf '%s\n%s\n' "$mosquitto_version" 2.0.13 | sort -V | head -1)" != 2.0.13 ]; then
+    codename="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
+    if [ "$codename" != bookworm ]; then
+        echo "tools/test.sh: mosquitto $mosquitto_version is older than 2.0.13 (it ignores the Receive Maximum); install a newer one" >&2
+        exit 1
+    fi
+    if [ "$(id -u)" = 0 ]; then sudo=(); else sudo=(sudo); fi
+    echo "== mosquitto $mosquitto_version ignores the Receive Maximum: installing it from bookworm-backports"
+    echo "deb http://deb.debian.org/debian bookworm-backports main" |
+        "${sudo[@]}" tee /etc/apt/sources.list.d/laya-edge-bookworm-backports.list >/dev/null
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends -t bookworm-backports mosquitto >/dev/null
+fi
+echo "== $("$mosquitto_bin" -h 2>/dev/null | head -1)"
 
 if [ -z "${LAYA_QNN_LIB_DIR:-}" ]; then
     LAYA_QNN_LIB_DIR="$(tools/qnn/fetch-runtime.sh)"

@@ -4,8 +4,7 @@
 Usage:  python3 tools/broker/receive_maximum_probe.py HOST PORT [USER PASSWORD]
 
 laya-edge announces a Receive Maximum of `limits.queue` so that the broker keeps the rest of a
-flood in the agent's session, and so that a killed fleet member strands at most that many
-questions. This probe connects a subscriber that announces a Receive Maximum of 5 and never
+flood in the agent's session and a fleet member holds at most that many unacknowledged. This probe connects a subscriber that announces a Receive Maximum of 5 and never
 acknowledges, publishes 50 QoS 1 messages to a probe topic, then acknowledges one message at a
 time: a broker that honours the Receive Maximum sends 5 at first and one more per
 acknowledgement. mosquitto before 2.0.13 sends a whole new window per acknowledgement
