@@ -85,12 +85,14 @@ fn decision(a: &Answer) -> (&'static str, Value) {
     }
 }
 
+/// Per question kind: (kind, right, total, how often each label was the answer).
+type Tally<'a> = (&'a str, usize, usize, Vec<(String, usize)>);
+
 #[test]
 fn the_demo_model_decides_held_out_tickets_as_their_generator_labelled_them() {
     let heldout = lines("heldout.jsonl");
     assert!(heldout.len() >= 300, "only {} held-out requests", heldout.len());
-    // kind -> (right, total, label -> count)
-    let mut tally: Vec<(&str, usize, usize, Vec<(String, usize)>)> = Vec::new();
+    let mut tally: Vec<Tally> = Vec::new();
     let mut wrong = Vec::new();
     for h in &heldout {
         let request = h.get("request").expect("request");

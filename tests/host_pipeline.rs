@@ -73,7 +73,7 @@ fn token_layout_is_identical_to_lavas_build_sequence() {
         for case in cases() {
             let b = &bundles[case.model.as_str()];
             let request = request_of(case);
-            let prepared = prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b))
+            let prepared = prompt::prepare(&b.tokenizer, &request, laya_limits(&request, b))
                 .unwrap_or_else(|e| panic!("{}: {e}", case.id));
             rows += check_layout(case, &prepared);
         }

@@ -457,7 +457,7 @@ async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_one
     let n = 200;
     fleet_flood(&c, n).await;
     let mut answered: HashMap<String, Vec<String>> = HashMap::new();
-    let mut note = |p: &Publish, answered: &mut HashMap<String, Vec<String>>| {
+    let note = |p: &Publish, answered: &mut HashMap<String, Vec<String>>| {
         let v = decode(p);
         assert!(v.get("answers").is_some(), "an answer: {v:?}");
         let id = v.get("id").and_then(Value::as_str).expect("id").to_owned();

@@ -46,7 +46,7 @@ pub struct Incoming<'a> {
 pub enum Decision {
     /// Answer it; `deadline` is when an answer stops being useful. `key` recognises a redelivered
     /// copy while this one is in progress and after it is answered.
-    Answer { request: Request, reply_to: ReplyTo, deadline: Option<Instant>, key: RequestKey },
+    Answer { request: Box<Request>, reply_to: ReplyTo, deadline: Option<Instant>, key: RequestKey },
     /// Reply with this error (no inference).
     Refuse { error: ErrorReply, reply_to: ReplyTo },
     /// The same question was answered already: send this reply again.
@@ -249,7 +249,7 @@ impl Admission {
                 Some(reply_to),
             );
         }
-        Decision::Answer { request, reply_to, deadline, key }
+        Decision::Answer { request: Box::new(request), reply_to, deadline, key }
     }
 }
 

@@ -226,7 +226,7 @@ impl Shared {
                     Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
                 };
                 let inline = publish.payload.len() <= limit;
-                match self.answer(request, &reply_to, deadline, received, inline).await {
+                match self.answer(*request, &reply_to, deadline, received, inline).await {
                     Ok(payload) => {
                         if let Some(g) = guard {
                             self.replies.lock().unwrap_or_else(|e| e.into_inner()).put(g.key.clone(), payload.clone());
