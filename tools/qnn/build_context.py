@@ -249,6 +249,8 @@ def main():
     ap.add_argument("--lengths", nargs="*", type=int, default=list(R.LENGTHS))
     ap.add_argument("--mask-clip", type=float, default=100.0,
                     help="calibrate the mask inputs on max(mask, -clip); 0 = raw finfo.min masks")
+    ap.add_argument("--no-refs", action="store_true",
+                    help="write no refs/ (reference inputs/outputs), only the binaries and their descriptions")
     a = ap.parse_args()
     sys_lib = os.path.join(os.path.dirname(oq.get_qnn_htp_path()), "libQnnSystem.so")
     versions = {
@@ -261,7 +263,7 @@ def main():
         bdir = os.path.join(a.build, model)
         odir = os.path.join(a.out, model)
         rdir = os.path.join(odir, "refs")
-        os.makedirs(rdir, exist_ok=True)
+        os.makedirs(odir if a.no_refs else rdir, exist_ok=True)
         for L in a.lengths:
             meta = json.load(open(os.path.join(bdir, f"export_L{L}.json")))
             la = meta["local_attention"]
@@ -299,15 +301,16 @@ def main():
             assert f32_params == u16_params, (f32_params, u16_params)
 
             ref_lens = z["ref_lens"]
-            np.save(os.path.join(rdir, f"L{L}_inputs_embeds.npy"), z["ref_embeds"])
-            np.save(os.path.join(rdir, f"L{L}_torch_hidden.npy"), z["ref_hidden"])
-            with open(os.path.join(rdir, f"L{L}_rows.json"), "w") as f:
-                json.dump({"rows": meta["rows"]["ref"], "lens": [int(x) for x in ref_lens],
-                           "input_ids": [[int(t) for t in r[:n]] for r, n in zip(z["ref_ids"], ref_lens)],
-                           "local_attention": la, "pad_token_id": meta["pad_token_id"], "L": L,
-                           "masks": "not stored: gmask[0,0,i,j] = 0 if j < len else finfo(f32).min; smask additionally "
-                                    "finfo.min where |i-j| > local_attention//2 (tools/qnn/qnn_rows.py masks())"}, f, indent=1)
-                f.write("\n")
+            if not a.no_refs:
+                np.save(os.path.join(rdir, f"L{L}_inputs_embeds.npy"), z["ref_embeds"])
+                np.save(os.path.join(rdir, f"L{L}_torch_hidden.npy"), z["ref_hidden"])
+                with open(os.path.join(rdir, f"L{L}_rows.json"), "w") as f:
+                    json.dump({"rows": meta["rows"]["ref"], "lens": [int(x) for x in ref_lens],
+                               "input_ids": [[int(t) for t in r[:n]] for r, n in zip(z["ref_ids"], ref_lens)],
+                               "local_attention": la, "pad_token_id": meta["pad_token_id"], "L": L,
+                               "masks": "not stored: gmask[0,0,i,j] = 0 if j < len else finfo(f32).min; smask additionally "
+                                        "finfo.min where |i-j| > local_attention//2 (tools/qnn/qnn_rows.py masks())"}, f, indent=1)
+                    f.write("\n")
 
             for flavour, src in (("f32io", qdq), ("u16io", strip_path)):
                 name = f"enc_L{L}_{flavour}"
@@ -339,7 +342,9 @@ def main():
                 refs = [run("ref", k) for k in range(len(ref_lens))]
                 fid_ref = fidelity(np.concatenate([r[2] for r in refs]), z["ref_hidden"], ref_lens)
                 files = {}
-                if flavour == "u16io":
+                if a.no_refs:
+                    pass
+                elif flavour == "u16io":
                     arr = np.concatenate([r[0]["inputs_embeds"] for r in refs])
                     files["inputs_embeds_u16"] = f"refs/{name}_inputs_embeds.npy"
                     np.save(os.path.join(odir, files["inputs_embeds_u16"]), arr)
@@ -386,7 +391,7 @@ def main():
                                     "UFIXED_POINT_16 I/O: host quantizes inputs q = clamp(round(x/scale) - offset, 0, 65535) "
                                     "and dequantizes outputs x = (q + offset) * scale"),
                     "files": {"context_binary": os.path.basename(bin_path), "ctx_onnx": os.path.basename(ctx),
-                              "bin_bytes": os.path.getsize(bin_path), "refs": {
+                              "bin_bytes": os.path.getsize(bin_path), "refs": None if a.no_refs else {
                                   "rows": f"refs/L{L}_rows.json", "inputs_embeds_f32": f"refs/L{L}_inputs_embeds.npy",
                                   "torch_hidden_f32": f"refs/L{L}_torch_hidden.npy", **files}},
                     "graph_names": [gg["name"] for gg in info["graphs"]],
@@ -414,9 +419,9 @@ def main():
                                      "(tools/qnn/qnn_binary_info.py, systemContextGetBinaryInfo); graph name also equals the "
                                      "EPContext node's partition_name; ONNX Q/DQ params from the quantized ONNX model"),
                     "commands": [
-                        "/work/venv/bin/python tools/qnn/export_encoder.py --build tools/qnn/build",
+                        meta.get("export_command", "/work/venv/bin/python tools/qnn/export_encoder.py --build tools/qnn/build"),
                         f"/work/qnn-venv/bin/python tools/qnn/build_context.py --build tools/qnn/build --out tests/fixtures/qnn "
-                        f"--models {model} --lengths {L} --mask-clip {a.mask_clip:g}",
+                        f"--models {model} --lengths {L} --mask-clip {a.mask_clip:g}" + (" --no-refs" if a.no_refs else ""),
                     ],
                     "compile": {"ep": "QNNExecutionProvider (plugin EP, add_provider_for_devices)",
                                 "provider_options": {"backend_path": "<onnxruntime_qnn>/libQnnHtp.so", "htp_arch": HTP_ARCH},

@@ -13,6 +13,16 @@ For every model in tests/fixtures/laya-0.3.20/models and L in (128, 256) it writ
                                          eval rows, the float PyTorch encoder's hidden states
     <build>/<model>/export_L<L>.json     versions, row ids, and the ONNX-vs-PyTorch check
 
+Any other checkpoint directory (an ordinary trained one, e.g. the demo model) is exported with
+`--checkpoint DIR --name NAME --requests FILE`: its rows are laid out by laya's own
+`Agent._encode_state` from the requests in FILE (one JSON object a line, the request itself or
+{"request": ...}, as tests/fixtures/demo/heldout.jsonl), after skipping the first `--skip-requests`
+(the ones the Rust tests answer, so calibration never sees them). Such a checkpoint is exported as
+it is (never snapped onto the uint8 grid) and output goes to <build>/<NAME>.
+
+    /work/venv-demo/bin/python tools/qnn/export_encoder.py --build tools/qnn/build --checkpoint models/demo \
+        --name demo --requests tests/fixtures/demo/heldout.jsonl --skip-requests 100
+
 and checks (a) eager attention with the explicit masks against laya's own encoder call (sdpa, 2-D
 attention_mask) on the real tokens and (b) the ONNX model (onnxruntime CPU if importable, else
 onnx.reference) against PyTorch on the eval rows.
@@ -51,9 +61,9 @@ class EncoderWrap(torch.nn.Module):
         return out.last_hidden_state
 
 
-def load_encoder(model):
+def load_encoder(ckpt):
     import laya
-    agent = laya.Agent(os.path.join(REPO, R.FIXTURES, "models", model), device="cpu")
+    agent = laya.Agent(ckpt, device="cpu")
     enc = agent.model.encoder.float().eval()
     if hasattr(enc, "set_attn_implementation"):
         enc.set_attn_implementation("eager")
@@ -106,6 +116,29 @@ def write_checkpoint(model, enc, names, dest):
     save_file(tensors, os.path.join(dest, "model.safetensors"))
 
 
+def request_rows(agent, path, skip):
+    """[(request id, qid, input_ids)] of the requests in `path` after the first `skip`, laid out by
+    laya 0.3.20's own code (`Agent._check_question`, `Agent._to_internal`, `Agent._encode_state`),
+    distinct layouts only, in file order."""
+    import laya.agent
+    rows, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        lines = [json.loads(l) for l in f if l.strip()]
+    for n, line in enumerate(lines[skip:]):
+        req = line.get("request", line)
+        ids = list(req["questions"])
+        for qid in ids:
+            laya.agent.Agent._check_question(qid, req["questions"][qid])
+        internal = {qid: laya.agent.Agent._to_internal(req["questions"][qid]) for qid in ids}
+        for qid, item in zip(ids, agent._encode_state(req["state"], ids, internal)):
+            key = tuple(item["ids"])
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append((req.get("id", f"request-{skip + n}"), qid, list(item["ids"])))
+    return rows
+
+
 def stack_rows(rows, table, pad_id, L, local_attention):
     emb = np.concatenate([R.embeds(table, ids, pad_id, L) for _, _, ids in rows])
     lens = np.array([len(ids) for _, _, ids in rows], dtype=np.int32)
@@ -152,6 +185,11 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "tools", "qnn", "build"))
     ap.add_argument("--models", nargs="*", default=list(R.MODELS))
     ap.add_argument("--lengths", nargs="*", type=int, default=list(R.LENGTHS))
+    ap.add_argument("--checkpoint", help="export this checkpoint directory (as it is, never snapped) instead of the "
+                                         "fixture models; needs --name and --requests")
+    ap.add_argument("--name", help="output name for --checkpoint: <build>/<name>, tests/fixtures/qnn/<name>")
+    ap.add_argument("--requests", help="JSON lines of requests (or {\"request\": ...}) the rows are laid out from")
+    ap.add_argument("--skip-requests", type=int, default=0, help="leave out the first N requests of --requests")
     ap.add_argument("--no-snap", action="store_true",
                     help="export the fixture checkpoints as they are (plain post-training quantization); by default the "
                          "encoder weights are put on their uint8 grid and the snapped checkpoint is written to "
@@ -161,9 +199,15 @@ def main():
     import onnx
     import transformers
 
-    for model in a.models:
-        agent, enc = load_encoder(model)
-        snapped = [] if a.no_snap else snap_encoder(enc)
+    if a.checkpoint:
+        if not (a.name and a.requests):
+            ap.error("--checkpoint needs --name and --requests")
+        jobs = [(a.name, os.path.abspath(a.checkpoint))]
+    else:
+        jobs = [(m, os.path.join(REPO, R.FIXTURES, "models", m)) for m in a.models]
+    for model, ckpt in jobs:
+        agent, enc = load_encoder(ckpt)
+        snapped = [] if a.no_snap or a.checkpoint else snap_encoder(enc)
         if snapped:
             write_checkpoint(model, enc, snapped, os.path.join(REPO, "tests", "fixtures", "qnn", model, "checkpoint"))
         cfg = enc.config
@@ -171,7 +215,15 @@ def main():
         pad_id = int(cfg.pad_token_id)
         table = enc.embeddings.tok_embeddings.weight.detach().float().numpy()
         wrap = EncoderWrap(enc).eval()
-        rows = R.load_rows(REPO, model)
+        if a.checkpoint:
+            rows = request_rows(agent, os.path.abspath(a.requests), a.skip_requests)
+            command = (f"{os.path.relpath(sys.executable, REPO) if sys.executable.startswith(REPO) else sys.executable} "
+                       f"tools/qnn/export_encoder.py --build {os.path.relpath(a.build, REPO)} --checkpoint "
+                       f"{os.path.relpath(ckpt, REPO)} --name {model} --requests {os.path.relpath(os.path.abspath(a.requests), REPO)} "
+                       f"--skip-requests {a.skip_requests}")
+        else:
+            rows = R.load_rows(REPO, model)
+            command = "/work/venv/bin/python tools/qnn/export_encoder.py --build tools/qnn/build"
         out_dir = os.path.join(a.build, model)
         os.makedirs(out_dir, exist_ok=True)
         for L in a.lengths:
@@ -237,7 +289,12 @@ def main():
                 "pad_token_id": pad_id,
                 "layer_types": list(cfg.layer_types),
                 "weights_snapped_to_uint8_grid": snapped,
-                "checkpoint": f"tests/fixtures/qnn/{model}/checkpoint" if snapped else f"{R.FIXTURES}/models/{model}",
+                "checkpoint": (f"tests/fixtures/qnn/{model}/checkpoint" if snapped
+                               else os.path.relpath(ckpt, REPO)),
+                "rows_from": (f"{os.path.relpath(os.path.abspath(a.requests), REPO)} after the first {a.skip_requests} "
+                              "requests, laid out by laya.Agent._encode_state" if a.checkpoint
+                              else f"{R.FIXTURES}/cases.jsonl layouts"),
+                "export_command": command,
                 "opset": OPSET,
                 "exporter": "torch.onnx.export(dynamo=False), do_constant_folding=True",
                 "onnx_nodes": len(m.graph.node),
