@@ -45,7 +45,8 @@ fi
 # (eclipse/mosquitto#2306), which the delivery tests check. Debian 12 ships 2.0.11; its
 # bookworm-backports has a fixed one.
 mosquitto_bin="$(command -v mosquitto || echo /usr/sbin/mosquitto)"
-mosquitto_version="$("$mosquitto_bin" -h 2>/dev/null | sed -n 's/^mosquitto version \([0-9.]*\).*/\1/p' | head -1)"
+# (`mosquitto -h` exits with status 3: hence `|| true`.)
+mosquitto_version="$({ "$mosquitto_bin" -h 2>/dev/null || true; } | sed -n 's/^mosquitto version \([0-9.]*\).*/\1/p' | head -1)"
 if [ "$(printf '%s\n%s\n' "$mosquitto_version" 2.0.13 | sort -V | head -1)" != 2.0.13 ]; then
     codename="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
     if [ "$codename" != bookworm ]; then
@@ -60,7 +61,7 @@ if [ "$(printf '%s\n%s\n' "$mosquitto_version" 2.0.13 | sort -V | head -1)" != 2
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends -t bookworm-backports mosquitto >/dev/null
 fi
-echo "== $("$mosquitto_bin" -h 2>/dev/null | head -1)"
+echo "== mosquitto $({ "$mosquitto_bin" -h 2>/dev/null || true; } | sed -n 's/^mosquitto version \([0-9.]*\).*/\1/p' | head -1)"
 
 if [ -z "${LAYA_QNN_LIB_DIR:-}" ]; then
     LAYA_QNN_LIB_DIR="$(tools/qnn/fetch-runtime.sh)"
