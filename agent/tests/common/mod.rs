@@ -163,7 +163,7 @@ impl Agent {
     }
 
     pub fn launch(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        let child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
             .arg("serve")
             .arg("--config")
             .arg(&self.config)
@@ -300,7 +300,7 @@ pub fn text(v: &Value) -> String {
 /// whether it succeeded.
 pub fn run_cli(args: &[&OsStr], env: &[(&str, &Path)], stdin: &str) -> (String, String, bool) {
     use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+    let mut child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stdin(Stdio::piped())
