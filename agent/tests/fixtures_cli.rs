@@ -69,17 +69,14 @@ fn case_id(case: &Value) -> String {
 /// Runs `laya-edge COMMAND --model MODEL [extra]` on every case's request of `model`, one output
 /// line per request.
 fn run_on_cases(command: &str, model: &str, cases: &[Value], extra: &[&str]) -> Vec<Value> {
-    let input: String =
-        cases.iter().map(|c| json::to_string(field(c, "request"), Style::COMPACT) + "\n").collect();
+    let input: String = cases.iter().map(|c| json::to_string(field(c, "request"), Style::COMPACT) + "\n").collect();
     let dir = fixtures().join("models").join(model);
     let mut args: Vec<&OsStr> = vec![OsStr::new(command), OsStr::new("--model"), dir.as_os_str()];
     args.extend(extra.iter().map(OsStr::new));
     let (stdout, stderr, ok) = common::run_cli(&args, &[], &input);
     assert!(ok, "laya-edge {command} on {model} failed: {stderr}");
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).expect("a JSON line"))
-        .collect();
+    let lines: Vec<Value> =
+        stdout.lines().map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).expect("a JSON line")).collect();
     assert_eq!(lines.len(), cases.len(), "{command} on {model}: one line per request");
     lines
 }
@@ -143,7 +140,8 @@ fn predict_on_the_cpu_gives_layas_answers_and_usage_for_every_recorded_request_w
                 continue;
             }
             let laya_answers = laya.get("answers").and_then(Value::as_object).expect("laya's answers");
-            let ours_answers = ours.get("answers").and_then(Value::as_object).unwrap_or_else(|| panic!("{id}: {ours:?}"));
+            let ours_answers =
+                ours.get("answers").and_then(Value::as_object).unwrap_or_else(|| panic!("{id}: {ours:?}"));
             for (qid, a) in ours_answers {
                 match laya_answers.get(qid) {
                     Some(want) => test_kit::assert_like_laya(&id, qid, a, want, 1e-3),

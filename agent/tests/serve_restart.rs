@@ -22,18 +22,35 @@ fn children(pid: u32) -> Vec<u32> {
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
         if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
-            out.extend(entry.file_name().to_str().and_then(|n| n.parse().ok()));
+            out.extend(entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
         }
     }
     out
+}
+
+/// The arguments process `pid` was started with (`/proc/PID/cmdline`).
+fn cmdline(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+}
+
+/// Asserts that process `pid` runs the `laya-edge` under test: its path is the first argument,
+/// or under binfmt_misc emulation the second (the kernel starts `qemu-aarch64 PATH ARGS...`). With
+/// `LAYA_EDGE_BIN` set, this is what proves the emulated run did not fall back to the x86 build.
+fn assert_runs_laya_edge(pid: u32, what: &str) {
+    let bin = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
+    let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
+    let args = cmdline(pid);
+    let runs = args.iter().take(2).any(|a| std::fs::canonicalize(a).is_ok_and(|a| a == bin));
+    assert!(runs, "the {what} (pid {pid}) does not run {}: {args:?}", bin.display());
 }
 
 /// The answers the CPU pipeline gives `request` in this process.
 fn cpu_answers(request: &Value) -> String {
     let dir = model("bpe-small");
     let bundle = laya_edge::bundle::HostBundle::load(Path::new(&dir)).expect("bundle");
-    let mut cpu =
-        laya_edge::engine::cpu::CpuBackend::load(Path::new(&dir), &bundle.config, bundle.tokenizer.pad.id).expect("cpu");
+    let mut cpu = laya_edge::engine::cpu::CpuBackend::load(Path::new(&dir), &bundle.config, bundle.tokenizer.pad.id)
+        .expect("cpu");
     let request = laya_topics::Request::from_value(request.clone()).expect("request");
     let result = laya_edge::pipeline::answer(&bundle, &mut cpu, &request).expect("answer").to_value();
     text(result.get("answers").expect("answers"))
@@ -62,6 +79,8 @@ async fn serve_answers_like_the_cpu_pipeline_before_and_after_its_worker_is_kill
     let pid = agent.child.as_ref().expect("the agent runs").id();
     let workers = children(pid);
     assert_eq!(workers.len(), 1, "one worker process under the agent: {workers:?}");
+    assert_runs_laya_edge(pid, "agent");
+    assert_runs_laya_edge(workers[0], "worker");
     let killed = std::process::Command::new("kill").args(["-KILL", &workers[0].to_string()]).status();
     assert!(killed.is_ok_and(|s| s.success()), "kill -9 the worker");
 
@@ -79,5 +98,6 @@ async fn serve_answers_like_the_cpu_pipeline_before_and_after_its_worker_is_kill
     };
     assert_eq!(now.len(), 1, "{now:?}");
     assert_ne!(now[0], workers[0], "the killed worker was replaced");
+    assert_runs_laya_edge(now[0], "new worker");
     assert!(agent.alive(), "the agent itself never went down");
 }

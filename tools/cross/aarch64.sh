@@ -14,15 +14,17 @@
 # `rknn_context` is a u32), which meta-qcom's 32-bit machines would build.
 #
 # An emulated agent starts its worker process with execve, so the kernel must run aarch64 ELF
-# files itself: the script registers qemu-aarch64 with binfmt_misc (root; idempotent).
+# files itself: the script registers qemu-aarch64 with binfmt_misc (root or sudo; idempotent).
 #
-# Installs what it needs on a Debian machine (root): gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
-# gcc-arm-linux-gnueabihf, libc6-dev-armhf-cross, qemu-user; the two Rust targets through rustup.
+# Installs what it needs on a Debian machine (as root or through sudo): gcc-aarch64-linux-gnu,
+# libc6-dev-arm64-cross, gcc-arm-linux-gnueabihf, libc6-dev-armhf-cross, qemu-user; the two Rust
+# targets through rustup.
 # Usage: tools/cross/aarch64.sh            (from anywhere; called by tools/test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 say() { printf '== cross: %s\n' "$*"; }
+total=$(date +%s)
 TARGET=aarch64-unknown-linux-gnu
 ARMV7=armv7-unknown-linux-gnueabihf
 SYSROOT=/usr/aarch64-linux-gnu
@@ -34,11 +36,19 @@ command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu
 command -v arm-linux-gnueabihf-gcc >/dev/null 2>&1 || need+=(gcc-arm-linux-gnueabihf)
 [ -e /usr/arm-linux-gnueabihf/lib/ld-linux-armhf.so.3 ] || need+=(libc6-dev-armhf-cross)
 command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
+# As root, or through sudo (as tools/test.sh).
+if [ "$(id -u)" = 0 ]; then
+    sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+else
+    sudo=(sh -c 'echo "tools/cross/aarch64.sh: needs root or sudo for: $*" >&2; exit 1' --)
+fi
 if [ "${#need[@]}" -gt 0 ]; then
     say "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 installed="$(rustup target list --installed)"
 for t in "$TARGET" "$ARMV7"; do
@@ -47,13 +57,13 @@ done
 
 # --- binfmt_misc: the kernel runs aarch64 executables through qemu-aarch64 --------------------
 binfmt=/proc/sys/fs/binfmt_misc
-[ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt"
+[ -e "$binfmt/register" ] || "${sudo[@]}" mount -t binfmt_misc binfmt_misc "$binfmt"
 if [ ! -e "$binfmt/qemu-aarch64" ]; then
     # The ELF header of an aarch64 executable (e_machine 0xb7), the mask of the bytes that must
     # match, and F: the interpreter is opened now, so it works in any mount namespace.
     magic='\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00'
     mask='\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
-    printf '%s' ":qemu-aarch64:M::$magic:$mask:$(command -v qemu-aarch64):F" > "$binfmt/register"
+    printf '%s' ":qemu-aarch64:M::$magic:$mask:$(command -v qemu-aarch64):F" | "${sudo[@]}" tee "$binfmt/register" >/dev/null
 fi
 # The emulated programs' dynamic loader and libc.
 export QEMU_LD_PREFIX="$SYSROOT"
@@ -77,16 +87,54 @@ for f in "$out/laya-edge" "$out/libfake_rknn.so" "$out/libfake_qnn.so"; do
 done
 "$out/laya-edge" --version
 
-say "cargo check --target $ARMV7 (laya-edge with qnn+rknn: the 32-bit ABI mirrors)"
-cargo check --locked --target "$ARMV7" -p laya-edge --features qnn,rknn
-
 # --- the end-to-end tests, emulated ------------------------------------------------------------
+# The x86 test binaries of the workspace build (tools/test.sh has built them already: nothing is
+# rebuilt; `--workspace`, not `-p laya-edge --features`, so the features unify as in that build).
+tests=(--test fixtures_cli --test serve_restart --test rknn_cli --test qnn_cli)
+filters=(
+    layout_gives_layas_rows predict_on_the_cpu_gives_layas serve_answers_like_the_cpu_pipeline
+    predict_with_the_rknn_backend serve_with_the_rknn_backend rknn_runtime_is_restarted
+    more_options_than_marker_slots
+    qnn_runtime_is_restarted dlc_is_compiled_once predict_with_the_qnn_backend_on_the_fake_runtime
+)
+cargo test --workspace --locked --no-run "${tests[@]}"
+# Any test that spawned the x86 `laya-edge` instead of LAYA_EDGE_BIN would prove nothing about the
+# board: the x86 binary cannot be executed during the run, so such a test fails ("starts").
+x86="$target_dir/debug/laya-edge"
+[ -x "$x86" ] || { echo "no x86 build at $x86" >&2; exit 1; }
+chmod a-x "$x86"
+trap 'chmod a+x "$x86"' EXIT
+
 say "end-to-end tests against the aarch64 build under qemu-aarch64"
 start=$(date +%s)
 LAYA_EDGE_BIN="$out/laya-edge" LAYA_FAKE_LIB_DIR="$out" \
-    cargo test --locked -p laya-edge --features qnn,rknn \
-    --test fixtures_cli --test serve_restart --test rknn_cli --test qnn_cli -- \
-    layout_gives_lavas_rows predict_on_the_cpu_gives serve_answers_like \
-    predict_with_the_rknn_backend serve_with_the_rknn_backend rknn_runtime_is_restarted \
-    qnn_runtime_is_restarted dlc_is_compiled_once predict_with_the_qnn_backend_on_the_fake_runtime
+    cargo test --workspace --locked "${tests[@]}" -- "${filters[@]}"
 say "emulated tests took $(( $(date +%s) - start )) s"
+# Had cargo rebuilt the x86 binary, it would be executable again: the run above proved nothing.
+[ ! -x "$x86" ] || { echo "the x86 laya-edge was rebuilt during the emulated run" >&2; exit 1; }
+chmod a+x "$x86"
+trap - EXIT
+
+# --- time per row, emulated (for the README; not a board figure) ------------------------------
+for model in bpe-small bpe-t5; do
+    input="$(python3 -c '
+import json, sys
+for line in open("tests/fixtures/laya-0.3.20/cases.jsonl"):
+    case = json.loads(line) if line.strip() else None
+    if case and case["model"] == sys.argv[1]:
+        print(json.dumps(case["request"]))' "$model")"
+    dir="tests/fixtures/laya-0.3.20/models/$model"
+    rows="$("$out/laya-edge" layout --model "$dir" <<<"$input" | python3 -c '
+import json, sys
+print(sum(1 for l in sys.stdin for q in json.loads(l).get("questions", {}).values() if "input_ids" in q))')"
+    t0=$(date +%s%N)
+    "$out/laya-edge" predict --backend cpu --model "$dir" <<<"$input" >/dev/null
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    say "emulated predict --backend cpu on $model: $rows rows in $ms ms ($(( ms / rows )) ms per row)"
+done
+
+say "cargo check --target $ARMV7 (laya-edge with qnn+rknn: the 32-bit ABI mirrors)"
+start=$(date +%s)
+cargo check --locked --target "$ARMV7" -p laya-edge --features qnn,rknn
+say "checked in $(( $(date +%s) - start )) s"
+say "all done in $(( $(date +%s) - total )) s"

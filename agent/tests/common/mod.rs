@@ -308,8 +308,13 @@ pub fn run_cli(args: &[&OsStr], env: &[(&str, &Path)], stdin: &str) -> (String, 
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary starts");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    // Written beside the reading: a child whose output fills the pipe before it has read all
+    // its input would wait for us while we wait for it.
+    let mut input = child.stdin.take().expect("stdin");
+    let stdin = stdin.to_owned();
+    let writer = std::thread::spawn(move || input.write_all(stdin.as_bytes()));
     let out = child.wait_with_output().expect("the binary exits");
+    writer.join().expect("the writer").expect("write stdin");
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
