@@ -41,10 +41,24 @@ fn cases_by_model() -> (BTreeMap<String, Vec<Value>>, usize) {
     for (model, cases) in &mut by_model {
         let bundle = HostBundle::load(&fixtures().join("models").join(model)).expect("the fixture model");
         let before = cases.len();
-        cases.retain(|c| !over_budget(c, &bundle));
+        cases.retain(|c| !over_budget(c, &bundle) && within_emulated_rows(c));
         over += before - cases.len();
     }
     (by_model, over)
+}
+
+/// `LAYA_FIXTURE_MAX_TOKENS`, if set: only the cases none of whose rows laya laid out longer.
+/// tools/cross sets it for the emulated run, where a 512-token row costs seconds (the full set
+/// took over half an hour under qemu on 2 cores); unset, every case is compared.
+fn max_tokens() -> Option<usize> {
+    std::env::var("LAYA_FIXTURE_MAX_TOKENS").ok().map(|v| v.parse().expect("LAYA_FIXTURE_MAX_TOKENS is a number"))
+}
+
+fn within_emulated_rows(case: &Value) -> bool {
+    let Some(max) = max_tokens() else { return true };
+    case.get("layout").and_then(Value::as_object).is_none_or(|layout| {
+        layout.values().all(|q| q.get("input_ids").and_then(Value::as_array).is_none_or(|ids| ids.len() <= max))
+    })
 }
 
 /// Whether laya-edge lays `case` out under a lower budget than laya did: the request's
@@ -124,7 +138,8 @@ fn layout_gives_layas_rows_and_messages_for_every_recorded_request_within_the_bu
             }
         }
     }
-    assert!(rows >= 1000 && errors >= 50, "compared {rows} rows and {errors} refusals");
+    let least = if max_tokens().is_some() { 500 } else { 1000 };
+    assert!(rows >= least && errors >= 50, "compared {rows} rows and {errors} refusals");
 }
 
 #[test]
@@ -154,5 +169,6 @@ fn predict_on_the_cpu_gives_layas_answers_and_usage_for_every_recorded_request_w
             compared += 1;
         }
     }
-    assert!(compared >= 400, "compared only {compared} requests");
+    let least = if max_tokens().is_some() { 250 } else { 400 };
+    assert!(compared >= least, "compared only {compared} requests");
 }
