@@ -91,42 +91,6 @@ fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
     }
 }
 
-/// Compares our answer with laya's: every number within `tol`, the same choice wherever laya's
-/// top two probabilities differ by more than 1e-3.
-fn assert_close(case: &str, qid: &str, ours: &laya_topics::Value, laya: &laya_topics::Value, tol: f64) {
-    use laya_topics::Value;
-    match (ours, laya) {
-        (Value::Object(a), Value::Object(b)) => {
-            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{case} {qid}");
-            for (k, v) in a {
-                if k == "choice" {
-                    let probs: Vec<f64> = b
-                        .get("probabilities")
-                        .and_then(Value::as_object)
-                        .map(|m| {
-                            m.values().filter_map(|p| if let Value::Float(f) = p { Some(*f) } else { None }).collect()
-                        })
-                        .unwrap_or_default();
-                    let mut sorted = probs.clone();
-                    sorted.sort_by(|x, y| y.total_cmp(x));
-                    if sorted.len() < 2 || sorted[0] - sorted[1] > 1e-3 {
-                        assert_eq!(v, &b[k], "{case} {qid}: choice");
-                    }
-                    continue;
-                }
-                let t = if k == "score" {
-                    tol * b.get("probabilities").and_then(Value::as_object).map_or(1, |m| m.len()) as f64
-                } else {
-                    tol
-                };
-                assert_close(case, qid, v, &b[k], t);
-            }
-        }
-        (Value::Float(a), Value::Float(b)) => assert!((a - b).abs() <= tol, "{case} {qid}: {a} vs laya {b}"),
-        (a, b) => assert_eq!(a, b, "{case} {qid}"),
-    }
-}
-
 #[test]
 fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
     use laya_edge::engine::cpu::CpuBackend;
@@ -153,7 +117,7 @@ fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
         let ours_answers = ours.get("answers").and_then(|a| a.as_object()).unwrap();
         for (qid, a) in ours_answers {
             match laya_answers.get(qid) {
-                Some(want) => assert_close(&case.id, qid, a, want, 1e-3),
+                Some(want) => test_kit::assert_like_laya(&case.id, qid, a, want, 1e-3),
                 // laya answered only the valid questions; the fixture's check/layout has the error.
                 None => assert!(a.get("error").is_some(), "{} {qid}: laya had no answer", case.id),
             }

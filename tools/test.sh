@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a fresh Debian machine (and what .ci/run runs): installs what the tests need,
-# then runs the Yocto layer checks and `cargo test --workspace --locked`.
+# then runs the Yocto layer checks, `cargo test --workspace --locked`, and the aarch64 build's
+# end-to-end tests under emulation (tools/cross/aarch64.sh, which installs its own cross tools).
 #
 #   tools/test.sh [extra cargo test arguments]
 #
@@ -73,3 +74,7 @@ echo "== QNN simulator: $LAYA_QNN_LIB_DIR"
 bash .ci/yocto-checks.sh
 
 cargo test --workspace --locked "$@"
+
+# The boards are aarch64: the agent cross-built and its end-to-end tests run under qemu-user,
+# reusing the x86 test binaries just built (tools/cross/aarch64.sh).
+bash tools/cross/aarch64.sh

@@ -16,7 +16,7 @@ fn worker(backend: &str, model: &str, faults: Option<&str>) -> WorkerSpec {
         args.push("--faults".into());
         args.push(f.into());
     }
-    WorkerSpec { program: PathBuf::from(env!("CARGO_BIN_EXE_laya-edge")), args, env: Vec::new() }
+    WorkerSpec { program: test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")), args, env: Vec::new() }
 }
 
 fn fixture_model(name: &str) -> String {

@@ -668,7 +668,7 @@ async fn the_ask_command_prints_the_reply() {
     wait_online(broker.port, "dev-ask").await;
     let req = json::to_string(&request("cli-1"), json::Style::COMPACT);
     for cbor in [false, true] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_laya-edge"));
+        let mut cmd = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")));
         cmd.args(["ask", "--broker", &broker.url(), "--device", "dev-ask", "--timeout-s", "30"]);
         if cbor {
             cmd.arg("--cbor");
@@ -684,7 +684,7 @@ async fn the_ask_command_prints_the_reply() {
 #[test]
 fn serve_demo_answers_the_example_questions_over_its_own_broker() {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+    let mut child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
         .args(["serve", "--demo"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

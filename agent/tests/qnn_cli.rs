@@ -147,8 +147,8 @@ fn qnn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
     config.model.dir = bundle.display().to_string();
     config.qnn.backend_lib = lib.display().to_string();
     config.qnn.system_lib = lib.display().to_string();
-    let program = Path::new(env!("CARGO_BIN_EXE_laya-edge"));
-    let mut spec = laya_edge::backends::worker_spec(program, BackendKind::Qnn, &config).expect("spec");
+    let program = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
+    let mut spec = laya_edge::backends::worker_spec(&program, BackendKind::Qnn, &config).expect("spec");
     spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
     spec
 }
@@ -298,4 +298,28 @@ fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too
         &QNN,
         "ok",
     );
+}
+
+/// The fake runs the CPU reference's encoder behind the QNN C API; the host steps (embeddings,
+/// masks, head) are the QNN backend's own.
+const FAKE_QNN: Closeness = Closeness { tol: 1e-4, clear_gap: 0.0, skip: &[] };
+
+#[test]
+fn predict_with_the_qnn_backend_on_the_fake_runtime_gives_the_cpu_answers() {
+    let lib = build_fake_library("fake-qnn", "fake_qnn");
+    let bundle = fake_bundle("predict", "bpe-small");
+    let input = fixture_requests("bpe-small", 25, 128);
+    // Both [qnn] libraries are the fake; they reach predict's worker through --config.
+    let config = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\n[qnn]\nbackend_lib = \"{lib}\"\nsystem_lib = \"{lib}\"\n",
+        bundle.display(),
+        lib = lib.display()
+    );
+    let qnn = run_predict_with_config(&config, &input);
+    let model = workspace().join("tests/fixtures/laya-0.3.20/models/bpe-small");
+    let cpu = run_predict(&model, "cpu", &input, &[]);
+    assert_eq!(qnn.len(), 25);
+    for (i, (a, b)) in qnn.iter().zip(&cpu).enumerate() {
+        assert_answers_close(a, b, &FAKE_QNN, &format!("line {i}"));
+    }
 }

@@ -114,8 +114,8 @@ fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
     let mut config = laya_edge::config::Config::default();
     config.model.dir = bundle.display().to_string();
     config.rknn.library = lib.display().to_string();
-    let program = Path::new(env!("CARGO_BIN_EXE_laya-edge"));
-    let mut spec = laya_edge::backends::worker_spec(program, BackendKind::Rknn, &config).expect("spec");
+    let program = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
+    let mut spec = laya_edge::backends::worker_spec(&program, BackendKind::Rknn, &config).expect("spec");
     spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
     spec
 }

@@ -163,7 +163,7 @@ impl Agent {
     }
 
     pub fn launch(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+        let child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
             .arg("serve")
             .arg("--config")
             .arg(&self.config)
@@ -300,7 +300,7 @@ pub fn text(v: &Value) -> String {
 /// whether it succeeded.
 pub fn run_cli(args: &[&OsStr], env: &[(&str, &Path)], stdin: &str) -> (String, String, bool) {
     use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_laya-edge"))
+    let mut child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stdin(Stdio::piped())
@@ -308,8 +308,13 @@ pub fn run_cli(args: &[&OsStr], env: &[(&str, &Path)], stdin: &str) -> (String, 
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary starts");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    // Written beside the reading: a child whose output fills the pipe before it has read all
+    // its input would wait for us while we wait for it.
+    let mut input = child.stdin.take().expect("stdin");
+    let stdin = stdin.to_owned();
+    let writer = std::thread::spawn(move || input.write_all(stdin.as_bytes()));
     let out = child.wait_with_output().expect("the binary exits");
+    writer.join().expect("the writer").expect("write stdin");
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -21,9 +21,24 @@ fn forget_test_package(cmd: &mut std::process::Command) {
     }
 }
 
+/// The `laya-edge` binary the tests run: `LAYA_EDGE_BIN` if set (tools/cross runs the x86 tests
+/// against an aarch64 build under qemu-user this way), else `built`, the binary cargo built for
+/// this test (`env!("CARGO_BIN_EXE_laya-edge")`).
+pub fn laya_edge_bin(built: &str) -> PathBuf {
+    std::env::var_os("LAYA_EDGE_BIN").filter(|v| !v.is_empty()).map_or_else(|| PathBuf::from(built), PathBuf::from)
+}
+
 /// Builds a fake runtime cdylib of this workspace (`cargo build -p PACKAGE`, in the profile of
 /// the running test binary) and returns the shared library cargo reports for `target`.
+///
+/// With `LAYA_FAKE_LIB_DIR` set, nothing is built: the library is `lib{target}.so` in that
+/// directory (tools/cross puts the aarch64 builds there, for an emulated `laya-edge` to load).
 pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("LAYA_FAKE_LIB_DIR").filter(|v| !v.is_empty()) {
+        let lib = Path::new(&dir).join(format!("lib{target}.so"));
+        assert!(lib.is_file(), "LAYA_FAKE_LIB_DIR is set but has no {} (for {package})", lib.display());
+        return lib;
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.args(["build", "-p", package, "--message-format=json"]).current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -85,6 +100,41 @@ pub fn decision_margin(answer: &Value) -> Option<f64> {
         .unwrap_or_default();
     p.sort_by(|a, b| b.total_cmp(a));
     (p.len() >= 2).then(|| p[0] - p[1])
+}
+
+/// Compares our answer with laya's: every number within `tol`, the same choice wherever laya's
+/// top two probabilities differ by more than 1e-3.
+pub fn assert_like_laya(case: &str, qid: &str, ours: &laya_topics::Value, laya: &laya_topics::Value, tol: f64) {
+    match (ours, laya) {
+        (Value::Object(a), Value::Object(b)) => {
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{case} {qid}");
+            for (k, v) in a {
+                if k == "choice" {
+                    let probs: Vec<f64> = b
+                        .get("probabilities")
+                        .and_then(Value::as_object)
+                        .map(|m| {
+                            m.values().filter_map(|p| if let Value::Float(f) = p { Some(*f) } else { None }).collect()
+                        })
+                        .unwrap_or_default();
+                    let mut sorted = probs.clone();
+                    sorted.sort_by(|x, y| y.total_cmp(x));
+                    if sorted.len() < 2 || sorted[0] - sorted[1] > 1e-3 {
+                        assert_eq!(v, &b[k], "{case} {qid}: choice");
+                    }
+                    continue;
+                }
+                let t = if k == "score" {
+                    tol * b.get("probabilities").and_then(Value::as_object).map_or(1, |m| m.len()) as f64
+                } else {
+                    tol
+                };
+                assert_like_laya(case, qid, v, &b[k], t);
+            }
+        }
+        (Value::Float(a), Value::Float(b)) => assert!((a - b).abs() <= tol, "{case} {qid}: {a} vs laya {b}"),
+        (a, b) => assert_eq!(a, b, "{case} {qid}"),
+    }
 }
 
 #[cfg(test)]
