@@ -48,21 +48,6 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .expect("VmHWM")
 }
 
-/// The processes whose parent is `pid` (a `serve` agent's workers).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // `pid (comm) state ppid ...`; comm may contain spaces, so read after its last ')'.
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
-    }
-    out
-}
-
 fn answers_of(v: &Value) -> String {
     text(v.get("answers").unwrap_or_else(|| panic!("no answers: {}", text(v))))
 }

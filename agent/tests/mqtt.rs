@@ -852,29 +852,6 @@ fn recv_with_sender(socket: &std::os::unix::net::UnixDatagram, buf: &mut [u8]) -
     Err(std::io::Error::other("a datagram without the sender's credentials"))
 }
 
-/// Live (not zombie) child processes of `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // pid (comm) state ppid ...
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() > 1 && fields[0] != "Z" && fields[1].parse() == Ok(pid) {
-            out.extend(entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
-        }
-    }
-    out
-}
-
-/// Whether `pid` is gone: no such process, or a zombie waiting to be reaped by its new parent.
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => true,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_hung_in_a_call_dies_with_its_agent_when_the_agent_is_killed() {
     let broker = Broker::start("orphan", "");

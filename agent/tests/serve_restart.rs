@@ -13,21 +13,6 @@ use common::*;
 use laya_topics::Value;
 use laya_topics::wire::Encoding;
 
-/// The process ids whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // pid (comm) state ppid ...
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
-            out.extend(entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
-        }
-    }
-    out
-}
-
 /// The arguments process `pid` was started with (`/proc/PID/cmdline`).
 fn cmdline(pid: u32) -> Vec<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();

@@ -397,3 +397,26 @@ pub fn fixture_requests(model: &str, n: usize, max_tokens: usize) -> String {
         .map(|c| json::to_string(c.get("request").expect("request"), Style::COMPACT) + "\n")
         .collect()
 }
+
+/// Live (not zombie) child processes of `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // pid (comm) state ppid ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 1 && fields[0] != "Z" && fields[1].parse() == Ok(pid) {
+            out.extend(entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
+        }
+    }
+    out
+}
+
+/// Whether `pid` is gone: no such process, or a zombie waiting to be reaped by its new parent.
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
