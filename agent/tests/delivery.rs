@@ -12,70 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use tokio::sync::mpsc;
+use rumqttc::v5::mqttbytes::v5::Publish;
 
 use common::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
-use laya_topics::wire::Encoding;
-
-/// An MQTT 5 client with a persistent session (it keeps its subscriptions and gets what was
-/// published while the broker restarted), subscribing only once the broker acknowledged.
-struct Persistent {
-    client: AsyncClient,
-    rx: mpsc::Receiver<Publish>,
-    subacks: mpsc::Receiver<()>,
-}
-
-impl Persistent {
-    async fn connect(port: u16, id: &str) -> Persistent {
-        let mut o = MqttOptions::new(id, "127.0.0.1", port);
-        o.set_clean_start(false);
-        o.set_session_expiry_interval(Some(600));
-        o.set_max_packet_size(Some(1 << 20));
-        let (client, mut eventloop) = AsyncClient::new(o, 10_000);
-        let (tx, rx) = mpsc::channel(100_000);
-        let (sub_tx, subacks) = mpsc::channel(100);
-        tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        if tx.send(p).await.is_err() {
-                            break;
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = sub_tx.send(()).await;
-                    }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
-        Persistent { client, rx, subacks }
-    }
-
-    async fn subscribe(&mut self, filter: &str) {
-        self.client.subscribe(filter, QoS::AtLeastOnce).await.expect("subscribe");
-        tokio::time::timeout(Duration::from_secs(10), self.subacks.recv()).await.expect("a SubAck");
-    }
-
-    async fn ask(&self, topic: &str, body: Vec<u8>, response_topic: Option<&str>) {
-        let props = PublishProperties {
-            response_topic: response_topic.map(str::to_owned),
-            content_type: Some(Encoding::Json.content_type().into()),
-            ..PublishProperties::default()
-        };
-        self.client.publish_with_properties(topic, QoS::AtLeastOnce, false, body, props).await.expect("publish");
-    }
-
-    async fn next(&mut self, within: Duration) -> Option<Publish> {
-        tokio::time::timeout(within, self.rx.recv()).await.ok().flatten()
-    }
-}
 
 /// Replies by request id: collected until `ids` distinct ids have replies (or 60 s passed), then
 /// for as long as more keep coming within 2 s (a question answered twice shows as two).
@@ -554,34 +495,13 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     )
     .expect("config");
     let agent = Agent::with_config(config, Vec::new());
-    let mut o = MqttOptions::new("flood-asker", "127.0.0.1", port);
-    o.set_credentials("flood-asker", "client-secret");
-    o.set_max_packet_size(Some(1 << 20));
-    let (client, mut eventloop) = AsyncClient::new(o, 10_000);
-    let (tx, mut rx) = mpsc::channel::<Publish>(100_000);
-    let (sub_tx, mut subacks) = mpsc::channel::<()>(10);
-    tokio::spawn(async move {
-        loop {
-            match eventloop.poll().await {
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let _ = tx.send(p).await;
-                }
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    let _ = sub_tx.send(()).await;
-                }
-                Ok(_) => {}
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    });
-    client.subscribe("laya/v1/flood-asker/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
-    tokio::time::timeout(Duration::from_secs(10), subacks.recv()).await.expect("suback");
-    client.subscribe("laya/v1/dev-flood/status", QoS::AtLeastOnce).await.expect("subscribe");
-    tokio::time::timeout(Duration::from_secs(10), subacks.recv()).await.expect("suback");
+    let mut c = Persistent::connect_as(port, "flood-asker", Some(("flood-asker", "client-secret"))).await;
+    c.subscribe("laya/v1/flood-asker/reply/#").await;
+    c.subscribe("laya/v1/dev-flood/status").await;
     // Online (the ACL lets the device publish its status and the client read it).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let p = tokio::time::timeout(deadline - Instant::now(), rx.recv()).await.expect("online").expect("open");
+        let p = c.next(deadline.saturating_duration_since(Instant::now())).await.expect("online");
         if parse(&String::from_utf8_lossy(&p.payload)).get("state") == Some(&Value::from("online")) {
             break;
         }
@@ -589,19 +509,12 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     let n = 3000;
     for i in 0..n {
         let id = format!("q{i}");
-        let props = PublishProperties {
-            response_topic: Some(format!("laya/v1/flood-asker/reply/{id}")),
-            ..PublishProperties::default()
-        };
-        client
-            .publish_with_properties("laya/v1/dev-flood/ask", QoS::AtLeastOnce, false, request_with(&id, BUG), props)
-            .await
-            .expect("publish");
+        c.ask("laya/v1/dev-flood/ask", request_with(&id, BUG), Some(&format!("laya/v1/flood-asker/reply/{id}"))).await;
     }
     let mut answered = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(240);
     while answered.len() < n && Instant::now() < deadline {
-        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await
+        if let Some(p) = c.next(Duration::from_secs(5)).await
             && topic(&p).contains("/reply/")
         {
             let v = decode(&p);

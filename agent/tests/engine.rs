@@ -1,7 +1,6 @@
 //! The engine with real worker processes (the `laya-edge worker` binary) and injected faults.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use laya_edge::engine::null::NullBackend;
@@ -40,6 +39,16 @@ fn fast_policy(deadline_ms: u64) -> Policy {
         backoff_min: Duration::from_millis(100),
         startup_timeout: Duration::from_secs(20),
         ..Policy::default()
+    }
+}
+
+/// Restarts a failed worker at once and never degrades: for tests that count many restarts.
+fn restarting_at_once() -> Policy {
+    Policy {
+        max_restarts: 1000,
+        backoff_min: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(1),
+        ..fast_policy(20_000)
     }
 }
 
@@ -174,13 +183,7 @@ async fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_reply_names_who_answe
 async fn a_worker_that_reports_a_load_failure_and_exits_is_never_taken_for_a_crash() {
     // The LoadFailed frame and the process exit reach the driver on different paths; the exit
     // must be reported only after the worker's last frames, however the two race.
-    let policy = Policy {
-        max_restarts: 1000,
-        backoff_min: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(1),
-        ..fast_policy(20_000)
-    };
-    let engine = Engine::start(EngineConfig::new(policy, worker("null", "-", Some("load-fail"))));
+    let engine = Engine::start(EngineConfig::new(restarting_at_once(), worker("null", "-", Some("load-fail"))));
     assert!(
         wait_for(Duration::from_secs(60), || engine.restart_total() >= 25).await,
         "only {} restarts in 60 s",
@@ -443,13 +446,7 @@ async fn while_a_candidate_primary_hangs_loading_the_fallback_keeps_answering() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restart_log_keeps_the_last_64_records_and_counts_every_restart() {
-    let policy = Policy {
-        max_restarts: 1000,
-        backoff_min: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(1),
-        ..fast_policy(20_000)
-    };
-    let engine = Engine::start(EngineConfig::new(policy, worker("null", "-", Some("load-fail"))));
+    let engine = Engine::start(EngineConfig::new(restarting_at_once(), worker("null", "-", Some("load-fail"))));
     let kept = laya_edge::engine::process::RESTARTS_KEPT;
     assert!(
         wait_for(Duration::from_secs(90), || engine.restart_total() > kept as u64 + 6).await,

@@ -9,9 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use tokio::sync::mpsc;
+use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
 use common::*;
 use laya_topics::Value;
@@ -236,45 +234,13 @@ async fn a_broker_restart_under_load_loses_no_question() {
     let _agent = Agent::start(&broker, "dev-restart", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=20\"\n");
     wait_online(broker.port, "dev-restart").await;
     // The asker keeps a persistent session too, so replies published while it is away wait for it.
-    let mut o = MqttOptions::new("restart-asker", "127.0.0.1", broker.port);
-    o.set_clean_start(false);
-    o.set_session_expiry_interval(Some(600));
-    let (client, mut eventloop) = AsyncClient::new(o, 10_000);
-    let (tx, mut rx) = mpsc::channel::<Publish>(10_000);
-    let (sub_tx, mut subacks) = mpsc::channel::<()>(10);
-    tokio::spawn(async move {
-        loop {
-            match eventloop.poll().await {
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let _ = tx.send(p).await;
-                }
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    let _ = sub_tx.send(()).await;
-                }
-                Ok(_) => {}
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    });
-    client.subscribe("laya/v1/restart-asker/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
-    tokio::time::timeout(Duration::from_secs(10), subacks.recv()).await.expect("a SUBACK");
+    let mut c = Persistent::connect(broker.port, "restart-asker").await;
+    c.subscribe("laya/v1/restart-asker/reply/#").await;
     let n = 80;
     for i in 0..n {
         let id = format!("q{i}");
-        let props = PublishProperties {
-            response_topic: Some(format!("laya/v1/restart-asker/reply/{id}")),
-            ..PublishProperties::default()
-        };
-        client
-            .publish_with_properties(
-                "laya/v1/dev-restart/ask",
-                QoS::AtLeastOnce,
-                false,
-                Encoding::Json.encode(&request(&id)),
-                props,
-            )
-            .await
-            .expect("publish");
+        let to = format!("laya/v1/restart-asker/reply/{id}");
+        c.ask("laya/v1/dev-restart/ask", Encoding::Json.encode(&request(&id)), Some(&to)).await;
         if i == n / 2 {
             broker.restart();
         }
@@ -283,7 +249,7 @@ async fn a_broker_restart_under_load_loses_no_question() {
     let mut answered = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(90);
     while answered.len() < n && Instant::now() < deadline {
-        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await
+        if let Some(p) = c.next(Duration::from_secs(2)).await
             && let Some(id) = decode(&p).get("id").and_then(Value::as_str)
         {
             answered.insert(id.to_owned());

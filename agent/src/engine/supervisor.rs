@@ -986,6 +986,15 @@ mod tests {
             self.feed(Event::Submit { call, rows, deadline: None })
         }
 
+        /// One-row calls `calls` on worker `w`, each answered `took` after it was submitted.
+        fn one_row_calls(&mut self, w: WorkerId, calls: std::ops::RangeInclusive<CallId>, took: Duration) {
+            for call in calls {
+                self.submit(call, 1);
+                self.now += took;
+                self.feed(Event::Done(w, call));
+            }
+        }
+
         /// The latest worker reports ready and passes its health call `health_ms` later.
         fn ready_and_healthy(&mut self, health_ms: u64) -> Vec<Action> {
             let w = self.worker();
@@ -1241,11 +1250,7 @@ mod tests {
         s.feed(Event::Done(w, HEALTH_CALL));
         assert_eq!(s.sup.deadline(1), secs(1));
         // Six one-question calls at 200 ms, then an 8-question call at 200 ms per row: not killed.
-        for call in 1..=6 {
-            s.submit(call, 1);
-            s.now += ms(200);
-            s.feed(Event::Done(w, call));
-        }
+        s.one_row_calls(w, 1..=6, ms(200));
         assert_eq!(s.sup.deadline(1), ms(800).max(secs(1)));
         s.submit(7, 8);
         let a = s.advance(ms(1600));
@@ -1354,17 +1359,9 @@ mod tests {
         let w = s.worker();
         s.feed(Event::Ready(w));
         assert_eq!(s.sup.deadline(1), secs(30));
-        for call in 1..=20 {
-            s.submit(call, 1);
-            s.now += ms(500);
-            s.feed(Event::Done(w, call));
-        }
+        s.one_row_calls(w, 1..=20, ms(500));
         assert_eq!(s.sup.deadline(1), secs(2));
-        for call in 21..=30 {
-            s.submit(call, 1);
-            s.now += ms(10);
-            s.feed(Event::Done(w, call));
-        }
+        s.one_row_calls(w, 21..=30, ms(10));
         // 4 x p99 is still the 500 ms rows' 2 s; fast calls alone would clamp at 1 s.
         assert_eq!(s.sup.deadline(1), secs(2));
         assert_eq!(s.sup.deadline(4), secs(8));

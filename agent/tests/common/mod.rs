@@ -420,3 +420,66 @@ pub fn gone(pid: u32) -> bool {
         Err(_) => true,
     }
 }
+
+/// An MQTT 5 client with a persistent session (it keeps its subscriptions and gets what was
+/// published while the broker restarted), subscribing only once the broker acknowledged.
+pub struct Persistent {
+    pub client: AsyncClient,
+    rx: mpsc::Receiver<Publish>,
+    subacks: mpsc::Receiver<()>,
+}
+
+impl Persistent {
+    pub async fn connect(port: u16, id: &str) -> Persistent {
+        Persistent::connect_as(port, id, None).await
+    }
+
+    /// The same, logging in with `(user name, password)`.
+    pub async fn connect_as(port: u16, id: &str, login: Option<(&str, &str)>) -> Persistent {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = login {
+            o.set_credentials(user, password);
+        }
+        o.set_clean_start(false);
+        o.set_session_expiry_interval(Some(600));
+        o.set_max_packet_size(Some(1 << 20));
+        let (client, mut eventloop) = AsyncClient::new(o, 10_000);
+        let (tx, rx) = mpsc::channel(100_000);
+        let (sub_tx, subacks) = mpsc::channel(100);
+        tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        if tx.send(p).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = sub_tx.send(()).await;
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        Persistent { client, rx, subacks }
+    }
+
+    pub async fn subscribe(&mut self, filter: &str) {
+        self.client.subscribe(filter, QoS::AtLeastOnce).await.expect("subscribe");
+        tokio::time::timeout(Duration::from_secs(10), self.subacks.recv()).await.expect("a SubAck");
+    }
+
+    pub async fn ask(&self, topic: &str, body: Vec<u8>, response_topic: Option<&str>) {
+        let props = PublishProperties {
+            response_topic: response_topic.map(str::to_owned),
+            content_type: Some(Encoding::Json.content_type().into()),
+            ..PublishProperties::default()
+        };
+        self.client.publish_with_properties(topic, QoS::AtLeastOnce, false, body, props).await.expect("publish");
+    }
+
+    pub async fn next(&mut self, within: Duration) -> Option<Publish> {
+        tokio::time::timeout(within, self.rx.recv()).await.ok().flatten()
+    }
+}
