@@ -70,6 +70,8 @@ pub enum SetupError {
     Program(std::io::Error),
     #[error("cannot lay out the health call's rows: {0}")]
     Health(String),
+    #[error("the bundle's probe: {0}")]
+    Probe(String),
 }
 
 /// This program, which is also the worker's.
@@ -109,6 +111,8 @@ pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Re
         fallback,
         health: crate::engine::health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
         queue: config.limits.queue,
+        probe: crate::bundle::probe::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(std::sync::Arc::new),
+        probe_every: (config.probe.interval_min > 0).then(|| std::time::Duration::from_secs(config.probe.interval_min * 60)),
     })
 }
 

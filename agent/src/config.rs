@@ -28,6 +28,7 @@ pub struct Config {
     pub rknn: Rknn,
     pub qnn: Qnn,
     pub log: Log,
+    pub probe: ProbeConfig,
 }
 
 /// `[mqtt]`: the broker connection and the topic tree.
@@ -257,6 +258,21 @@ pub struct Log {
     /// A `RUST_LOG`-style filter (`info`, `debug`, `laya_edge::engine=debug,warn`); the `--log`
     /// flag overrides it; empty: `$LAYA_LOG`, else `$RUST_LOG`, else `info`.
     pub level: String,
+}
+
+/// `[probe]`: when the bundle's probe runs (it always runs on every new worker, with the health
+/// call; see `engine::probe`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Run it again on the serving worker every this many minutes (0: only on new workers).
+    pub interval_min: u64,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> ProbeConfig {
+        ProbeConfig { interval_min: 60 }
+    }
 }
 
 impl Config {

@@ -8,7 +8,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{ask, check_config, layout, predict, serve, worker};
+use commands::{ask, bundle, check, check_config, layout, predict, probe, serve, worker};
 
 #[derive(Parser)]
 #[command(name = "laya-edge", version, about = "Laya typed decisions on edge NPUs")]
@@ -33,6 +33,12 @@ enum Command {
     CheckConfig(check_config::Args),
     /// Ask one question request over MQTT and print the reply.
     Ask(ask::Args),
+    /// Assemble a board bundle: a checkpoint, its NPU graphs, sha256 of every file, the probe.
+    Bundle(bundle::Args),
+    /// Validate a bundle or checkpoint without running it; name what is wrong.
+    Check(check::Args),
+    /// Run a bundle's probe on a backend and print how closely it answers like the float model.
+    Probe(probe::Args),
     /// Host one backend for a supervising agent, speaking frames on stdin/stdout (not for humans).
     #[command(hide = true)]
     Worker(worker::Args),
@@ -45,7 +51,8 @@ fn main() -> ExitCode {
         Command::Serve(a) => a.config(),
         Command::CheckConfig(a) => a.config(),
         Command::Worker(a) => a.config(),
-        Command::Layout(_) | Command::Ask(_) => Ok(Default::default()),
+        Command::Probe(a) => a.config(),
+        Command::Layout(_) | Command::Ask(_) | Command::Bundle(_) | Command::Check(_) => Ok(Default::default()),
     };
     // The flag wins over the key; folded into the configuration, it reaches the worker too.
     let config = config.and_then(|mut c| match &cli.log {
@@ -64,6 +71,9 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config::run(args, config),
         Command::Ask(args) => ask::run(args),
         Command::Worker(args) => worker::run(args, config),
+        Command::Bundle(args) => bundle::run(args),
+        Command::Check(args) => check::run(args),
+        Command::Probe(_) => probe::run(config),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -132,6 +132,16 @@ impl Value {
         }
     }
 
+    /// The value as an `f64` if it is a float, or an integer that converts exactly enough
+    /// (booleans are not numbers here).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => i.to_i64().map(|v| v as f64),
+            _ => None,
+        }
+    }
+
     /// Python's type name for this value (`type(v).__name__`), for error messages.
     pub fn python_type_name(&self) -> &'static str {
         match self {

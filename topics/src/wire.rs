@@ -254,7 +254,7 @@ impl Status {
 
 /// A backend event on `{prefix}/{device}/events`, published when it happens (QoS 1, not retained):
 /// `{event, reason, code, name, message, deadline_ms, role}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineEvent {
     /// `worker_restart`, `backend_degraded` or `backend_recovered`.
     pub event: String,
@@ -270,6 +270,50 @@ pub struct EngineEvent {
     pub deadline_ms: Option<u64>,
     /// `primary` or `fallback`: which worker it concerns.
     pub role: String,
+    /// The probe's figures, for `probe_failed`.
+    pub probe: Option<ProbeFigures>,
+}
+
+/// One run of a bundle's probe: how closely the backend answered like the float model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeFigures {
+    /// `primary` or `fallback`: which worker ran it.
+    pub role: String,
+    /// The backend it ran on (`qnn`, `rknn`, `cpu`).
+    pub backend: String,
+    pub rows: u64,
+    /// Rows whose best option is the float model's.
+    pub agree: u64,
+    /// Rows the float model decides clearly (top-two margin > 0.02), and those that agree.
+    pub clear: u64,
+    pub clear_agree: u64,
+    pub mean_dp: f64,
+    pub max_dp: f64,
+    pub mean_cosine: f64,
+    /// Why the outputs look collapsed, if they do.
+    pub collapse: Option<String>,
+    pub passed: bool,
+    /// What fell below the bundle's thresholds (empty when passed).
+    pub verdict: String,
+}
+
+impl ProbeFigures {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("role".into(), self.role.as_str().into());
+        m.insert("backend".into(), self.backend.as_str().into());
+        m.insert("rows".into(), Value::Int(self.rows.into()));
+        m.insert("agree".into(), Value::Int(self.agree.into()));
+        m.insert("clear".into(), Value::Int(self.clear.into()));
+        m.insert("clear_agree".into(), Value::Int(self.clear_agree.into()));
+        m.insert("mean_dp".into(), Value::Float(self.mean_dp));
+        m.insert("max_dp".into(), Value::Float(self.max_dp));
+        m.insert("mean_cosine".into(), Value::Float(self.mean_cosine));
+        m.insert("collapse".into(), self.collapse.as_deref().map_or(Value::Null, Value::from));
+        m.insert("passed".into(), Value::Bool(self.passed));
+        m.insert("verdict".into(), self.verdict.as_str().into());
+        Value::Object(m)
+    }
 }
 
 impl EngineEvent {
@@ -284,6 +328,9 @@ impl EngineEvent {
         m.insert("message".into(), self.message.as_str().into());
         m.insert("deadline_ms".into(), self.deadline_ms.map_or(Value::Null, |x| Value::Int(x.into())));
         m.insert("role".into(), self.role.as_str().into());
+        if let Some(p) = &self.probe {
+            m.insert("probe".into(), p.to_value());
+        }
         Value::Object(m)
     }
 }
@@ -321,6 +368,8 @@ pub struct Telemetry {
     /// Worker restarts by reason.
     pub restarts: Vec<(String, u64)>,
     pub token_memo: TokenMemo,
+    /// The last probe run, when the bundle has a probe.
+    pub probe: Option<ProbeFigures>,
 }
 
 impl Telemetry {
@@ -346,6 +395,7 @@ impl Telemetry {
         m.insert("degraded".into(), Value::Bool(self.degraded));
         m.insert("restarts".into(), counts(&self.restarts));
         m.insert("token_memo".into(), Value::Object(memo));
+        m.insert("probe".into(), self.probe.as_ref().map_or(Value::Null, ProbeFigures::to_value));
         Value::Object(m)
     }
 }
@@ -399,6 +449,7 @@ mod tests {
             message: "rknn_run: RKNN_ERR_TIMEOUT (-7)".into(),
             deadline_ms: None,
             role: "primary".into(),
+            probe: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),
@@ -425,13 +476,50 @@ mod tests {
             degraded: true,
             restarts: vec![("deadline".into(), 4)],
             token_memo: TokenMemo { hits: 9, misses: 2, entries: 2 },
+            probe: None,
         };
         assert_eq!(
             json::to_string(&t.to_value(), json::Style::COMPACT),
             concat!(
                 r#"{"device":"d1","uptime_s":7,"answered":5,"resent":1,"dropped":0,"refused":{"overloaded":2},"#,
                 r#""in_flight":3,"backend":"qnn","backend_state":"degraded","serving":"fallback","degraded":true,"restarts":{"deadline":4},"#,
-                r#""token_memo":{"hits":9,"misses":2,"entries":2}}"#
+                r#""token_memo":{"hits":9,"misses":2,"entries":2},"probe":null}"#
+            )
+        );
+    }
+
+    #[test]
+    fn a_probe_failure_event_carries_the_figures() {
+        let figures = ProbeFigures {
+            role: "primary".into(),
+            backend: "qnn".into(),
+            rows: 36,
+            agree: 18,
+            clear: 30,
+            clear_agree: 14,
+            mean_dp: 0.25,
+            max_dp: 0.5,
+            mean_cosine: 0.5,
+            collapse: Some("all 36 probe rows came back near-uniform".into()),
+            passed: false,
+            verdict: "argmax agreement 0.500 < 0.9".into(),
+        };
+        let e = EngineEvent {
+            event: "probe_failed".into(),
+            reason: None,
+            code: None,
+            name: None,
+            message: "probe failed".into(),
+            deadline_ms: None,
+            role: "primary".into(),
+            probe: Some(figures),
+        };
+        assert_eq!(
+            json::to_string(&e.to_value(), json::Style::COMPACT),
+            concat!(
+                r#"{"event":"probe_failed","reason":null,"code":null,"name":null,"message":"probe failed","deadline_ms":null,"role":"primary","#,
+                r#""probe":{"role":"primary","backend":"qnn","rows":36,"agree":18,"clear":30,"clear_agree":14,"mean_dp":0.25,"max_dp":0.5,"#,
+                r#""mean_cosine":0.5,"collapse":"all 36 probe rows came back near-uniform","passed":false,"verdict":"argmax agreement 0.500 < 0.9"}}"#
             )
         );
     }

@@ -27,7 +27,8 @@ use tokio::sync::{OwnedSemaphorePermit, RwLock, Semaphore, mpsc, watch};
 
 use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{
-    Encoding, EngineEvent, ErrorCode, ErrorReply, Reply, Status, Telemetry, Timing, TokenMemo, Undeliverable,
+    Encoding, EngineEvent, ErrorCode, ErrorReply, ProbeFigures, Reply, Status, Telemetry, Timing, TokenMemo,
+    Undeliverable,
 };
 
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
@@ -366,6 +367,7 @@ impl Shared {
             degraded: es.degraded,
             restarts: es.restarts,
             token_memo: TokenMemo { hits: memo.hits, misses: memo.misses, entries: memo.entries as u64 },
+            probe: es.last_probe.as_ref().map(probe_figures),
         };
         Encoding::Json.encode(&t.to_value())
     }
@@ -500,6 +502,7 @@ pub async fn run(
     telemetry.tick().await;
     let mut ready = false;
     let mut notices = shared.engine.notices();
+    let mut probe_runs = shared.engine.probe_runs();
     let mut backend_state = shared.engine.backend_state();
     tokio::pin!(shutdown);
     loop {
@@ -560,6 +563,18 @@ pub async fn run(
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
             },
+            // A failed probe is an event of its own, with the figures (a passed one is in telemetry).
+            run = probe_runs.recv() => match run {
+                Ok(run) if !run.report.passed => {
+                    let event = probe_event(&run);
+                    let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "probe results were not published (too many at once)");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+            },
             Ok(()) = backend_state.changed() => {
                 let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
             }
@@ -611,6 +626,39 @@ fn refusal_when_full(s: &Shared, p: &Publish) -> Option<Outbound> {
     }
 }
 
+/// The wire figures of a probe run.
+fn probe_figures(run: &crate::engine::process::ProbeRun) -> ProbeFigures {
+    let r = &run.report;
+    ProbeFigures {
+        role: run.role.as_str().into(),
+        backend: run.backend.clone(),
+        rows: r.rows as u64,
+        agree: r.agree as u64,
+        clear: r.clear as u64,
+        clear_agree: r.clear_agree as u64,
+        mean_dp: r.mean_dp,
+        max_dp: r.max_dp,
+        mean_cosine: r.mean_cosine,
+        collapse: r.collapse.clone(),
+        passed: r.passed,
+        verdict: r.verdict.clone(),
+    }
+}
+
+/// The `probe_failed` event of a failed probe run.
+fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
+    EngineEvent {
+        event: "probe_failed".into(),
+        reason: None,
+        code: None,
+        name: None,
+        message: format!("the {} backend does not answer like the float model: {}", run.backend, run.report.verdict),
+        deadline_ms: None,
+        role: run.role.as_str().into(),
+        probe: Some(probe_figures(run)),
+    }
+}
+
 /// The events-topic document for an engine notice.
 fn engine_event(n: &crate::engine::supervisor::Notice) -> EngineEvent {
     use crate::engine::supervisor::RestartReason;
@@ -626,6 +674,7 @@ fn engine_event(n: &crate::engine::supervisor::Notice) -> EngineEvent {
             _ => None,
         },
         role: n.role.as_str().into(),
+        probe: None,
     }
 }
 

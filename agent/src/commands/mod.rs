@@ -3,15 +3,23 @@
 //! configuration file and the runtime of the commands that are clients rather than the service.
 
 pub mod ask;
+pub mod bundle;
+pub mod check;
 pub mod check_config;
 pub mod layout;
 pub mod predict;
+pub mod probe;
 pub mod serve;
 pub mod worker;
 
 use std::path::Path;
 
+use laya_edge::backends::{self, BackendKind};
+use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
+use laya_edge::engine::process::{Engine, EngineError};
+use laya_edge::engine::{Backend, BackendError, RowResult};
+use laya_edge::prompt::Row;
 
 /// The configuration file, else every key's default.
 pub fn load_config(path: Option<&Path>) -> Result<Config, String> {
@@ -27,4 +35,57 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+/// A backend in a supervised worker process, driven synchronously: NPU runtimes are loaded
+/// only in workers, never in this process.
+struct WorkerBackend {
+    runtime: tokio::runtime::Runtime,
+    engine: Engine,
+    name: &'static str,
+}
+
+impl Backend for WorkerBackend {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
+        let rows = rows.iter().map(|r| (*r).clone()).collect();
+        // As `serve` answers: a backend that is restarting or degraded is retryable
+        // (`backend_unavailable`), a request that killed the worker twice is `internal`.
+        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(|e| match e {
+            EngineError::Input(m) => BackendError::Input(m),
+            e @ (EngineError::Unavailable(_) | EngineError::Overloaded(_) | EngineError::Stopped) => {
+                BackendError::Transient(e.to_string())
+            }
+            other => BackendError::Fatal { code: None, message: other.to_string() },
+        })
+    }
+}
+
+
+/// The backend `config` names for a command that answers rows itself (`predict`, `probe`): the
+/// CPU backend in this process, any other in a supervised worker built exactly as `serve`
+/// builds it. `with_probe`: whether new workers run the bundle's probe (`probe` measures the
+/// raw backend, so it runs the probe rows itself instead).
+pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Result<Box<dyn Backend>, String> {
+    let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;
+    backends::set_threads(config.engine.threads)?;
+    if kind == BackendKind::Cpu {
+        return backends::load(kind, config);
+    }
+    let program = backends::this_program().map_err(|e| e.to_string())?;
+    let mut engine_config = backends::engine_config(&program, config, bundle).map_err(|e| e.to_string())?;
+    if !with_probe {
+        engine_config.probe = None;
+        engine_config.fallback = None;
+        engine_config.policy = backends::policy(config, false);
+    }
+    let runtime = runtime()?;
+    let engine = {
+        let _guard = runtime.enter();
+        Engine::start(engine_config)
+    };
+    Ok(Box::new(WorkerBackend { runtime, engine, name: kind.name() }))
 }

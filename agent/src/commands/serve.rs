@@ -103,7 +103,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
         println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
     }
-    let bundle = Arc::new(HostBundle::load(Path::new(&config.model.dir)).map_err(|e| e.to_string())?);
+    let bundle = Arc::new(HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?);
     let program = backends::this_program().map_err(|e| e.to_string())?;
     let engine = Engine::start(backends::engine_config(&program, &config, &bundle).map_err(|e| e.to_string())?);
     if args.demo {

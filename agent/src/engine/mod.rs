@@ -6,6 +6,7 @@
 pub mod cpu;
 pub mod health;
 pub mod null;
+pub mod probe;
 pub mod process;
 pub mod protocol;
 pub mod supervisor;

@@ -22,6 +22,7 @@ use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use super::health::Evidence;
+use super::probe::{Probe, Report};
 use super::protocol::{FromWorker, ToWorker, frame_len};
 use super::supervisor::{
     Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, Policy, RestartReason, Role, Supervisor,
@@ -50,12 +51,17 @@ pub struct EngineConfig {
     pub health: Vec<Row>,
     /// Calls queued or running beyond this are refused (`limits.queue`).
     pub queue: usize,
+    /// The bundle's probe: run after the health rows in every health call, and every
+    /// `probe_every` on the serving worker; a worker that fails it is treated as broken.
+    pub probe: Option<Arc<Probe>>,
+    /// How often the serving worker runs the probe again (`probe.interval_min`; none: only at start).
+    pub probe_every: Option<Duration>,
 }
 
 impl EngineConfig {
     /// A primary backend alone: no fallback, no health call, a queue of 1024.
     pub fn new(policy: Policy, primary: WorkerSpec) -> EngineConfig {
-        EngineConfig { policy, primary, fallback: None, health: Vec::new(), queue: 1024 }
+        EngineConfig { policy, primary, fallback: None, health: Vec::new(), queue: 1024, probe: None, probe_every: None }
     }
 }
 
@@ -106,7 +112,7 @@ struct RestartLog {
 }
 
 /// The engine's state, readable at any time without waiting for a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineStatus {
     /// Who serves questions.
     pub role: Role,
@@ -124,6 +130,17 @@ pub struct EngineStatus {
     pub backend: Option<String>,
     /// The serving worker's process id.
     pub worker_pid: Option<u32>,
+    /// The last probe's figures, and which worker ran it.
+    pub last_probe: Option<ProbeRun>,
+}
+
+/// One run of the bundle's probe on a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeRun {
+    pub role: Role,
+    /// The backend the worker runs (`qnn`, `cpu`, ...).
+    pub backend: String,
+    pub report: Report,
 }
 
 enum Request {
@@ -137,6 +154,7 @@ pub struct Engine {
     status: Arc<Mutex<EngineStatus>>,
     restarts: Arc<Mutex<RestartLog>>,
     notices: broadcast::Sender<Notice>,
+    probes: broadcast::Sender<ProbeRun>,
     state: watch::Receiver<BackendState>,
 }
 
@@ -166,7 +184,11 @@ impl Engine {
         let (tx, rx) = mpsc::channel(1024);
         let mut policy = config.policy.clone();
         policy.queue_limit = config.queue.max(1);
-        policy.health_rows = config.health.len();
+        let mut health_rows = config.health.clone();
+        if let Some(p) = &config.probe {
+            health_rows.extend(p.rows.iter().cloned());
+        }
+        policy.health_rows = health_rows.len();
         let sup = Supervisor::new(policy);
         let status = Arc::new(Mutex::new(EngineStatus {
             role: Role::Primary,
@@ -178,9 +200,11 @@ impl Engine {
             restarts: Vec::new(),
             backend: None,
             worker_pid: None,
+            last_probe: None,
         }));
         let restarts = Arc::new(Mutex::new(RestartLog::default()));
         let (notices, _) = broadcast::channel(256);
+        let (probes, _) = broadcast::channel(64);
         let (state_tx, state) = watch::channel(BackendState::Starting);
         let driver = Driver {
             config,
@@ -195,9 +219,12 @@ impl Engine {
             notices: notices.clone(),
             state: state_tx,
             evidence: Evidence::default(),
+            health_rows,
+            probe_calls: std::collections::HashSet::new(),
+            probes: probes.clone(),
         };
         tokio::spawn(driver.run());
-        Engine { tx, status, restarts, notices, state }
+        Engine { tx, status, restarts, notices, probes, state }
     }
 
     /// Runs a batch of rows; waits for the result however the workers fare. A call whose
@@ -229,6 +256,11 @@ impl Engine {
         self.notices.subscribe()
     }
 
+    /// Every probe run, as it happens.
+    pub fn probe_runs(&self) -> broadcast::Receiver<ProbeRun> {
+        self.probes.subscribe()
+    }
+
     /// The backend's state (`starting | ready | degraded`), to be told when it changes.
     pub fn backend_state(&self) -> watch::Receiver<BackendState> {
         self.state.clone()
@@ -249,6 +281,11 @@ struct Driver {
     notices: broadcast::Sender<Notice>,
     state: watch::Sender<BackendState>,
     evidence: Evidence,
+    /// The health call's rows: the health rows, then the probe's.
+    health_rows: Vec<Row>,
+    /// The periodic probe calls in progress.
+    probe_calls: std::collections::HashSet<CallId>,
+    probes: broadcast::Sender<ProbeRun>,
 }
 
 /// How long an exited worker's stdout may take to drain before its exit is reported.
@@ -271,6 +308,10 @@ impl Driver {
     async fn run(mut self) {
         let (wtx, mut wrx) = mpsc::channel::<(WorkerId, WorkerMsg)>(64);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let probe_every = self.config.probe_every.filter(|_| self.config.probe.is_some());
+        let mut probe_tick = tokio::time::interval(probe_every.unwrap_or(Duration::from_secs(3600)));
+        probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        probe_tick.tick().await; // the first run is the health call's
         self.apply(Event::Start, &wtx);
         loop {
             let next_timer = self.timers.values().map(|(at, _)| *at).min();
@@ -308,6 +349,7 @@ impl Driver {
                         }
                     }
                 }
+                _ = probe_tick.tick(), if probe_every.is_some() => self.probe_again(&wtx),
                 _ = tick.tick() => {
                     // Callers that stopped waiting: their calls leave the queue.
                     let gone: Vec<CallId> = self
@@ -344,7 +386,7 @@ impl Driver {
             WorkerMsg::Frame(FromWorker::LoadFailed { message }) => Event::LoadFailed(id, message),
             WorkerMsg::Frame(FromWorker::Done { call, rows, .. }) => {
                 let sent: Option<&[Row]> = if call == HEALTH_CALL {
-                    Some(&self.config.health)
+                    Some(&self.health_rows)
                 } else {
                     self.pending.get(&call).map(|p| p.rows.as_slice())
                 };
@@ -352,7 +394,11 @@ impl Driver {
                 let check = if rows.len() != sent.len() {
                     Err(format!("the worker answered {} rows for {}", rows.len(), sent.len()))
                 } else {
-                    self.evidence.check(sent, &rows)
+                    // The probe first: its report (a collapse included) is published either way.
+                    let sent = sent.to_vec();
+                    let probe = self.probe_check(id, call, &rows);
+                    let evidence = self.evidence.check(&sent, &rows);
+                    probe.and(evidence)
                 };
                 match check {
                     Ok(()) => {
@@ -371,6 +417,62 @@ impl Driver {
                 Event::Exited(id, how)
             }
         }
+    }
+
+    /// Judges the probe rows of a health call or a periodic probe call; a failed probe is the
+    /// worker's fatal error (it answers, but not like the float model).
+    fn probe_check(&mut self, id: WorkerId, call: CallId, rows: &[RowResult]) -> Result<(), String> {
+        let Some(probe) = self.config.probe.clone() else { return Ok(()) };
+        let outputs = if call == HEALTH_CALL {
+            rows.get(self.config.health.len()..).unwrap_or_default()
+        } else if self.probe_calls.contains(&call) {
+            rows
+        } else {
+            return Ok(());
+        };
+        let report = probe.judge(outputs);
+        let worker = self.workers.get(&id);
+        let run = ProbeRun {
+            role: worker.map_or(Role::Primary, |w| w.role),
+            backend: worker.and_then(|w| w.backend.clone()).unwrap_or_default(),
+            report,
+        };
+        if run.report.passed {
+            tracing::info!(role = run.role.as_str(), backend = %run.backend, "probe passed: {}", run.report);
+        } else {
+            tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}: {}", run.report.verdict, run.report);
+        }
+        let result = if run.report.passed {
+            Ok(())
+        } else {
+            Err(format!("probe failed: {} ({})", run.report.verdict, run.report))
+        };
+        if let Ok(mut s) = self.status.lock() {
+            s.last_probe = Some(run.clone());
+        }
+        let _ = self.probes.send(run); // no subscriber: nobody to tell
+        result
+    }
+
+    /// Queues the probe on whichever worker serves, as a call of its own.
+    fn probe_again(&mut self, wtx: &mpsc::Sender<(WorkerId, WorkerMsg)>) {
+        let Some(probe) = self.config.probe.clone() else { return };
+        if self.sup.backend_state() == BackendState::Starting || !self.probe_calls.is_empty() {
+            return; // the health call probes a starting worker; one periodic probe at a time
+        }
+        let (reply, rx) = oneshot::channel();
+        // Nobody waits for the answer (the judgement happens on arrival), but the call must not
+        // look abandoned.
+        tokio::spawn(async move {
+            let _ = rx.await;
+        });
+        let call = self.next_call;
+        self.next_call += 1;
+        self.probe_calls.insert(call);
+        let rows = probe.rows.clone();
+        let n = rows.len();
+        self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
+        self.apply(Event::Submit { call, rows: n, deadline: None }, wtx);
     }
 
     fn kill(&mut self, id: WorkerId) {
@@ -501,13 +603,14 @@ impl Driver {
                 self.send(id, frame);
             }
             Action::Health(id) => {
-                let frame = ToWorker::Run { call: HEALTH_CALL, rows: self.config.health.clone() }.encode();
+                let frame = ToWorker::Run { call: HEALTH_CALL, rows: self.health_rows.clone() }.encode();
                 self.send(id, frame);
             }
             Action::SetTimer(t, after) => {
                 self.timers.insert(t.kind, (Instant::now() + after, t));
             }
             Action::Deliver(call) => {
+                self.probe_calls.remove(&call);
                 if let Some(p) = self.pending.remove(&call) {
                     let elapsed = p.sent_at.map(|t| t.elapsed()).unwrap_or_default();
                     let (rows, role, backend) = p.result.unwrap_or((Vec::new(), Role::Primary, String::new()));
@@ -515,6 +618,7 @@ impl Driver {
                 }
             }
             Action::Reject(call, error) => {
+                self.probe_calls.remove(&call);
                 if let Some(p) = self.pending.remove(&call) {
                     let _ = p.reply.send(Err(match error {
                         CallError::Input(m) => EngineError::Input(m),

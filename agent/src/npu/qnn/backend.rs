@@ -75,7 +75,7 @@ impl QnnBackend {
         for spec in &manifest.graphs {
             let file = resolve_binary(&spec.file, &spec.raw, &bundle.dir, config, &runtime.info)?;
             let bytes = std::fs::read(&file).map_err(|source| QnnError::Read { path: file.clone(), source })?;
-            let meta = binary::read(&runtime.system, &bytes)?;
+            let meta = binary::read(&runtime.system, &bytes).map_err(|e| e.in_file(&file))?;
             let names = spec.raw.get("tensor_names").or_else(|| raw.get("tensor_names")).cloned();
             let compiled = move |logical: &str| -> String {
                 names.as_ref().and_then(|n| n.get(logical)).and_then(Value::as_str).unwrap_or(logical).to_owned()

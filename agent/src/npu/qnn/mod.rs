@@ -36,7 +36,7 @@ pub use backend::QnnBackend;
 pub use generator::GeneratorConfig;
 pub use host::HostFault;
 pub use power::PowerState;
-pub use runtime::RuntimeInfo;
+pub use runtime::{RuntimeInfo, load_system};
 pub use status::Status;
 
 /// The HTP's power mode while the backend is loaded.

@@ -75,6 +75,13 @@ fn required<T>(f: Option<T>, name: &'static str) -> Result<T, QnnError> {
     f.ok_or(QnnError::MissingFunction(name))
 }
 
+/// libQnnSystem alone, for reading context binaries' metadata without a backend (`laya-edge
+/// bundle` and `check`, which never execute a graph).
+pub fn load_system(path: &Path) -> Result<SystemFunctions, QnnError> {
+    let lib = open_once(path)?;
+    Ok(system_provider(lib, path)?.functions)
+}
+
 impl Runtime {
     /// Loads both libraries, picks the provider with core API major 2 and backend id 6 (HTP),
     /// and creates log, backend and (where supported) device.

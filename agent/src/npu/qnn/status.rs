@@ -45,7 +45,7 @@ impl Status {
             1009 => "QNN_COMMON_ERROR_LOADING_BINARIES",
             1010 => "QNN_COMMON_ERROR_RESOURCE_UNAVAILABLE",
             1011 => "QNN_COMMON_ERROR_SYSTEM_COMMUNICATION_FATAL",
-            1012 => "QNN_COMMON_ERROR_GENERAL",
+            1100 => "QNN_COMMON_ERROR_GENERAL",
             4000 => "QNN_BACKEND_ERROR_CANNOT_INITIALIZE",
             5000 => "QNN_CONTEXT_ERROR_INVALID_ARGUMENT",
             5001 => "QNN_CONTEXT_ERROR_CTX_DOES_NOT_EXIST",
@@ -66,9 +66,21 @@ impl Status {
             9002 => "QNN_SIGNAL_ERROR_INVALID_ARGUMENT",
             9003 => "QNN_SIGNAL_ERROR_INVALID_HANDLE",
             9004 => "QNN_SIGNAL_ERROR_TIMEOUT",
+            30010 => "QNN_SYSTEM_CONTEXT_ERROR_MALFORMED_BINARY",
+            30000..=30999 => "QNN_SYSTEM_CONTEXT_ERROR",
             6000..=6999 => "QNN_GRAPH_ERROR",
             3000..=3999 => "QNN_PROPERTY_ERROR",
             _ => "unknown QNN error",
+        }
+    }
+
+    /// What the code usually means on a board, where the name alone misleads.
+    pub fn hint(self) -> Option<&'static str> {
+        match self.0 {
+            1008 => Some("the QNN libraries do not match each other (the stub on the host and the skel on the DSP must come from the same QAIRT release)"),
+            5005 => Some("the binary was built for another QAIRT release or SoC, or FastRPC refused the process (check the DSP device permissions and ADSP_LIBRARY_PATH)"),
+            30010 => Some("the file is not a whole context binary (truncated or another format)"),
+            _ => None,
         }
     }
 
@@ -101,7 +113,11 @@ impl Status {
 
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.name(), self.0)
+        write!(f, "{} ({})", self.name(), self.0)?;
+        match self.hint() {
+            Some(h) => write!(f, ": {h}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -123,6 +139,14 @@ mod tests {
             let BackendError::Fatal { message, .. } = Status(c).backend_error("create") else { panic!() };
             assert!(message.contains("regenerate the context binary for this QAIRT/board"), "{message}");
         }
+    }
+
+    #[test]
+    fn codes_whose_name_misleads_carry_what_they_mean_on_a_board() {
+        assert_eq!(Status(1100).name(), "QNN_COMMON_ERROR_GENERAL");
+        assert!(Status(30010).to_string().starts_with("QNN_SYSTEM_CONTEXT_ERROR_MALFORMED_BINARY (30010): "));
+        assert!(Status(1008).to_string().contains("stub"), "{}", Status(1008));
+        assert!(Status(5005).to_string().contains("FastRPC"), "{}", Status(5005));
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! a `laya-bundle.json` manifest naming its backend, graph files, tokenizer, temperatures and
 //! token budget, and optionally a checkpoint (for the CPU fallback and the host-side head).
 
+pub mod assemble;
+pub mod digest;
+pub mod probe;
+
 use std::path::{Path, PathBuf};
 
 use laya_topics::Value;
@@ -41,6 +45,10 @@ pub enum BundleError {
     Temperature(#[from] TemperatureError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error("{path} is corrupt or was replaced: its sha256 is {found}, the manifest says {expected}")]
+    Digest { path: PathBuf, expected: String, found: String },
+    #[error("{path}: {message}")]
+    Probe { path: PathBuf, message: String },
 }
 
 /// What `rl_agent_config.json` says.
@@ -116,11 +124,13 @@ pub enum Calibration {
 }
 
 impl Calibration {
+    /// The manifest's label. Only a method known not to collapse lifts the min-max guard: a
+    /// graph without a label, or with one we do not know (a typo included), is min-max.
     pub fn parse(s: Option<&str>) -> Calibration {
-        match s.map(|s| s.to_ascii_lowercase().replace(['-', '_'], "")) {
-            Some(s) if s == "minmax" => Calibration::MinMax,
+        match s.map(|s| s.to_ascii_lowercase().replace(['-', '_', ' '], "")) {
             Some(s) if s == "sqnr" => Calibration::Sqnr,
-            _ => Calibration::Other,
+            Some(s) if ["entropy", "percentile", "mse"].contains(&s.as_str()) => Calibration::Other,
+            _ => Calibration::MinMax,
         }
     }
 }
@@ -157,6 +167,11 @@ pub struct Manifest {
     pub runtime_allowlist: Vec<String>,
     /// Use min-max calibrated graphs above [`MINMAX_MAX_TOKENS`] anyway (test bundles).
     pub allow_minmax_above_128: bool,
+    /// Every file of the bundle (relative to it) with its sha256 (`files`); empty in a
+    /// hand-written manifest.
+    pub files: Vec<(String, String)>,
+    /// The probe and its thresholds (`probe`), if the bundle has one.
+    pub probe: Option<ProbeSpec>,
     /// The whole manifest, for backend-specific sections.
     pub raw: Value,
 }
@@ -197,13 +212,48 @@ impl Manifest {
             .filter_map(|v| v.as_str().map(str::to_owned))
             .collect();
         let allow_minmax_above_128 = matches!(raw.get("allow_minmax_above_128"), Some(Value::Bool(true)));
-        Ok(Manifest { backend, checkpoint, graphs, runtime_allowlist, allow_minmax_above_128, raw })
+        let mut files = Vec::new();
+        match raw.get("files") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (name, digest) in m {
+                    let digest = digest.as_str().filter(|d| digest::is_sha256(d)).ok_or_else(|| {
+                        bad(format!("files: the sha256 of {name} must be 64 lowercase hex digits"))
+                    })?;
+                    if Path::new(name).is_absolute() || name.split('/').any(|c| c == "..") {
+                        return Err(bad(format!("files: {name} must be a path inside the bundle")));
+                    }
+                    files.push((name.clone(), digest.to_owned()));
+                }
+            }
+            Some(_) => return Err(bad("'files' must map file names to their sha256".into())),
+        }
+        let probe = match raw.get("probe") {
+            None | Some(Value::Null) => None,
+            Some(p) => Some(ProbeSpec::parse(p, dir).map_err(bad)?),
+        };
+        Ok(Manifest { backend, checkpoint, graphs, runtime_allowlist, allow_minmax_above_128, files, probe, raw })
     }
 
-    /// Whether graph `g` may run rows at all: a min-max graph longer than
+    /// Checks every file the manifest lists against its sha256; the first that differs (or
+    /// cannot be read) is named.
+    pub fn verify_files(&self, dir: &Path) -> Result<usize, BundleError> {
+        for (name, expected) in &self.files {
+            let path = dir.join(name);
+            let found = digest::sha256_file(&path).map_err(|source| BundleError::Read { path: path.clone(), source })?;
+            if found != *expected {
+                return Err(BundleError::Digest { path, expected: expected.clone(), found });
+            }
+        }
+        Ok(self.files.len())
+    }
+
+    /// Whether graph `g` may run rows at all: a min-max (or unlabelled) QNN graph longer than
     /// [`MINMAX_MAX_TOKENS`] may not, unless the manifest allows it.
     pub fn usable(&self, g: &GraphSpec) -> bool {
-        self.allow_minmax_above_128
+        // Only QNN graphs are quantized (w8a16); RKNN graphs are fp16.
+        self.backend != "qnn"
+            || self.allow_minmax_above_128
             || Calibration::parse(g.calibration.as_deref()) != Calibration::MinMax
             || g.seq_len <= MINMAX_MAX_TOKENS
     }
@@ -216,6 +266,32 @@ impl Manifest {
             .filter(|g| self.usable(g))
             .map(|g| RowShape { seq_len: g.seq_len, marker_slots: (g.marker_slots > 0).then_some(g.marker_slots) })
             .collect()
+    }
+}
+
+/// The manifest's `probe`: `{"file": "probe.jsonl", "min_agreement", "min_clear_agreement",
+/// "min_cosine"}` (thresholds default to [`crate::engine::probe::Thresholds::default`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeSpec {
+    pub file: PathBuf,
+    pub thresholds: crate::engine::probe::Thresholds,
+}
+
+impl ProbeSpec {
+    fn parse(p: &Value, dir: &Path) -> Result<ProbeSpec, String> {
+        let file = p.get("file").and_then(Value::as_str).ok_or("probe: 'file' must name the probe file")?;
+        let mut thresholds = crate::engine::probe::Thresholds::default();
+        for (key, slot) in [
+            ("min_agreement", &mut thresholds.min_agreement),
+            ("min_clear_agreement", &mut thresholds.min_clear_agreement),
+            ("min_cosine", &mut thresholds.min_cosine),
+        ] {
+            if let Some(v) = p.get(key) {
+                let v = v.as_f64().filter(|v| (0.0..=1.0).contains(v));
+                *slot = v.ok_or_else(|| format!("probe: '{key}' must be a number from 0 to 1"))?;
+            }
+        }
+        Ok(ProbeSpec { file: dir.join(file), thresholds })
     }
 }
 
@@ -252,6 +328,16 @@ pub struct HostBundle {
 }
 
 impl HostBundle {
+    /// [`HostBundle::load`], then every file the manifest lists checked against its sha256:
+    /// what the agent and the commands that answer questions load.
+    pub fn load_verified(dir: &Path) -> Result<HostBundle, BundleError> {
+        let bundle = HostBundle::load(dir)?;
+        if let Some(m) = &bundle.manifest {
+            m.verify_files(dir)?;
+        }
+        Ok(bundle)
+    }
+
     /// Loads a laya checkpoint directory or an NPU bundle (a directory with `laya-bundle.json`).
     pub fn load(dir: &Path) -> Result<HostBundle, BundleError> {
         if !dir.join(MANIFEST).is_file() {
@@ -304,7 +390,12 @@ impl HostBundle {
         let tokenizer = Tokenizer::load_file(&tokenizer_path, names.as_ref())?;
         Ok(HostBundle {
             dir: dir.to_owned(),
-            capacity: Capacity::of_graphs(config.limits, manifest.row_shapes()),
+            // A bundle without graphs (a CPU bundle) runs what its checkpoint runs.
+            capacity: if manifest.graphs.is_empty() {
+                Capacity::of_checkpoint(config.limits)
+            } else {
+                Capacity::of_graphs(config.limits, manifest.row_shapes())
+            },
             config,
             tokenizer,
             checkpoint: manifest.checkpoint.clone(),

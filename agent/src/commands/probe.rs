@@ -1,0 +1,56 @@
+//! `laya-edge probe --model BUNDLE --backend X`: runs the bundle's probe on a backend and prints
+//! how closely it answers like the float model (the figures the agent publishes in telemetry
+//! and in `probe_failed` events). Exits with failure when the bundle's thresholds are not met.
+
+use std::path::{Path, PathBuf};
+
+use laya_edge::backends::BackendKind;
+use laya_edge::bundle::{HostBundle, probe};
+use laya_edge::config::Config;
+use laya_edge::prompt::Row;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The configuration file (TOML): its [model], [engine], [rknn] and [qnn] keys apply.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The bundle (overrides model.dir).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The backend to probe (overrides engine.backend; default cpu).
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+}
+
+impl Args {
+    pub fn config(&self) -> Result<Config, String> {
+        let mut config = super::load_config(self.config.as_deref())?;
+        if let Some(m) = &self.model {
+            config.model.dir = m.display().to_string();
+        }
+        if let Some(b) = self.backend {
+            config.engine.backend = b.name().into();
+        }
+        config.check().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+}
+
+pub fn run(config: Config) -> Result<(), String> {
+    let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+    let probe = probe::of_bundle(&bundle)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir))?;
+    let mut backend = super::backend_for(&config, &bundle, false)?;
+    let rows: Vec<&Row> = probe.rows.iter().collect();
+    let outputs = backend.run(&rows).map_err(|e| format!("the {} backend failed on the probe: {e}", backend.name()))?;
+    let report = probe.judge(&outputs);
+    println!("{} on {}: {report}", backend.name(), config.model.dir);
+    if report.passed {
+        println!("passed (thresholds: argmax >= {}, clear decisions >= {}, mean cosine >= {})",
+            probe.thresholds.min_agreement, probe.thresholds.min_clear_agreement, probe.thresholds.min_cosine);
+        Ok(())
+    } else {
+        Err(format!("probe failed: {}", report.verdict))
+    }
+}
