@@ -260,3 +260,148 @@ async fn a_constant_output_rknn_runtime_is_caught_on_a_new_workers_first_row_aft
         other => panic!("answered with the constant vector: {other:?}"),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bundles (issue #14): assembled by `laya-edge bundle` from graphs and their descriptions, and
+// the probe on the fake runtime, healthy and constant.
+// ---------------------------------------------------------------------------------------------
+
+/// Fake graphs of 128 and 512 tokens over the demo checkpoint, each with the description
+/// tools/rknn writes beside a graph (`<stem>.json`: seq_len, marker_slots).
+fn fake_graphs(name: &str) -> (PathBuf, Vec<PathBuf>) {
+    let dir = temp_dir(&format!("rknn-graphs-{name}"));
+    let ckpt = std::path::absolute(Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo")).expect("path");
+    let ckpt_json = json::to_string(&Value::Str(ckpt.display().to_string()), json::Style::COMPACT);
+    let mut files = Vec::new();
+    for l in [128, 512] {
+        let file = dir.join(format!("g{l}.rknn"));
+        std::fs::write(&file, format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt_json}, "seq_len": {l}, "marker_slots": 64}}"#))
+            .expect("graph");
+        std::fs::write(dir.join(format!("g{l}.json")), format!(r#"{{"seq_len": {l}, "marker_slots": 64, "target": "rk3588", "dtype": "fp16"}}"#))
+            .expect("description");
+        files.push(file);
+    }
+    (ckpt, files)
+}
+
+/// `laya-edge bundle --rknn` over [`fake_graphs`].
+fn assembled_bundle(name: &str) -> PathBuf {
+    let (ckpt, files) = fake_graphs(name);
+    let out = temp_dir(&format!("rknn-assembled-{name}")).join("bundle");
+    let mut args: Vec<OsString> = vec!["bundle".into(), "--checkpoint".into(), ckpt.into(), "--out".into(), out.clone().into()];
+    for f in files {
+        args.push("--rknn".into());
+        args.push(f.into());
+    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let (_, err, ok) = run_cli(&args, &[], "");
+    assert!(ok, "bundle failed: {err}");
+    out
+}
+
+fn probe_cli(bundle: &Path, lib: &Path, env: &[(&str, &Path)]) -> (String, String, bool) {
+    let config = temp_dir("rknn-probe-config").join("laya-edge.toml");
+    std::fs::write(&config, format!("[rknn]\nlibrary = \"{}\"\n", lib.display())).expect("config");
+    let args = [
+        std::ffi::OsStr::new("probe"),
+        "--model".as_ref(),
+        bundle.as_os_str(),
+        "--backend".as_ref(),
+        "rknn".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ];
+    run_cli(&args, env, "")
+}
+
+#[test]
+fn an_assembled_rknn_bundle_describes_its_graphs_checks_and_passes_its_probe_on_the_fake_runtime() {
+    let lib = fake_library();
+    let bundle = assembled_bundle("round-trip");
+    let m = json::parse(&std::fs::read(bundle.join("laya-bundle.json")).expect("manifest"), ParseOptions::default())
+        .expect("json");
+    assert_eq!(m.get("backend"), Some(&Value::from("rknn")));
+    let graphs = m.get("graphs").and_then(Value::as_array).expect("graphs");
+    let shapes: Vec<(i64, i64)> = graphs
+        .iter()
+        .map(|g| (g.get("seq_len").and_then(Value::as_i64).unwrap(), g.get("marker_slots").and_then(Value::as_i64).unwrap()))
+        .collect();
+    assert_eq!(shapes, [(128, 64), (512, 64)]);
+    assert_eq!(m.get("runtime_allowlist"), Some(&Value::Array(vec!["2.3.2".into()])));
+    let files = m.get("files").and_then(Value::as_object).expect("files");
+    assert!(files.contains_key("graphs/g128.rknn") && files.contains_key("graphs/g512.rknn"), "{files:?}");
+    let args = [std::ffi::OsStr::new("check"), "--model".as_ref(), bundle.as_os_str()];
+    let (out, err, ok) = run_cli(&args, &[], "");
+    assert!(ok, "check: {err}");
+    assert!(out.contains("rknn bundle, 2 graph(s)"), "{out}");
+    let (out, err, ok) = probe_cli(&bundle, &lib, &[]);
+    assert!(ok, "the probe failed on the healthy fake: {out} {err}");
+    assert!(out.starts_with("rknn on "), "{out}");
+}
+
+#[test]
+fn the_probe_command_fails_on_a_constant_output_runtime_and_says_why() {
+    let lib = fake_library();
+    let bundle = assembled_bundle("constant-cli");
+    let one = Path::new("1");
+    let (out, err, ok) = probe_cli(&bundle, &lib, &[(CONSTANT.0, one)]);
+    assert!(!ok, "the probe passed a constant runtime: {out}");
+    // The health call's constant-output check or the probe's collapse check, whichever sees it.
+    assert!(err.contains("constant output") || err.contains("collapsed"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_a_constant_output_runtime_publishes_probe_failed_with_the_figures_and_the_fallback_answers() {
+    let lib = fake_library();
+    let bundle = assembled_bundle("constant-serve");
+    let broker = Broker::start("rknn-probe-failed", "");
+    let dir = temp_dir("rknn-probe-failed-agent");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"rk-probe\"\ntelemetry_interval_s = 1\n[model]\ndir = \"{}\"\n\
+             [engine]\nbackend = \"rknn\"\nfallback = \"cpu\"\nmax_restarts = 1\n[rknn]\nlibrary = \"{}\"\n",
+            broker.url(),
+            bundle.display(),
+            lib.display()
+        ),
+    )
+    .expect("config");
+    let mut c = Client::connect(broker.port, "rk-probe-watch").await;
+    c.subscribe("laya/v1/rk-probe/events").await;
+    let _agent = Agent::with_config(config, vec![(CONSTANT.0.into(), CONSTANT.1.into())]);
+    // Every new worker's health call runs the probe: the first worker fails it, with figures.
+    let event = loop {
+        let p = c.next(Duration::from_secs(60)).await.expect("a probe_failed event");
+        let v = decode(&p);
+        if v.get("event") == Some(&Value::from("probe_failed")) {
+            break v;
+        }
+    };
+    let probe = event.get("probe").expect("the figures");
+    assert_eq!(probe.get("backend"), Some(&Value::from("rknn")), "{event:?}");
+    assert_eq!(probe.get("passed"), Some(&Value::Bool(false)));
+    // The worker's own guard stops a constant runtime within the probe rows, so there are no
+    // figures, only why.
+    let verdict = probe.get("verdict").and_then(Value::as_str).unwrap_or_default();
+    assert!(verdict.contains("constant output"), "{event:?}");
+    assert!(probe.get("rows").and_then(Value::as_i64).unwrap_or(0) >= 24, "{probe:?}");
+    // The backend degrades and the CPU fallback answers (its own probe passed).
+    wait_online(broker.port, "rk-probe").await;
+    let mut asker = Client::connect(broker.port, "rk-probe-asker").await;
+    asker.subscribe("laya/v1/rk-probe-asker/reply/#").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        asker
+            .ask("laya/v1/rk-probe/ask", Encoding::Json.encode(&request("q")), Some("laya/v1/rk-probe-asker/reply/q"), None, Encoding::Json)
+            .await;
+        let reply = decode(&asker.next(Duration::from_secs(30)).await.expect("a reply"));
+        if reply.get("answers").is_some() {
+            assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "{reply:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the fallback never answered: {reply:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

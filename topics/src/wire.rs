@@ -282,14 +282,16 @@ pub struct ProbeFigures {
     /// The backend it ran on (`qnn`, `rknn`, `cpu`).
     pub backend: String,
     pub rows: u64,
+    /// The figures below are null when the backend did not answer the probe rows at all (its
+    /// own guard or a runtime error stopped it; `verdict` says which).
     /// Rows whose best option is the float model's.
-    pub agree: u64,
+    pub agree: Option<u64>,
     /// Rows the float model decides clearly (top-two margin > 0.02), and those that agree.
-    pub clear: u64,
-    pub clear_agree: u64,
-    pub mean_dp: f64,
-    pub max_dp: f64,
-    pub mean_cosine: f64,
+    pub clear: Option<u64>,
+    pub clear_agree: Option<u64>,
+    pub mean_dp: Option<f64>,
+    pub max_dp: Option<f64>,
+    pub mean_cosine: Option<f64>,
     /// Why the outputs look collapsed, if they do.
     pub collapse: Option<String>,
     pub passed: bool,
@@ -303,12 +305,14 @@ impl ProbeFigures {
         m.insert("role".into(), self.role.as_str().into());
         m.insert("backend".into(), self.backend.as_str().into());
         m.insert("rows".into(), Value::Int(self.rows.into()));
-        m.insert("agree".into(), Value::Int(self.agree.into()));
-        m.insert("clear".into(), Value::Int(self.clear.into()));
-        m.insert("clear_agree".into(), Value::Int(self.clear_agree.into()));
-        m.insert("mean_dp".into(), Value::Float(self.mean_dp));
-        m.insert("max_dp".into(), Value::Float(self.max_dp));
-        m.insert("mean_cosine".into(), Value::Float(self.mean_cosine));
+        let int = |v: Option<u64>| v.map_or(Value::Null, |x| Value::Int(x.into()));
+        let float = |v: Option<f64>| v.map_or(Value::Null, Value::Float);
+        m.insert("agree".into(), int(self.agree));
+        m.insert("clear".into(), int(self.clear));
+        m.insert("clear_agree".into(), int(self.clear_agree));
+        m.insert("mean_dp".into(), float(self.mean_dp));
+        m.insert("max_dp".into(), float(self.max_dp));
+        m.insert("mean_cosine".into(), float(self.mean_cosine));
         m.insert("collapse".into(), self.collapse.as_deref().map_or(Value::Null, Value::from));
         m.insert("passed".into(), Value::Bool(self.passed));
         m.insert("verdict".into(), self.verdict.as_str().into());
@@ -494,12 +498,12 @@ mod tests {
             role: "primary".into(),
             backend: "qnn".into(),
             rows: 36,
-            agree: 18,
-            clear: 30,
-            clear_agree: 14,
-            mean_dp: 0.25,
-            max_dp: 0.5,
-            mean_cosine: 0.5,
+            agree: Some(18),
+            clear: Some(30),
+            clear_agree: Some(14),
+            mean_dp: Some(0.25),
+            max_dp: Some(0.5),
+            mean_cosine: Some(0.5),
             collapse: Some("all 36 probe rows came back near-uniform".into()),
             passed: false,
             verdict: "argmax agreement 0.500 < 0.9".into(),

@@ -565,7 +565,7 @@ pub async fn run(
             },
             // A failed probe is an event of its own, with the figures (a passed one is in telemetry).
             run = probe_runs.recv() => match run {
-                Ok(run) if !run.report.passed => {
+                Ok(run) if !run.passed() => {
                     let event = probe_event(&run);
                     let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
                 }
@@ -628,20 +628,20 @@ fn refusal_when_full(s: &Shared, p: &Publish) -> Option<Outbound> {
 
 /// The wire figures of a probe run.
 fn probe_figures(run: &crate::engine::process::ProbeRun) -> ProbeFigures {
-    let r = &run.report;
+    let r = run.report.as_ref();
     ProbeFigures {
         role: run.role.as_str().into(),
         backend: run.backend.clone(),
-        rows: r.rows as u64,
-        agree: r.agree as u64,
-        clear: r.clear as u64,
-        clear_agree: r.clear_agree as u64,
-        mean_dp: r.mean_dp,
-        max_dp: r.max_dp,
-        mean_cosine: r.mean_cosine,
-        collapse: r.collapse.clone(),
-        passed: r.passed,
-        verdict: r.verdict.clone(),
+        rows: run.rows as u64,
+        agree: r.map(|r| r.agree as u64),
+        clear: r.map(|r| r.clear as u64),
+        clear_agree: r.map(|r| r.clear_agree as u64),
+        mean_dp: r.map(|r| r.mean_dp),
+        max_dp: r.map(|r| r.max_dp),
+        mean_cosine: r.map(|r| r.mean_cosine),
+        collapse: r.and_then(|r| r.collapse.clone()),
+        passed: run.passed(),
+        verdict: run.verdict(),
     }
 }
 
@@ -652,7 +652,7 @@ fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
         reason: None,
         code: None,
         name: None,
-        message: format!("the {} backend does not answer like the float model: {}", run.backend, run.report.verdict),
+        message: format!("the {} backend does not answer like the float model: {}", run.backend, run.verdict()),
         deadline_ms: None,
         role: run.role.as_str().into(),
         probe: Some(probe_figures(run)),

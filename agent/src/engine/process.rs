@@ -140,7 +140,27 @@ pub struct ProbeRun {
     pub role: Role,
     /// The backend the worker runs (`qnn`, `cpu`, ...).
     pub backend: String,
-    pub report: Report,
+    /// How many rows the probe has.
+    pub rows: usize,
+    /// The figures, when the worker answered the probe rows.
+    pub report: Option<Report>,
+    /// Why the worker did not answer them (its own guard, a runtime error), when it did not.
+    pub error: Option<String>,
+}
+
+impl ProbeRun {
+    pub fn passed(&self) -> bool {
+        self.report.as_ref().is_some_and(|r| r.passed)
+    }
+
+    /// What failed, in a sentence (empty when passed).
+    pub fn verdict(&self) -> String {
+        match (&self.report, &self.error) {
+            (_, Some(e)) => format!("the backend failed on the probe rows: {e}"),
+            (Some(r), None) => r.verdict.clone(),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 enum Request {
@@ -155,7 +175,17 @@ pub struct Engine {
     restarts: Arc<Mutex<RestartLog>>,
     notices: broadcast::Sender<Notice>,
     probes: broadcast::Sender<ProbeRun>,
+    /// Receivers made when the engine started, handed to the first caller of [`Engine::notices`]
+    /// and [`Engine::probe_runs`]: what happens before the agent listens (the first worker's
+    /// health call and probe, its restarts) is not lost.
+    first: Arc<Mutex<FirstReceivers>>,
     state: watch::Receiver<BackendState>,
+}
+
+#[derive(Default)]
+struct FirstReceivers {
+    notices: Option<broadcast::Receiver<Notice>>,
+    probes: Option<broadcast::Receiver<ProbeRun>>,
 }
 
 enum WorkerMsg {
@@ -203,8 +233,9 @@ impl Engine {
             last_probe: None,
         }));
         let restarts = Arc::new(Mutex::new(RestartLog::default()));
-        let (notices, _) = broadcast::channel(256);
-        let (probes, _) = broadcast::channel(64);
+        let (notices, first_notices) = broadcast::channel(256);
+        let (probes, first_probes) = broadcast::channel(64);
+        let first = Arc::new(Mutex::new(FirstReceivers { notices: Some(first_notices), probes: Some(first_probes) }));
         let (state_tx, state) = watch::channel(BackendState::Starting);
         let driver = Driver {
             config,
@@ -224,7 +255,7 @@ impl Engine {
             probes: probes.clone(),
         };
         tokio::spawn(driver.run());
-        Engine { tx, status, restarts, notices, probes, state }
+        Engine { tx, status, restarts, notices, probes, first, state }
     }
 
     /// Runs a batch of rows; waits for the result however the workers fare. A call whose
@@ -252,13 +283,17 @@ impl Engine {
     }
 
     /// Restarts, degradation and recovery as they happen.
+    /// The first caller gets every notice since the engine started.
     pub fn notices(&self) -> broadcast::Receiver<Notice> {
-        self.notices.subscribe()
+        let first = self.first.lock().ok().and_then(|mut f| f.notices.take());
+        first.unwrap_or_else(|| self.notices.subscribe())
     }
 
     /// Every probe run, as it happens.
+    /// The first caller gets every run since the engine started.
     pub fn probe_runs(&self) -> broadcast::Receiver<ProbeRun> {
-        self.probes.subscribe()
+        let first = self.first.lock().ok().and_then(|mut f| f.probes.take());
+        first.unwrap_or_else(|| self.probes.subscribe())
     }
 
     /// The backend's state (`starting | ready | degraded`), to be told when it changes.
@@ -398,7 +433,11 @@ impl Driver {
                     let sent = sent.to_vec();
                     let probe = self.probe_check(id, call, &rows);
                     let evidence = self.evidence.check(&sent, &rows);
-                    probe.and(evidence)
+                    match (probe, evidence) {
+                        (Err(p), Err(e)) => Err(format!("{e}; {p}")),
+                        (Err(m), Ok(())) | (Ok(()), Err(m)) => Err(m),
+                        (Ok(()), Ok(())) => Ok(()),
+                    }
                 };
                 match check {
                     Ok(()) => {
@@ -411,7 +450,10 @@ impl Driver {
                     Err(message) => Event::Failed(id, call, BackendError::Fatal { code: None, message }),
                 }
             }
-            WorkerMsg::Frame(FromWorker::Failed { call, error }) => Event::Failed(id, call, error),
+            WorkerMsg::Frame(FromWorker::Failed { call, error }) => {
+                self.probe_not_answered(id, call, &error);
+                Event::Failed(id, call, error)
+            }
             WorkerMsg::Exited(how) => {
                 self.workers.remove(&id);
                 Event::Exited(id, how)
@@ -431,27 +473,43 @@ impl Driver {
             return Ok(());
         };
         let report = probe.judge(outputs);
+        let result = if report.passed { Ok(()) } else { Err(format!("probe failed: {} ({report})", report.verdict)) };
+        self.record_probe(id, probe.rows.len(), Some(report), None);
+        result
+    }
+
+    /// A health call that carried the probe failed in the worker (its own guard, a runtime
+    /// error): the probe failed too, without figures.
+    fn probe_not_answered(&mut self, id: WorkerId, call: CallId, error: &BackendError) {
+        let Some(probe) = self.config.probe.clone() else { return };
+        if call == HEALTH_CALL || self.probe_calls.contains(&call) {
+            let message = match error {
+                BackendError::Fatal { message, .. } | BackendError::Input(message) | BackendError::Transient(message) => {
+                    message.clone()
+                }
+            };
+            self.record_probe(id, probe.rows.len(), None, Some(message));
+        }
+    }
+
+    fn record_probe(&mut self, id: WorkerId, rows: usize, report: Option<Report>, error: Option<String>) {
         let worker = self.workers.get(&id);
         let run = ProbeRun {
             role: worker.map_or(Role::Primary, |w| w.role),
             backend: worker.and_then(|w| w.backend.clone()).unwrap_or_default(),
+            rows,
             report,
+            error,
         };
-        if run.report.passed {
-            tracing::info!(role = run.role.as_str(), backend = %run.backend, "probe passed: {}", run.report);
-        } else {
-            tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}: {}", run.report.verdict, run.report);
+        match &run.report {
+            Some(r) if run.passed() => tracing::info!(role = run.role.as_str(), backend = %run.backend, "probe passed: {r}"),
+            Some(r) => tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}: {r}", run.verdict()),
+            None => tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}", run.verdict()),
         }
-        let result = if run.report.passed {
-            Ok(())
-        } else {
-            Err(format!("probe failed: {} ({})", run.report.verdict, run.report))
-        };
         if let Ok(mut s) = self.status.lock() {
             s.last_probe = Some(run.clone());
         }
         let _ = self.probes.send(run); // no subscriber: nobody to tell
-        result
     }
 
     /// Queues the probe on whichever worker serves, as a call of its own.
