@@ -1,0 +1,198 @@
+//! The fake librknnrt (`tests/fake-rknn`) against Rockchip's own toolchain.
+//!
+//! `tests/fixtures/rknn/demo` holds the demo model (`models/demo`) exported by `tools/rknn` with
+//! the RK3588 card's graph interface, built by RKNN-Toolkit2 2.3.2 (rk3588, fp16) into
+//! `demo.rknn`, and `demo.sim.json`: probe rows laid out by laya 0.3.20's own
+//! `Agent._encode_state`, the five padded tensors they were given to Rockchip's x86 simulator, the
+//! simulator's 64 logits, and laya's own float logits. Here the same rows go through the
+//! production RKNN backend onto the fake runtime, which records (`FAKE_RKNN_DUMP`) the tensors it
+//! received and the 64 logits it returned, and both are held against the simulator's:
+//!
+//! - the backend pads exactly as the simulator's inputs were padded (the same 1x512 and 1x64
+//!   int64 tensors, element for element);
+//! - every slot past the real options is -10000 in the fake as in the simulator (exactly);
+//! - the real options' logits agree within the fp16 tolerance [`FP16_TOLERANCE`].
+//!
+//! So the fake's semantics are grounded on Rockchip's toolchain, not on our reading of the card.
+
+use std::path::{Path, PathBuf};
+
+use laya_edge::bundle::HostBundle;
+use laya_edge::engine::Backend;
+use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+use laya_edge::prompt::{QType, Row};
+use laya_edge_tests::{f32s, ints, json_str, read_json};
+use laya_topics::Value;
+
+const CHILD: &str = "LAYA_RKNN_SIM_TEST_CHILD";
+const FAKE_LIB: &str = "LAYA_RKNN_SIM_TEST_FAKE_LIB";
+const DUMP: &str = "LAYA_RKNN_SIM_TEST_DUMP";
+
+/// How far the fake's option logits may be from the simulator's. The fake computes in float32
+/// (it is laya's float model: within 1e-4 of laya's PyTorch logits, checked below); the .rknn
+/// runs weights and activations in float16, whose spacing is 2^-6 = 0.0156 for logits of
+/// magnitude 16 to 32 (the demo model's logits reach ~17), so the output's own rounding is up to
+/// 0.008, and the rounding of every activation through three transformer layers adds to it: the
+/// simulator was at most 0.025 from PyTorch on these rows (`summary` in demo.sim.json). 0.05 is
+/// twice that and still below what a masking error does: a fake that ignores the attention mask
+/// (runs the padding as tokens) is 0.19 off on the first row; a wrong qtype is 17 off.
+const FP16_TOLERANCE: f32 = 0.05;
+
+/// What the graph writes into the slots past the real options (model card; laya's masked_fill).
+const MISSING: f32 = -10000.0;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("rknn").join("demo").join(name)
+}
+
+fn demo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("models").join("demo")
+}
+
+fn fake_library() -> &'static Path {
+    laya_edge_tests::cached_fake_library(FAKE_LIB, "fake-rknn", "fake_rknn")
+}
+
+/// A fake graph file for the demo checkpoint with the shape the real .rknn's sidecar declares.
+fn fake_graph(seq_len: usize, marker_slots: usize) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rknn-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("demo.fake.rknn");
+    let ckpt = std::path::absolute(demo_dir()).unwrap();
+    let text = format!(
+        r#"{{"fake_rknn_graph": 1, "checkpoint": {}, "seq_len": {seq_len}, "marker_slots": {marker_slots}}}"#,
+        json_str(&ckpt.to_string_lossy())
+    );
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+fn usize_of(v: &Value, key: &str) -> usize {
+    v.get(key).and_then(Value::as_i64).unwrap_or_else(|| panic!("no integer {key:?}")) as usize
+}
+
+/// One probe row of demo.sim.json: the unpadded row (the first `tokens` ids, the first `options`
+/// markers), the simulator's padded inputs and its logits, and laya's float logits.
+struct SimRow {
+    name: String,
+    row: Row,
+    inputs: Vec<(&'static str, Vec<i64>)>,
+    simulator: Vec<f32>,
+    torch: Vec<f32>,
+}
+
+const INPUTS: [&str; 5] = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"];
+
+fn sim_rows() -> Vec<SimRow> {
+    let doc = read_json(&fixture("demo.sim.json"));
+    let rows = doc.get("rows").and_then(Value::as_array).expect("rows");
+    rows.iter()
+        .map(|r| {
+            let input = r.get("inputs").expect("inputs");
+            let inputs: Vec<_> = INPUTS.iter().map(|&n| (n, ints(input.get(n).expect(n)))).collect();
+            let (n, k) = (usize_of(r, "tokens"), usize_of(r, "options"));
+            let qtype = match inputs[4].1[0] {
+                0 => QType::Choice,
+                1 => QType::Score,
+                2 => QType::Noul,
+                q => panic!("qtype {q}"),
+            };
+            let row = Row {
+                input_ids: inputs[0].1[..n].iter().map(|&t| t as u32).collect(),
+                marker_pos: inputs[2].1[..k].iter().map(|&p| p as u32).collect(),
+                qtype,
+            };
+            let name = format!(
+                "{}:{}",
+                r.get("request").and_then(Value::as_str).unwrap(),
+                r.get("qid").and_then(Value::as_str).unwrap()
+            );
+            let simulator = f32s(r.get("simulator_logits").expect("simulator_logits"));
+            let torch = f32s(r.get("torch_logits").expect("torch_logits"));
+            SimRow { name, row, inputs, simulator, torch }
+        })
+        .collect()
+}
+
+#[test]
+fn the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator() {
+    let dump = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rknn-sim-dump-{}.jsonl", std::process::id()));
+    if std::env::var_os(CHILD).is_none() {
+        let _ = std::fs::remove_file(&dump);
+    }
+    let test = "the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator";
+    let dump_env = dump.to_str().unwrap().to_owned();
+    laya_edge_tests::in_child(
+        CHILD,
+        FAKE_LIB,
+        fake_library(),
+        test,
+        &[("FAKE_RKNN_DUMP", &dump_env), (DUMP, &dump_env)],
+        || {
+            let dump = PathBuf::from(std::env::var(DUMP).unwrap());
+            let sidecar = read_json(&fixture("demo.json"));
+            let (seq_len, slots) = (usize_of(&sidecar, "seq_len"), usize_of(&sidecar, "marker_slots"));
+            assert_eq!((seq_len, slots), (512, 64), "the card's shape");
+            let bundle = HostBundle::load(&demo_dir()).unwrap();
+            let pad_id = bundle.tokenizer.pad.id;
+            assert_eq!(usize_of(&sidecar, "pad_token_id"), pad_id as usize, "the export's pad id is the tokenizer's");
+            let graph = RknnGraph { file: fake_graph(seq_len, slots), seq_len, marker_slots: slots };
+            let mut backend = RknnBackend::load(&[graph], &RknnConfig::new(fake_library()), pad_id).unwrap();
+
+            let rows = sim_rows();
+            let qtypes: std::collections::BTreeSet<usize> = rows.iter().map(|r| r.row.qtype.index()).collect();
+            assert!(rows.len() >= 8 && qtypes.len() == 3, "{} rows, qtypes {qtypes:?}", rows.len());
+            let mut answers = Vec::new();
+            for r in &rows {
+                answers.push(backend.run(&[&r.row]).unwrap_or_else(|e| panic!("{}: {e}", r.name)).remove(0).logits);
+            }
+
+            let text = std::fs::read_to_string(&dump).unwrap();
+            let runs: Vec<Value> =
+                text.lines().map(|l| laya_topics::json::parse_str(l, Default::default()).unwrap()).collect();
+            assert_eq!(runs.len(), rows.len(), "one run per row");
+            let (mut worst_sim, mut worst_torch) = (0.0f32, 0.0f32);
+            for ((r, run), answer) in rows.iter().zip(&runs).zip(&answers) {
+                let k = r.row.marker_pos.len();
+                // Padding: the tensors the backend set are the ones the simulator was given.
+                for (name, want) in &r.inputs {
+                    let got = ints(run.get(name).unwrap());
+                    assert_eq!(got.len(), want.len(), "{} {name}: length", r.name);
+                    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+                        panic!("{} {name}[{i}]: the backend set {}, the simulator got {}", r.name, got[i], want[i]);
+                    }
+                }
+                // Slot filling: all 64 logits, -10000 past the options exactly as in the simulator.
+                let fake = f32s(run.get("logits").unwrap());
+                assert_eq!((fake.len(), r.simulator.len()), (slots, slots), "{}", r.name);
+                for (j, (f, s)) in fake.iter().zip(&r.simulator).enumerate().skip(k) {
+                    assert_eq!(*s, MISSING, "{} slot {j}: the simulator's fill", r.name);
+                    assert_eq!(f, s, "{} slot {j}: fake vs simulator past the options", r.name);
+                }
+                // Values: the options within the fp16 tolerance; the backend hands out exactly those.
+                assert_eq!(answer.as_slice(), &fake[..k], "{}: the backend's answer is the runtime's logits", r.name);
+                for (j, ((f, s), t)) in fake.iter().zip(&r.simulator).zip(&r.torch).take(k).enumerate() {
+                    let d = (f - s).abs();
+                    assert!(
+                        d <= FP16_TOLERANCE,
+                        "{} option {j}: fake {f} vs simulator {s} (|d| = {d} > {FP16_TOLERANCE})",
+                        r.name
+                    );
+                    worst_sim = worst_sim.max(d);
+                    worst_torch = worst_torch.max((f - t).abs());
+                }
+                let argmax = |v: &[f32]| (0..k).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+                assert_eq!(argmax(&fake), argmax(&r.simulator), "{}: the chosen option", r.name);
+            }
+            // The fake is laya's float model: the fp16 deviation above is the simulator's, not ours.
+            assert!(worst_torch <= 1e-3, "largest |fake - laya's PyTorch| = {worst_torch}");
+            eprintln!(
+                "{} rows: largest |fake - simulator| = {worst_sim}, |fake - laya PyTorch| = {worst_torch:e}",
+                rows.len()
+            );
+        },
+    );
+    if std::env::var_os(CHILD).is_none() {
+        std::fs::remove_file(&dump).ok();
+    }
+}
