@@ -14,15 +14,18 @@
 //! - the real options' logits agree within the fp16 tolerance [`FP16_TOLERANCE`].
 //!
 //! So the fake's semantics are grounded on Rockchip's toolchain, not on our reading of the card.
+//! A second test starts from the held-out requests themselves: laya-edge's own layout gives the
+//! rows laya laid out for the simulator, and the whole agent path answers them like it.
 
 use std::path::{Path, PathBuf};
 
 use laya_edge::bundle::HostBundle;
 use laya_edge::engine::Backend;
 use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
 use laya_edge_tests::{f32s, ints, json_str, read_json};
-use laya_topics::Value;
+use laya_topics::{Request, Value};
 
 const CHILD: &str = "LAYA_RKNN_SIM_TEST_CHILD";
 const FAKE_LIB: &str = "LAYA_RKNN_SIM_TEST_FAKE_LIB";
@@ -74,6 +77,8 @@ fn usize_of(v: &Value, key: &str) -> usize {
 /// One probe row of demo.sim.json: the unpadded row (the first `tokens` ids, the first `options`
 /// markers), the simulator's padded inputs and its logits, and laya's float logits.
 struct SimRow {
+    request: String,
+    qid: String,
     name: String,
     row: Row,
     inputs: Vec<(&'static str, Vec<i64>)>,
@@ -102,14 +107,12 @@ fn sim_rows() -> Vec<SimRow> {
                 marker_pos: inputs[2].1[..k].iter().map(|&p| p as u32).collect(),
                 qtype,
             };
-            let name = format!(
-                "{}:{}",
-                r.get("request").and_then(Value::as_str).unwrap(),
-                r.get("qid").and_then(Value::as_str).unwrap()
-            );
+            let request = r.get("request").and_then(Value::as_str).unwrap().to_owned();
+            let qid = r.get("qid").and_then(Value::as_str).unwrap().to_owned();
+            let name = format!("{request}:{qid}");
             let simulator = f32s(r.get("simulator_logits").expect("simulator_logits"));
             let torch = f32s(r.get("torch_logits").expect("torch_logits"));
-            SimRow { name, row, inputs, simulator, torch }
+            SimRow { request, qid, name, row, inputs, simulator, torch }
         })
         .collect()
 }
@@ -194,5 +197,40 @@ fn the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator() {
     );
     if std::env::var_os(CHILD).is_none() {
         std::fs::remove_file(&dump).ok();
+    }
+}
+
+/// The held-out request `id` of tests/fixtures/demo/heldout.jsonl.
+fn heldout_request(id: &str) -> Request {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("demo").join("heldout.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    text.lines()
+        .map(|l| laya_topics::json::parse_str(l, Default::default()).unwrap())
+        .map(|v| v.get("request").cloned().unwrap_or(v))
+        .find(|r| r.get("id").and_then(Value::as_str) == Some(id))
+        .map(|r| Request::from_value(r).unwrap())
+        .unwrap_or_else(|| panic!("no held-out request {id}"))
+}
+
+#[test]
+fn the_agents_own_layout_of_the_held_out_requests_reaches_the_simulators_answers() {
+    let sidecar = read_json(&fixture("demo.json"));
+    let (seq_len, slots) = (usize_of(&sidecar, "seq_len"), usize_of(&sidecar, "marker_slots"));
+    let bundle = HostBundle::load(&demo_dir()).unwrap();
+    let graph = RknnGraph { file: fake_graph(seq_len, slots), seq_len, marker_slots: slots };
+    let mut backend = RknnBackend::load(&[graph], &RknnConfig::new(fake_library()), bundle.tokenizer.pad.id).unwrap();
+    let max_tokens = laya_edge::config::Limits::default().max_request_tokens;
+    for r in sim_rows() {
+        // laya-edge's layout of the request gives the row laya's Agent._encode_state gave.
+        let prepared = pipeline::prepare(&bundle, &heldout_request(&r.request), max_tokens).unwrap();
+        let ours = prepared.iter().find(|p| p.qid == r.qid).unwrap_or_else(|| panic!("{}: no such question", r.name));
+        let (_, row) = ours.outcome.as_ref().unwrap_or_else(|e| panic!("{}: {e}", r.name));
+        assert_eq!(row, &r.row, "{}: laya-edge's row vs laya's", r.name);
+        // And the backend answers it like the simulator.
+        let logits = backend.run(&[row]).unwrap().remove(0).logits;
+        assert_eq!(logits.len(), r.row.marker_pos.len(), "{}", r.name);
+        for (j, (f, s)) in logits.iter().zip(&r.simulator).enumerate() {
+            assert!((f - s).abs() <= FP16_TOLERANCE, "{} option {j}: fake {f} vs simulator {s}", r.name);
+        }
     }
 }

@@ -70,7 +70,23 @@ def main():
     ap.add_argument("--rows", help="probe rows from rknn_rows.py (JSON lines); without it, no simulator run")
     ap.add_argument("--checkpoint", help="recorded in the sidecar; default: the one in the ONNX model's .export.json")
     a = ap.parse_args()
+    for k in ("onnx", "out", "rows", "checkpoint"):
+        if getattr(a, k):
+            setattr(a, k, os.path.abspath(getattr(a, k)))
+    # The toolkit writes its intermediate check*.onnx files into the working directory: give it a
+    # scratch one.
+    import shutil
+    import tempfile
+    scratch = tempfile.mkdtemp(prefix="rknn-build-")
+    os.chdir(scratch)
+    try:
+        run(a)
+    finally:
+        os.chdir(REPO)
+        shutil.rmtree(scratch, ignore_errors=True)
 
+
+def run(a):
     import onnx
     from rknn.api import RKNN
 
