@@ -11,7 +11,7 @@
 //! - the backend pads exactly as the simulator's inputs were padded (the same 1x512 and 1x64
 //!   int64 tensors, element for element);
 //! - every slot past the real options is -10000 in the fake as in the simulator (exactly);
-//! - the real options' logits agree within the fp16 tolerance [`FP16_TOLERANCE`].
+//! - the real options' logits agree within the fp16 tolerance ([`fp16_tolerance`]).
 //!
 //! So the fake's semantics are grounded on Rockchip's toolchain, not on our reading of the card.
 //! A second test starts from the held-out requests themselves: laya-edge's own layout gives the
@@ -31,15 +31,19 @@ const CHILD: &str = "LAYA_RKNN_SIM_TEST_CHILD";
 const FAKE_LIB: &str = "LAYA_RKNN_SIM_TEST_FAKE_LIB";
 const DUMP: &str = "LAYA_RKNN_SIM_TEST_DUMP";
 
-/// How far the fake's option logits may be from the simulator's. The fake computes in float32
-/// (it is laya's float model: within 1e-4 of laya's PyTorch logits, checked below); the .rknn
-/// runs weights and activations in float16, whose spacing is 2^-6 = 0.0156 for logits of
-/// magnitude 16 to 32 (the demo model's logits reach ~17), so the output's own rounding is up to
-/// 0.008, and the rounding of every activation through three transformer layers adds to it: the
-/// simulator was at most 0.025 from PyTorch on these rows (`summary` in demo.sim.json). 0.05 is
-/// twice that and still below what a masking error does: a fake that ignores the attention mask
-/// (runs the padding as tokens) is 0.19 off on the first row; a wrong qtype is 17 off.
-const FP16_TOLERANCE: f32 = 0.05;
+/// How far the fake's option logits may be from the simulator's, for a row of `tokens` tokens.
+/// The fake computes in float32 (it is laya's float model: within 1e-3 of laya's PyTorch logits,
+/// checked below); the .rknn runs weights and activations in float16 (11 significant bits), and
+/// its error is absolute, growing with the keys each attention sums over: on the 12 real rows
+/// (33-183 tokens) the simulator was at most 0.025 from PyTorch, on the synthetic row that fills
+/// all 512 positions 0.10 (`summary` and rows in demo.sim.json). So: 0.05 up to 256 tokens (every
+/// row the demo model's `max_len` lets the agent send), twice the worst measured, and 0.15 beyond,
+/// 1.5 times the full row's. Both stay below what a masking error does: a fake that ignores the
+/// attention mask (runs the padding as tokens) is 0.19 off on the first real row; a wrong qtype
+/// is 17 off.
+fn fp16_tolerance(tokens: usize) -> f32 {
+    if tokens <= 256 { 0.05 } else { 0.15 }
+}
 
 /// What the graph writes into the slots past the real options (model card; laya's masked_fill).
 const MISSING: f32 = -10000.0;
@@ -77,6 +81,9 @@ fn usize_of(v: &Value, key: &str) -> usize {
 /// One probe row of demo.sim.json: the unpadded row (the first `tokens` ids, the first `options`
 /// markers), the simulator's padded inputs and its logits, and laya's float logits.
 struct SimRow {
+    /// Not from a request: the rows rknn_rows.py --edge-rows adds (all 512 tokens and 64 options;
+    /// one option), which no request of the demo model reaches.
+    synthetic: bool,
     request: String,
     qid: String,
     name: String,
@@ -112,7 +119,8 @@ fn sim_rows() -> Vec<SimRow> {
             let name = format!("{request}:{qid}");
             let simulator = f32s(r.get("simulator_logits").expect("simulator_logits"));
             let torch = f32s(r.get("torch_logits").expect("torch_logits"));
-            SimRow { request, qid, name, row, inputs, simulator, torch }
+            let synthetic = r.get("synthetic").is_some_and(|v| *v == Value::Bool(true));
+            SimRow { synthetic, request, qid, name, row, inputs, simulator, torch }
         })
         .collect()
 }
@@ -173,19 +181,21 @@ fn the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator() {
                     assert_eq!(f, s, "{} slot {j}: fake vs simulator past the options", r.name);
                 }
                 // Values: the options within the fp16 tolerance; the backend hands out exactly those.
+                let tol = fp16_tolerance(r.row.input_ids.len());
                 assert_eq!(answer.as_slice(), &fake[..k], "{}: the backend's answer is the runtime's logits", r.name);
                 for (j, ((f, s), t)) in fake.iter().zip(&r.simulator).zip(&r.torch).take(k).enumerate() {
                     let d = (f - s).abs();
-                    assert!(
-                        d <= FP16_TOLERANCE,
-                        "{} option {j}: fake {f} vs simulator {s} (|d| = {d} > {FP16_TOLERANCE})",
-                        r.name
-                    );
+                    assert!(d <= tol, "{} option {j}: fake {f} vs simulator {s} (|d| = {d} > {tol})", r.name);
                     worst_sim = worst_sim.max(d);
                     worst_torch = worst_torch.max((f - t).abs());
                 }
-                let argmax = |v: &[f32]| (0..k).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
-                assert_eq!(argmax(&fake), argmax(&r.simulator), "{}: the chosen option", r.name);
+                // The chosen option, wherever the simulator's top two are further apart than the tolerance.
+                let mut order: Vec<usize> = (0..k).collect();
+                order.sort_by(|&a, &b| r.simulator[b].total_cmp(&r.simulator[a]));
+                if k < 2 || r.simulator[order[0]] - r.simulator[order[1]] > 2.0 * tol {
+                    let best = (0..k).max_by(|&a, &b| fake[a].total_cmp(&fake[b])).unwrap();
+                    assert_eq!(best, order[0], "{}: the chosen option", r.name);
+                }
             }
             // The fake is laya's float model: the fp16 deviation above is the simulator's, not ours.
             assert!(worst_torch <= 1e-3, "largest |fake - laya's PyTorch| = {worst_torch}");
@@ -220,7 +230,10 @@ fn the_agents_own_layout_of_the_held_out_requests_reaches_the_simulators_answers
     let graph = RknnGraph { file: fake_graph(seq_len, slots), seq_len, marker_slots: slots };
     let mut backend = RknnBackend::load(&[graph], &RknnConfig::new(fake_library()), bundle.tokenizer.pad.id).unwrap();
     let max_tokens = laya_edge::config::Limits::default().max_request_tokens;
-    for r in sim_rows() {
+    let rows = sim_rows();
+    let real: Vec<&SimRow> = rows.iter().filter(|r| !r.synthetic).collect();
+    assert!(real.len() >= 8, "{} rows from requests", real.len());
+    for r in real {
         // laya-edge's layout of the request gives the row laya's Agent._encode_state gave.
         let prepared = pipeline::prepare(&bundle, &heldout_request(&r.request), max_tokens).unwrap();
         let ours = prepared.iter().find(|p| p.qid == r.qid).unwrap_or_else(|| panic!("{}: no such question", r.name));
@@ -230,7 +243,8 @@ fn the_agents_own_layout_of_the_held_out_requests_reaches_the_simulators_answers
         let logits = backend.run(&[row]).unwrap().remove(0).logits;
         assert_eq!(logits.len(), r.row.marker_pos.len(), "{}", r.name);
         for (j, (f, s)) in logits.iter().zip(&r.simulator).enumerate() {
-            assert!((f - s).abs() <= FP16_TOLERANCE, "{} option {j}: fake {f} vs simulator {s}", r.name);
+            let tol = fp16_tolerance(row.input_ids.len());
+            assert!((f - s).abs() <= tol, "{} option {j}: fake {f} vs simulator {s}", r.name);
         }
     }
 }

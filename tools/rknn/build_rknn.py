@@ -163,6 +163,7 @@ def run(a):
         d_onnx = float(np.abs(ref[:k] - torch_l).max())
         out_rows.append({
             "request": r["request"], "qid": r["qid"], "tokens": len(r["input_ids"]), "options": k,
+            "synthetic": bool(r.get("synthetic", False)),
             "inputs": {name: f[name].reshape(-1).tolist() for name in INPUTS},
             "simulator_logits": [float(x) for x in sim],
             "torch_logits": [float(x) for x in torch_l],

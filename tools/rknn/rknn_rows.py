@@ -14,6 +14,11 @@ middle length, then the rows with the most options, then the rest in file order.
 come from laya's own forward (`collate_items` + `DecisionModel`, float32 on the CPU, unpadded, sdpa
 attention as laya.Agent runs it): the CPU float model the simulator is compared with.
 
+With --edge-rows, two synthetic rows are added that no request of a small checkpoint reaches: one that
+fills the graph exactly (L tokens, no padding, all K marker slots used, choice) and one of 3 tokens with a
+single option (score). Their token ids are drawn (seeded) from the vocabulary; their float logits come
+from laya's forward like the others. They are marked "synthetic": true.
+
 Output, one JSON object a line:
     {"request": id, "qid": qid, "qtype": 0|1|2, "input_ids": [...], "marker_pos": [...], "torch_logits": [...]}
 """
@@ -86,18 +91,32 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--count", type=int, default=12)
     ap.add_argument("--seq-len", type=int, default=512, help="leave out rows longer than the graph's L")
+    ap.add_argument("--marker-slots", type=int, default=64, help="the graph's K (for --edge-rows)")
+    ap.add_argument("--edge-rows", action="store_true", help="add a full L x K row and a 3-token single-option row")
     a = ap.parse_args()
     import laya
     agent = laya.Agent(os.path.abspath(a.checkpoint), device="cpu")
     model = agent.model.float().eval()
     pad_id = int(agent.tok.pad_token_id)
     rows = pick(layout(agent, a.requests, a.seq_len), a.count)
+    if a.edge_rows:
+        import random
+        rng = random.Random(14)
+        vocab = int(model.encoder.config.vocab_size)
+        L, K = a.seq_len, a.marker_slots
+        full = [rng.randrange(5, vocab) for _ in range(L)]
+        rows.append(("synthetic-full", "full", {"ids": full, "markers": [1 + j * (L - 2) // (K - 1) for j in range(K)],
+                                                "qtype": 0}))
+        rows.append(("synthetic-one-option", "one", {"ids": [rng.randrange(5, vocab) for _ in range(3)], "markers": [1],
+                                                     "qtype": 1}))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         for rid, qid, item in rows:
-            f.write(json.dumps({"request": rid, "qid": qid, "qtype": int(item["qtype"]), "input_ids": item["ids"],
-                                "marker_pos": item["markers"], "torch_logits": float_logits(model, item, pad_id)})
-                    + "\n")
+            line = {"request": rid, "qid": qid, "qtype": int(item["qtype"]), "input_ids": item["ids"],
+                    "marker_pos": item["markers"], "torch_logits": float_logits(model, item, pad_id)}
+            if rid.startswith("synthetic-"):
+                line["synthetic"] = True
+            f.write(json.dumps(line) + "\n")
     print(f"{a.out}: {len(rows)} rows; qtypes {sorted({r[2]['qtype'] for r in rows})}; tokens "
           f"{sorted(len(r[2]['ids']) for r in rows)}; options {sorted(len(r[2]['markers']) for r in rows)}")
 
