@@ -2,8 +2,9 @@
 //!
 //! `tests/fixtures/rknn/demo` holds the demo model (`models/demo`) exported by `tools/rknn` with
 //! the RK3588 card's graph interface, built by RKNN-Toolkit2 2.3.2 (rk3588, fp16) into
-//! `demo.rknn`, and `demo.sim.json`: probe rows laid out by laya 0.3.20's own
-//! `Agent._encode_state`, the five padded tensors they were given to Rockchip's x86 simulator, the
+//! `demo.rknn`, and `demo.sim.json`: 12 probe rows laid out by laya 0.3.20's own
+//! `Agent._encode_state` from held-out requests and 2 synthetic edge rows (all 512 tokens with all
+//! 64 options; 3 tokens with one option), the five padded tensors they were given to Rockchip's x86 simulator, the
 //! simulator's 64 logits, and laya's own float logits. Here the same rows go through the
 //! production RKNN backend onto the fake runtime, which records (`FAKE_RKNN_DUMP`) the tensors it
 //! received and the 64 logits it returned, and both are held against the simulator's:
