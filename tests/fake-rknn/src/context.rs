@@ -146,8 +146,27 @@ impl Context {
             row.input_ids.len(),
             row.marker_pos.len()
         ));
+        if let Some(inputs) = &self.inputs {
+            self.dump(inputs, &logits);
+        }
         self.output = Some(logits);
         abi::RKNN_SUCC
+    }
+
+    /// Appends the run's inputs and logits to `FAKE_RKNN_DUMP`, if set, as one JSON line
+    /// (`{"input_ids": [...], ..., "qtype": [...], "logits": [...]}`; floats in Rust's shortest
+    /// round-trip form, so they read back as the same `f32`). Best effort.
+    fn dump(&self, inputs: &[Vec<i64>; 5], logits: &[f32]) {
+        let Some(path) = &self.knobs.dump else { return };
+        let list = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
+        let mut line = String::from("{");
+        for (name, values) in INPUTS.iter().zip(inputs) {
+            line += &format!("\"{name}\":[{}],", list(&mut values.iter().map(i64::to_string)));
+        }
+        line += &format!("\"logits\":[{}]}}", list(&mut logits.iter().map(f32::to_string)));
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{line}");
+        }
     }
 
     /// Appends a line to `FAKE_RKNN_TRACE`, if set (best effort).
