@@ -5,9 +5,10 @@
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
-#   4. the kas files load and validate as kas loads them (tools/yocto/check_kas.py);
-#   5. the example configuration is valid TOML;
-#   6. systemd-analyze verify on laya-edge.service, alone and with each board drop-in.
+#   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);
+#   5. the kas files load and validate as kas loads them (tools/yocto/check_kas.py);
+#   6. the example configuration is valid TOML;
+#   7. systemd-analyze verify on laya-edge.service, alone and with each board drop-in.
 # Idempotent; runs from anywhere (it changes to the repository root). The Python tools live in
 # a venv under the cache directory, rebuilt only when tools/yocto/requirements.txt changes.
 set -euo pipefail
@@ -72,16 +73,20 @@ else
     say "SKIPPED licence check: cargo is not installed"
 fi
 
-# --- 4. kas ---------------------------------------------------------------------------------
+# --- 4. LIC_FILES_CHKSUM ----------------------------------------------------------------
+say "LIC_FILES_CHKSUM against the repository's LICENSE"
+"$vpy" tools/yocto/lic_files_chksum.py
+
+# --- 5. kas ---------------------------------------------------------------------------------
 say "kas files"
 "$vpy" tools/yocto/check_kas.py
 
-# --- 5. example configuration ---------------------------------------------------------------
+# --- 6. example configuration ---------------------------------------------------------------
 conf=yocto-layer/recipes-laya/laya-edge/files/laya-edge.toml
 "$vpy" -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' "$conf"
 say "$conf parses"
 
-# --- 6. systemd unit --------------------------------------------------------------------
+# --- 7. systemd unit --------------------------------------------------------------------
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     apt_install systemd || true
 fi
