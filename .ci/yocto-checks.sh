@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
-#   1. oelint-adv --release wrynose over every recipe, append, include and class: no error, no
-#      warning (rules off for the whole layer, and why: yocto-layer/.oelint.cfg);
+#   1. oelint-adv --release wrynose over every recipe, append, include and class: no finding at
+#      all, infos included (rules off for the whole layer, and why: yocto-layer/.oelint.cfg;
+#      the few off for one line say why above the line);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
@@ -55,11 +56,11 @@ vpy="$venv/bin/python"
 mapfile -t bbfiles < <(find yocto-layer -type f \
     \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \) | sort)
 say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}') on ${#bbfiles[@]} files"
-# Infos (suggestions such as BBCLASSEXTEND or BUGTRACKER) are not failures; errors and
-# warnings are. --mode all runs the slower rules too.
+# Any finding fails, infos included (oelint-adv exits non-zero on infos too); --mode all runs
+# the slower rules too.
 OELINT_CONFIG="$PWD/yocto-layer/.oelint.cfg" "$venv/bin/oelint-adv" \
-    --release wrynose --mode all --hide info --quiet --relpaths "${bbfiles[@]}"
-say "oelint-adv: no errors, no warnings"
+    --release wrynose --mode all --quiet --relpaths "${bbfiles[@]}"
+say "oelint-adv: no findings"
 
 # --- 2. crates ------------------------------------------------------------------------------
 say "laya-edge-crates.inc against Cargo.lock"
@@ -137,3 +138,4 @@ verify base
 verify qnn "$qnn_src" 's,@ADSP_LIBRARY_PATH@,/usr/share/qcom/qcm6490/Thundercomm/RB3gen2/dsp/cdsp,'
 verify qnn-no-adsp-path "$qnn_src" '/@ADSP_LIBRARY_PATH@/d'
 verify rknn "$rknn_src" 's,@RKNN_LIB@,/usr/lib/librknnrt-2.3.2/librknnrt.so,'
+verify rknn-no-runtime "$rknn_src" '/@RKNN_LIB@/d'
