@@ -4,6 +4,9 @@
 #      all, infos included (rules off for the whole layer, and why: yocto-layer/.oelint.cfg;
 #      the few off for one line say why above the line);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
+#      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
+#      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
+#      in a shallow clone without the commit: fails under CI=true, skipped otherwise);
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
 #   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);
@@ -65,6 +68,8 @@ say "oelint-adv: no findings"
 # --- 2. crates ------------------------------------------------------------------------------
 say "laya-edge-crates.inc against Cargo.lock"
 "$vpy" tools/yocto/crates_inc.py --check
+say "laya-edge_git.bb's pinned SRCREV"
+"$vpy" tools/yocto/pin_srcrev.py --check
 
 # --- 3. licences --------------------------------------------------------------------------
 if command -v cargo >/dev/null 2>&1; then
