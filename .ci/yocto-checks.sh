@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
-#   1. oelint-adv --release wrynose over every recipe, append, include and class: no finding at
-#      all, infos included (rules off for the whole layer, and why: yocto-layer/.oelint.cfg;
+#   1. oelint-adv --release wrynose over every recipe, append, include, class and layer.conf:
+#      no finding at all, infos included (rules off for the whole layer, and why: yocto-layer/.oelint.cfg;
 #      the few off for one line say why above the line);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
@@ -58,7 +58,8 @@ vpy="$venv/bin/python"
 
 # --- 1. oelint-adv ----------------------------------------------------------------------
 mapfile -t bbfiles < <(find yocto-layer -type f \
-    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \) | sort)
+    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \
+       -o -path 'yocto-layer/conf/*.conf' \) | sort)
 say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}') on ${#bbfiles[@]} files"
 # Any finding fails, infos included (oelint-adv exits non-zero on infos too); --mode all runs
 # the slower rules too.
