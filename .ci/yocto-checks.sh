@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
 #   1. oelint-adv --release wrynose over every recipe, append, include, class and layer.conf:
-#      no finding at all, infos included (rules off for the whole layer, and why: yocto-layer/.oelint.cfg;
-#      the few off for one line say why above the line);
+#      no finding at all, infos included (rules off for the whole layer, and why:
+#      yocto-layer/.oelint.cfg; the few off for one line say why above the line);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
 #      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
@@ -13,7 +13,9 @@
 #   5. the kas files load and validate as kas loads them, and the laya-edge fetch they set up
 #      works from a detached checkout, replayed with git (tools/yocto/check_kas.py);
 #   6. the example configuration is valid TOML;
-#   7. systemd-analyze verify on laya-edge.service, alone and with each board drop-in.
+#   7. systemd-analyze verify on laya-edge.service, alone and with each board drop-in;
+#   8. the checks can fail: checks 1-5 rerun on a copy with one known breakage each, and each
+#      must fail saying why (tools/yocto/mutations.sh).
 # Idempotent; runs from anywhere (it changes to the repository root). The Python tools live in
 # a venv under the cache directory, rebuilt only when tools/yocto/requirements.txt changes.
 set -euo pipefail
@@ -88,6 +90,10 @@ say "LIC_FILES_CHKSUM against the repository's LICENSE"
 # --- 5. kas ---------------------------------------------------------------------------------
 say "kas files"
 "$vpy" tools/yocto/check_kas.py
+
+# --- 8. mutations (before 6-7, whose unit checks end the script) -----------------------------
+say "the checks above, each on a known breakage"
+bash tools/yocto/mutations.sh "$vpy" "$venv/bin/oelint-adv"
 
 # --- 6. example configuration ---------------------------------------------------------------
 conf=yocto-layer/recipes-laya/laya-edge/files/laya-edge.toml
