@@ -186,7 +186,8 @@ def check_detached_fetch(config_path: Path, work: Path) -> list[str]:
     if not detached.exists():
         git(work, "init", "-q", str(detached))
         head = git(REPO_ROOT, "rev-parse", "HEAD").stdout.strip()
-        git(detached, "fetch", "-q", str(REPO_ROOT), head)
+        # --update-shallow: from a shallow clone (CI), take its shallow boundary along.
+        git(detached, "fetch", "-q", "--update-shallow", str(REPO_ROOT), head)
         git(detached, "update-ref", "--no-deref", "HEAD", head)
         if git(detached, "for-each-ref").stdout.strip():
             problems.append("internal: the detached copy has refs")
