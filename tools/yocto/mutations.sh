@@ -76,12 +76,12 @@ mutate "a crate's sha256 changed in laya-edge-crates.inc" \
     "import re; m = re.search(r'sha256sum\] = \"(.)', s); s = s[:m.start(1)] + ('0' if m.group(1) != '0' else '1') + s[m.end(1):]" \
     "is out of date with Cargo.lock" -- "$vpy" tools/yocto/crates_inc.py --check
 if [ -n "$have_pin" ]; then
-mutate "SRCREV a hash that is no commit" \
-    "$recipe_dir/laya-edge_git.bb" \
-    "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"' + '0123456789abcdef' * 2 + '01234567\"', s, flags=re.M)" \
-    "0123456789abcdef" -- env LAYA_PIN_SHALLOW=fail "$vpy" tools/yocto/pin_srcrev.py --check
-orphan="$(git -C "$copy" commit-tree -m "not on any branch" "HEAD^{tree}")"
+    mutate "SRCREV a hash that is no commit" \
+        "$recipe_dir/laya-edge_git.bb" \
+        "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"' + '0123456789abcdef' * 2 + '01234567\"', s, flags=re.M)" \
+        "0123456789abcdef" -- env LAYA_PIN_SHALLOW=fail "$vpy" tools/yocto/pin_srcrev.py --check
 fi
+orphan="$(git -C "$copy" commit-tree -m "not on any branch" "HEAD^{tree}")"
 mutate "SRCREV a commit that is not an ancestor of HEAD" \
     "$recipe_dir/laya-edge_git.bb" \
     "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"$orphan\"', s, flags=re.M)" \
