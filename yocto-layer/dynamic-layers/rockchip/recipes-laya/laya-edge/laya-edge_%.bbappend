@@ -25,7 +25,8 @@ PACKAGECONFIG[rknn] = "--features rknn,,,,${LAYA_RKNN_RUNTIME}"
 # the RKNN backend reports that no librknnrt was given (the CPU backend is unaffected), and the
 # image can bring its own librknnrt and set RKNN_LIB in a drop-in of its own. A recommendation,
 # not a dependency, so that an image may also leave it out (BAD_RECOMMENDATIONS).
-LAYA_RKNN_RUNTIME = "${@'librknnrt' if {'rockchip-rknn', 'rockchip-rknn_librknnrt'} & set((d.getVar('LICENSE_FLAGS_ACCEPTED') or '').split()) else ''}"
+LAYA_RKNN_RUNTIME = "${@'librknnrt' if {'rockchip-rknn', 'rockchip-rknn_librknnrt'} & \
+                        set((d.getVar('LICENSE_FLAGS_ACCEPTED') or '').split()) else ''}"
 
 # Keep in step with the librknnrt recipe's version (its install directory).
 LAYA_RKNN_LIB ??= "${@'${libdir}/librknnrt-2.3.2/librknnrt.so' if d.getVar('LAYA_RKNN_RUNTIME') else ''}"
