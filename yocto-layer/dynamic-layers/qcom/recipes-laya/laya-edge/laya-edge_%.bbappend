@@ -24,8 +24,10 @@ PACKAGECONFIG[qnn] = "--features qnn,,,qairt-sdk fastrpc"
 LAYA_ADSP_LIBRARY_PATH ??= ""
 LAYA_ADSP_LIBRARY_PATH:qcm6490 = "${datadir}/qcom/qcm6490/Thundercomm/RB3gen2/dsp/cdsp"
 
-# The drop-in depends on the SoC, so the package does too.
-PACKAGE_ARCH:qcom:aarch64 = "${MACHINE_ARCH}"
+# The drop-in depends on the SoC, so the package does too. On every qcom machine, not only
+# those with QNN: the qcom overrides above (SRC_URI, do_install) change the recipe there, and a
+# package that differs between machines of one tune must not share that tune's feed.
+PACKAGE_ARCH:qcom = "${MACHINE_ARCH}"
 
 RDEPENDS:${PN}:append:qcm6490 = " ${@bb.utils.contains('PACKAGECONFIG', 'qnn', 'qairt-sdk-hexagon-v68', '', d)}"
 
