@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
-#   1. oelint-adv --release wrynose over every recipe, append, include and class: no error, no
-#      warning (rules off for the whole layer, and why: yocto-layer/.oelint.cfg);
+#   1. oelint-adv --release wrynose over every recipe, append, include, class and layer.conf:
+#      no finding at all, infos included (rules off for the whole layer, and why:
+#      yocto-layer/.oelint.cfg; the few off for one line say why above the line);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
+#      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
+#      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
+#      in a shallow clone without the commit: fails under CI=true, skipped otherwise);
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
-#   4. the kas files load and validate as kas loads them (tools/yocto/check_kas.py);
-#   5. the example configuration is valid TOML;
-#   6. systemd-analyze verify on laya-edge.service, alone and with each board drop-in.
+#   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);
+#   5. the kas files load and validate as kas loads them, and the laya-edge fetch they set up
+#      works from a detached checkout, replayed with git (tools/yocto/check_kas.py);
+#   6. the example configuration is valid TOML;
+#   7. systemd-analyze verify on laya-edge.service, alone and with each board drop-in;
+#   8. the checks can fail: checks 1-5 rerun on a copy with one known breakage each, and each
+#      must fail saying why (tools/yocto/mutations.sh).
 # Idempotent; runs from anywhere (it changes to the repository root). The Python tools live in
 # a venv under the cache directory, rebuilt only when tools/yocto/requirements.txt changes.
 set -euo pipefail
@@ -52,17 +60,20 @@ vpy="$venv/bin/python"
 
 # --- 1. oelint-adv ----------------------------------------------------------------------
 mapfile -t bbfiles < <(find yocto-layer -type f \
-    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \) | sort)
+    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \
+       -o -path 'yocto-layer/conf/*.conf' \) | sort)
 say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}') on ${#bbfiles[@]} files"
-# Infos (suggestions such as BBCLASSEXTEND or BUGTRACKER) are not failures; errors and
-# warnings are. --mode all runs the slower rules too.
+# Any finding fails, infos included (oelint-adv exits non-zero on infos too); --mode all runs
+# the slower rules too.
 OELINT_CONFIG="$PWD/yocto-layer/.oelint.cfg" "$venv/bin/oelint-adv" \
-    --release wrynose --mode all --hide info --quiet --relpaths "${bbfiles[@]}"
-say "oelint-adv: no errors, no warnings"
+    --release wrynose --mode all --quiet --relpaths "${bbfiles[@]}"
+say "oelint-adv: no findings"
 
 # --- 2. crates ------------------------------------------------------------------------------
 say "laya-edge-crates.inc against Cargo.lock"
 "$vpy" tools/yocto/crates_inc.py --check
+say "laya-edge_git.bb's pinned SRCREV"
+"$vpy" tools/yocto/pin_srcrev.py --check
 
 # --- 3. licences --------------------------------------------------------------------------
 if command -v cargo >/dev/null 2>&1; then
@@ -72,16 +83,24 @@ else
     say "SKIPPED licence check: cargo is not installed"
 fi
 
-# --- 4. kas ---------------------------------------------------------------------------------
+# --- 4. LIC_FILES_CHKSUM ----------------------------------------------------------------
+say "LIC_FILES_CHKSUM against the repository's LICENSE"
+"$vpy" tools/yocto/lic_files_chksum.py
+
+# --- 5. kas ---------------------------------------------------------------------------------
 say "kas files"
 "$vpy" tools/yocto/check_kas.py
 
-# --- 5. example configuration ---------------------------------------------------------------
+# --- 8. mutations (before 6-7, whose unit checks end the script) -----------------------------
+say "the checks above, each on a known breakage"
+bash tools/yocto/mutations.sh "$vpy" "$venv/bin/oelint-adv"
+
+# --- 6. example configuration ---------------------------------------------------------------
 conf=yocto-layer/recipes-laya/laya-edge/files/laya-edge.toml
 "$vpy" -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' "$conf"
 say "$conf parses"
 
-# --- 6. systemd unit --------------------------------------------------------------------
+# --- 7. systemd unit --------------------------------------------------------------------
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     apt_install systemd || true
 fi
@@ -132,3 +151,4 @@ verify base
 verify qnn "$qnn_src" 's,@ADSP_LIBRARY_PATH@,/usr/share/qcom/qcm6490/Thundercomm/RB3gen2/dsp/cdsp,'
 verify qnn-no-adsp-path "$qnn_src" '/@ADSP_LIBRARY_PATH@/d'
 verify rknn "$rknn_src" 's,@RKNN_LIB@,/usr/lib/librknnrt-2.3.2/librknnrt.so,'
+verify rknn-no-runtime "$rknn_src" '/@RKNN_LIB@/d'

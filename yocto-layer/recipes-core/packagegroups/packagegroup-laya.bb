@@ -3,6 +3,7 @@ DESCRIPTION = "Everything an image needs to answer Laya requests on the board: t
                laya-edge service and, where the build has meta-networking, a local MQTT \
                broker."
 HOMEPAGE = "https://example.invalid/laya-edge"
+SECTION = "console/network"
 LICENSE = "MIT"
 
 inherit packagegroup

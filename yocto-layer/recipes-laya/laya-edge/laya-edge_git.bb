@@ -1,13 +1,20 @@
-# laya-edge from the tip of its main branch. A release recipe (laya-edge_<version>.bb) is
-# preferred when one is buildable; select this one with
-#   PREFERRED_VERSION_laya-edge = "0.1.0+git"
-# and pin it for a reproducible image with SRCREV:pn-laya-edge = "<commit>".
+# laya-edge from its main branch, pinned to one commit: the recipe bitbake builds by default
+# (until a release recipe, laya-edge_<version>.bb, is buildable). Pinned, it parses without
+# network access, its fetch is cached in DL_DIR and works under BB_NO_NETWORK, and a build is
+# reproducible. SRCREV and PV are written by tools/yocto/pin_srcrev.py, which also checks that
+# laya-edge-crates.inc is the crate list of that commit's Cargo.lock; CI checks that SRCREV is a
+# commit of this repository's history.
+#
+# To follow main instead (AUTOREV: a `git ls-remote` at every parse, nothing cached), opt in
+# in local.conf:
+#   SRCREV:pn-laya-edge = "${AUTOREV}"
+# (see the meta-laya README: the crate list is the layer's, so it matches main only when the
+# layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-# Following main is what this recipe is for; releases are pinned in laya-edge_<version>.bb.
-# nooelint: oelint.vars.autorev
-SRCREV = "${AUTOREV}"
+SRCREV = "936c0c1daf8728fb87f6512cad4271b4b99c5437"
 
+# A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
 
 require laya-edge.inc

@@ -15,6 +15,10 @@ LICENSE = "Rockchip-RKNN"
 LIC_FILES_CHKSUM = "file://LICENSE;md5=a2399e2538b7ebeac89b5b1cc648459a"
 NO_GENERIC_LICENSE[Rockchip-RKNN] = "LICENSE"
 LICENSE_FLAGS = "rockchip-rknn"
+# Shown with the "restricted license" skip message where the flag is not accepted.
+LICENSE_FLAGS_DETAILS[rockchip-rknn] = "librknnrt is Rockchip's prebuilt runtime under Rockchip's \
+own terms; read the notes in meta-laya's librknnrt_2.3.2.bb before accepting them. Without it \
+laya-edge still builds, with no RKNN runtime in the image (see the meta-laya README)."
 
 # v2.3.2 is a lightweight tag on master; the repository carries Python wheels and examples
 # for every release, so fetch only this commit.
