@@ -6,7 +6,7 @@
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
 #      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
-#      in a shallow clone without the commit: fails under CI=true, skipped otherwise);
+#      in a shallow clone without the commit, or outside git: skipped with a message);
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
 #   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);

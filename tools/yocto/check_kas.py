@@ -183,6 +183,9 @@ def check_detached_fetch(config_path: Path, work: Path) -> list[str]:
 
     # A detached checkout: HEAD's commit and history, no branch, no tag, no remote ref.
     detached = work / "detached"
+    if git(REPO_ROOT, "rev-parse", "--git-dir", check=False).returncode != 0:
+        print(f"check_kas: {config_path.name}: SKIPPED the detached fetch: not a git checkout")
+        return problems
     if not detached.exists():
         git(work, "init", "-q", str(detached))
         head = git(REPO_ROOT, "rev-parse", "HEAD").stdout.strip()

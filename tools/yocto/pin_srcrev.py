@@ -18,9 +18,9 @@ commit is then the parent of that commit (pinning a commit to itself is impossib
 --check fails unless SRCREV is a full hash of a commit that is HEAD or an ancestor of HEAD
 (`git merge-base --is-ancestor`), PV is that commit's version, and the crate list matches its
 Cargo.lock. In a shallow clone the pinned commit may be missing although it is on main; then
-the check cannot be made: it fails under CI (CI=true), telling how to fetch the history
-(e.g. actions/checkout's fetch-depth: 0, or `git fetch --unshallow`), and is skipped with a
-message elsewhere. LAYA_PIN_SHALLOW=skip or =fail chooses explicitly.
+the check cannot be made: it is skipped with a message telling how to fetch the history
+(e.g. actions/checkout's fetch-depth: 0, or `git fetch --unshallow`); LAYA_PIN_SHALLOW=fail
+makes it an error. Outside a git checkout (a source tarball) it is skipped too.
 
 Python 3.11+ standard library only.
 """
@@ -120,7 +120,15 @@ def pin(rev: str) -> int:
     return 0
 
 
+def in_git_checkout() -> bool:
+    return git("rev-parse", "--git-dir", check=False).returncode == 0
+
+
 def check() -> int:
+    if not in_git_checkout():
+        print("pin_srcrev: SKIPPED: not a git checkout (a source tarball): the pinned SRCREV cannot be "
+              "checked against the history here.")
+        return 0
     srcrev, pv = pinned()
     rel = RECIPE.relative_to(REPO_ROOT)
     if srcrev == "${AUTOREV}":
@@ -131,8 +139,8 @@ def check() -> int:
     if not commit_exists(srcrev) or git("merge-base", "--is-ancestor", srcrev, "HEAD",
                                         check=False).returncode != 0:
         if is_shallow():
-            mode = os.environ.get("LAYA_PIN_SHALLOW") or (
-                "fail" if os.environ.get("CI", "").lower() == "true" else "skip")
+            # A shallow CI clone cannot tell; LAYA_PIN_SHALLOW=fail makes it an error.
+            mode = os.environ.get("LAYA_PIN_SHALLOW") or "skip"
             msg = (f"this is a shallow clone and SRCREV {srcrev[:12]} of {rel} is not in its "
                    "history, so whether it is a commit of this repository cannot be checked. Fetch "
                    "the whole history (actions/checkout: fetch-depth: 0; or git fetch --unshallow)")
