@@ -323,3 +323,135 @@ fn predict_with_the_qnn_backend_on_the_fake_runtime_gives_the_cpu_answers() {
         assert_answers_close(a, b, &FAKE_QNN, &format!("line {i}"));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bundles (issue #14) on the simulator: `laya-edge bundle` reads the binaries themselves, and the
+// probe holds the backend to the float model.
+// ---------------------------------------------------------------------------------------------
+
+fn demo_checkpoint() -> PathBuf {
+    std::path::absolute(workspace().join("models/demo")).expect("path")
+}
+
+/// `laya-edge bundle --qnn ...` of the demo model's binaries; `extra` flags added.
+fn assembled_demo_bundle(name: &str, binaries: &[PathBuf], libs: &Path, extra: &[&str]) -> PathBuf {
+    let out = temp_dir(&format!("qnn-assembled-{name}")).join("bundle");
+    let mut args: Vec<OsString> = vec![
+        "bundle".into(),
+        "--checkpoint".into(),
+        demo_checkpoint().into(),
+        "--out".into(),
+        out.clone().into(),
+        "--qnn-system-lib".into(),
+        libs.join("libQnnSystem.so").into(),
+    ];
+    for b in binaries {
+        args.push("--qnn".into());
+        args.push(b.into());
+    }
+    args.extend(extra.iter().map(OsString::from));
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let (_, err, ok) = run_cli(&args, &[], "");
+    assert!(ok, "bundle failed: {err}");
+    out
+}
+
+fn demo_binary(file: &str) -> PathBuf {
+    std::path::absolute(workspace().join("tests/fixtures/qnn/demo").join(file)).expect("path")
+}
+
+/// `laya-edge probe --backend qnn` on the simulator.
+fn probe_on_simulator(bundle: &Path, libs: &Path) -> (String, String, bool) {
+    let config = temp_dir("qnn-probe-config").join("laya-edge.toml");
+    std::fs::write(&config, simulator_config(bundle, libs)).expect("config");
+    let args = [std::ffi::OsStr::new("probe"), "--config".as_ref(), config.as_os_str()];
+    run_cli(&args, &[], "")
+}
+
+#[test]
+fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_passes_its_probe_on_the_simulator() {
+    let Some(libs) = qnn_simulator() else { return };
+    let binaries = [demo_binary("enc_L128_u16io_ctx_qnn.bin"), demo_binary("enc_L256_f32io_ctx_qnn.bin")];
+    let bundle = assembled_demo_bundle("round-trip", &binaries, &libs, &["--allow-minmax-above-128"]);
+    let m = json::parse(&std::fs::read(bundle.join("laya-bundle.json")).expect("manifest"), ParseOptions::default())
+        .expect("json");
+    let graphs = m.get("graphs").and_then(Value::as_array).expect("graphs");
+    // Read from the binaries, not typed by hand: lengths, I/O flavour, quantization.
+    let got: Vec<(i64, &str)> = graphs
+        .iter()
+        .map(|g| (g.get("seq_len").and_then(Value::as_i64).unwrap(), g.get("io").and_then(Value::as_str).unwrap()))
+        .collect();
+    assert_eq!(got, [(128, "ufixed16"), (256, "float")]);
+    let embeds = &graphs[0].get("tensors").and_then(Value::as_array).expect("tensors")[0];
+    assert_eq!(embeds.get("data_type"), Some(&Value::from("ufixed16")));
+    assert!(embeds.get("offset").and_then(Value::as_i64).is_some() && embeds.get("scale").is_some(), "{embeds:?}");
+    let allow = m.get("runtime_allowlist").and_then(Value::as_array).expect("allowlist");
+    assert_eq!(allow.len(), 1, "the QAIRT release the binaries name: {allow:?}");
+    let args = [std::ffi::OsStr::new("check"), "--model".as_ref(), bundle.as_os_str()];
+    let (out, err, ok) = run_cli(&args, &[], "");
+    assert!(ok && out.contains("qnn bundle, 2 graph(s)"), "{out} {err}");
+    let (out, err, ok) = probe_on_simulator(&bundle, &libs);
+    assert!(ok, "the probe failed on the simulator: {out} {err}");
+    assert!(out.starts_with("qnn on "), "{out}");
+}
+
+#[test]
+fn a_graph_without_calibration_metadata_is_treated_as_minmax_and_not_used_above_128_tokens() {
+    let Some(libs) = qnn_simulator() else { return };
+    // A copy of the 256-token binary without the description tools/qnn writes beside it.
+    let dir = temp_dir("qnn-unlabelled");
+    let bare = dir.join("enc_256.bin");
+    std::fs::copy(demo_binary("enc_L256_f32io_ctx_qnn.bin"), &bare).expect("copy");
+    let bundle = assembled_demo_bundle("unlabelled", &[demo_binary("enc_L128_u16io_ctx_qnn.bin"), bare], &libs, &[]);
+    let m = json::parse(&std::fs::read(bundle.join("laya-bundle.json")).expect("manifest"), ParseOptions::default())
+        .expect("json");
+    let graphs = m.get("graphs").and_then(Value::as_array).expect("graphs");
+    assert_eq!(graphs[1].get("calibration"), Some(&Value::Null), "{:?}", graphs[1]);
+    let host = laya_edge::bundle::HostBundle::load(&bundle).expect("bundle");
+    assert_eq!(host.capacity.limits.max_len, 128, "the unlabelled 256 graph must not raise the budget");
+    let args = [std::ffi::OsStr::new("check"), "--model".as_ref(), bundle.as_os_str()];
+    let (out, _, ok) = run_cli(&args, &[], "");
+    assert!(ok && out.contains("will not be used"), "{out}");
+}
+
+#[test]
+fn a_truncated_context_binary_is_named_in_the_error() {
+    let Some(libs) = qnn_simulator() else { return };
+    let dir = temp_dir("qnn-truncated");
+    let cut = dir.join("enc_128_cut.bin");
+    let bytes = std::fs::read(demo_binary("enc_L128_u16io_ctx_qnn.bin")).expect("binary");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let out = temp_dir("qnn-truncated-bundle").join("bundle");
+    let args: Vec<OsString> = vec![
+        "bundle".into(),
+        "--checkpoint".into(),
+        demo_checkpoint().into(),
+        "--out".into(),
+        out.into(),
+        "--qnn-system-lib".into(),
+        libs.join("libQnnSystem.so").into(),
+        "--qnn".into(),
+        cut.clone().into(),
+    ];
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let (_, err, ok) = run_cli(&args, &[], "");
+    assert!(!ok, "a truncated binary was bundled");
+    assert!(err.contains("enc_128_cut.bin") && err.contains("MALFORMED_BINARY"), "the file is not named: {err}");
+    // A hand-written manifest (no sha256 to catch it first): the worker's load error names it too.
+    let s = |p: &Path| json::to_string(&Value::Str(p.display().to_string()), json::Style::COMPACT);
+    let hand = temp_dir("qnn-truncated-hand");
+    std::fs::write(
+        hand.join("laya-bundle.json"),
+        format!(
+            r#"{{"backend": "qnn", "checkpoint": {}, "graphs": [{{"file": {}, "seq_len": 128, "calibration": "sqnr"}}]}}"#,
+            s(&demo_checkpoint()),
+            s(&cut)
+        ),
+    )
+    .expect("manifest");
+    let config = temp_dir("qnn-truncated-config").join("laya-edge.toml");
+    std::fs::write(&config, simulator_config(&hand, &libs).replace("backend = \"qnn\"\n", "backend = \"qnn\"\nmax_restarts = 0\n")).expect("config");
+    let config_text = std::fs::read_to_string(&config).expect("config");
+    let (out, err, _) = run_cli(&[std::ffi::OsStr::new("predict"), "--config".as_ref(), config.as_os_str()], &[], "{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"ok?\"}}}\n");
+    assert!(out.contains("enc_128_cut.bin") || err.contains("enc_128_cut.bin"), "{config_text}\n{out}\n{err}");
+}
