@@ -457,3 +457,56 @@ async fn the_restart_log_keeps_the_last_64_records_and_counts_every_restart() {
     let counted: u64 = engine.status().restarts.iter().map(|(_, n)| *n).sum();
     assert!(counted > kept as u64, "{:?}", engine.status().restarts);
 }
+
+/// A probe of four rows (three options each) with the null backend's own answers as the "float
+/// model": the null backend is deterministic, so a healthy worker agrees exactly.
+fn null_probe() -> laya_edge::engine::probe::Probe {
+    use laya_edge::engine::Backend;
+    let rows: Vec<Row> = (0..4)
+        .map(|i| Row { input_ids: vec![1, 4, 300 + i, 9, 5, 2], marker_pos: vec![1, 3, 4], qtype: QType::Choice })
+        .collect();
+    let refs: Vec<&Row> = rows.iter().collect();
+    let expected = NullBackend::new(Vec::new()).expect("null").run(&refs).expect("run");
+    laya_edge::engine::probe::Probe { rows, expected, thresholds: Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_runs_on_every_new_worker_and_every_interval_and_a_failed_run_restarts_the_worker() {
+    // Call 1 of each worker process is its health call (with the probe), calls 2, 3, ... the
+    // periodic probes: the third call of every worker answers every row the same.
+    let config = EngineConfig {
+        probe: Some(std::sync::Arc::new(null_probe())),
+        probe_every: Some(Duration::from_millis(300)),
+        ..with_health(restarting_at_once(), "constant@3")
+    };
+    let engine = Engine::start(config);
+    let mut runs = engine.probe_runs();
+    let mut notices = engine.notices();
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let run = tokio::time::timeout(Duration::from_secs(30), runs.recv()).await.expect("a probe run").expect("open");
+        seen.push(run);
+    }
+    let passed: Vec<bool> = seen.iter().map(|r| r.passed()).collect();
+    // Health call, first periodic run, the constant third call, the new worker's health call,
+    // its first periodic run.
+    assert_eq!(passed, [true, true, false, true, true], "{seen:#?}");
+    let failed = &seen[2];
+    let report = failed.report.as_ref().expect("the failing run has figures");
+    assert!(report.collapse.is_some(), "a constant answer is a collapse: {report:?}");
+    assert_eq!(failed.backend, "null");
+    assert_eq!(seen[0].report.as_ref().map(|r| r.agree), Some(4));
+    // The failed run restarted the worker, with the probe's verdict as the reason.
+    let restart = loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await.expect("a notice").expect("open");
+        if n.kind == NoticeKind::WorkerRestart {
+            break n;
+        }
+    };
+    assert!(restart.message.contains("probe failed"), "{restart:?}");
+    // Telemetry's view: the last run.
+    assert!(engine.status().last_probe.is_some());
+    // And the engine still answers.
+    let out = engine.run(vec![row(7)], None).await.expect("answered");
+    assert_eq!(out.rows.len(), 1);
+}
