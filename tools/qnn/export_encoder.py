@@ -116,12 +116,12 @@ def write_checkpoint(model, enc, names, dest):
     save_file(tensors, os.path.join(dest, "model.safetensors"))
 
 
-def request_rows(agent, path, skip):
-    """[(request id, qid, input_ids)] of the requests in `path` after the first `skip`, laid out by
-    laya 0.3.20's own code (`Agent._check_question`, `Agent._to_internal`, `Agent._encode_state`),
-    distinct layouts only, in file order."""
+def request_items(agent, path, skip):
+    """[(request id, qid, input_ids, markers, qtype)] of the requests in `path` after the first `skip`,
+    laid out by laya 0.3.20's own code (`Agent._check_question`, `Agent._to_internal`,
+    `Agent._encode_state`), in file order."""
     import laya.agent
-    rows, seen = [], set()
+    out = []
     with open(path, encoding="utf-8") as f:
         lines = [json.loads(l) for l in f if l.strip()]
     for n, line in enumerate(lines[skip:]):
@@ -131,11 +131,20 @@ def request_rows(agent, path, skip):
             laya.agent.Agent._check_question(qid, req["questions"][qid])
         internal = {qid: laya.agent.Agent._to_internal(req["questions"][qid]) for qid in ids}
         for qid, item in zip(ids, agent._encode_state(req["state"], ids, internal)):
-            key = tuple(item["ids"])
-            if key in seen:
-                continue
-            seen.add(key)
-            rows.append((req.get("id", f"request-{skip + n}"), qid, list(item["ids"])))
+            out.append((req.get("id", f"request-{skip + n}"), qid, list(item["ids"]), list(item["markers"]),
+                        int(item["qtype"])))
+    return out
+
+
+def request_rows(agent, path, skip):
+    """[(request id, qid, input_ids)] of `request_items`, distinct layouts only, in file order."""
+    rows, seen = [], set()
+    for rid, qid, ids, _, _ in request_items(agent, path, skip):
+        key = tuple(ids)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append((rid, qid, ids))
     return rows
 
 
