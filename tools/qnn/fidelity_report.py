@@ -103,6 +103,7 @@ def report(agent, rows, sim):
     n = len(rows)
     return {
         "rows": n,
+        "rows_longer_than_128": sum(1 for ids, _, _ in rows if len(ids) > 128),
         "argmax_agree": agree,
         "argmax_agreement": agree / n,
         "clear_rows": clear,
@@ -139,7 +140,7 @@ def main():
     out = {"checkpoint": a.checkpoint, "requests": a.requests, "skip_requests": a.skip_requests,
            "clear_margin": CLEAR, "graphs": {}}
     cache = {}
-    print(f"{'graph':<34} {'rows':>4} {'argmax':>9} {'clear':>9} {'flipped':>8} {'mean|dp|':>9} {'max|dp|':>8} "
+    print(f"{'graph':<34} {'rows':>4} {'>128':>4} {'argmax':>9} {'clear':>9} {'flipped':>8} {'mean|dp|':>9} {'max|dp|':>8} "
           f"{'cosine':>8} {'uniform':>7} {'distinct':>9}")
     for name in names:
         L = int(re.match(r"enc_L(\d+)_", name).group(1))
@@ -159,7 +160,7 @@ def main():
         sim = np.load(os.path.join(bdir, f"sim_{name}_eval_hidden.npy"))
         r = report(agent, cache[L], sim)
         out["graphs"][name] = r
-        print(f"{name:<34} {r['rows']:>4} {r['argmax_agree']:>4}/{r['rows']:<4} "
+        print(f"{name:<34} {r['rows']:>4} {r['rows_longer_than_128']:>4} {r['argmax_agree']:>4}/{r['rows']:<4} "
               f"{r['clear_agree']:>4}/{r['clear_rows']:<4} {r['clear_flipped_pct'] or 0:>7.1f}% "
               f"{r['mean_abs_dp']:>9.4f} {r['max_abs_dp']:>8.3f} {r['mean_logit_cosine']:>8.4f} "
               f"{r['clear_rows_npu_near_uniform']:>7} {r['distinct_outputs_npu_vs_float'][0]:>4}/{r['distinct_outputs_npu_vs_float'][1]:<4}",
