@@ -59,7 +59,7 @@ mkdir -p "$BUILD"
 
 if [ -z "$REQUESTS" ]; then
     REQUESTS=$BUILD/generated_requests.jsonl
-    python3 "$HERE/make_requests.py" generate --out "$REQUESTS" --n 160
+    python3 "$HERE/make_requests.py" generate --out "$REQUESTS" --n 240
 fi
 python3 "$HERE/make_requests.py" split --requests "$REQUESTS" --cal "$BUILD/cal_requests.jsonl" \
     --heldout "$BUILD/heldout_requests.jsonl"

@@ -3,9 +3,9 @@
 
 Standard library only (runs in any python3).
 
-    make_requests.py generate --out FILE [--n 160] [--seed 0]
+    make_requests.py generate --out FILE [--n 240] [--seed 0]
         Writes N generated requests (JSON lines, {"id", "state", "questions"}): states from a few words
-        to ~250 words (plain text, objects, conversation lists), so their rows fill both the 128- and
+        to ~200 words (plain text, objects, conversation lists), so their rows fill both the 128- and
         the 256-token graphs, and every question type (noul, choice with 2-6 options, score with 3-5
         levels). Used when the user gives no requests of their own. They are not realistic traffic:
         calibrating on the user's own requests is better.
@@ -60,7 +60,9 @@ def text(rng, words):
 
 
 def state(rng):
-    words = rng.choice([rng.randint(5, 40), rng.randint(40, 110), rng.randint(110, 250)])
+    # a small-vocabulary tokenizer needs ~2 tokens a word: most states short enough for the 128 graph
+    r = rng.random()
+    words = rng.randint(3, 25) if r < 0.5 else rng.randint(25, 70) if r < 0.8 else rng.randint(70, 200)
     kind = rng.random()
     if kind < 0.5:
         return text(rng, words)
@@ -94,7 +96,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate")
     g.add_argument("--out", required=True)
-    g.add_argument("--n", type=int, default=160)
+    g.add_argument("--n", type=int, default=240)
     g.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("split")
     s.add_argument("--requests", required=True)

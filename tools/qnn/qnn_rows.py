@@ -75,12 +75,18 @@ def spread(xs, n):
 
 def split_heldout(cal_rows, held_rows, L, n_eval=N_EVAL, n_cal=N_CAL):
     """(ref, eval, cal) when the held-out rows come from separate requests: ref and eval from
-    `held_rows` (ref chosen as in split_rows, eval = ref + the rest evenly strided), cal from
+    `held_rows` (ref chosen as in split_rows, eval = ref + the rest evenly strided, for L > 128 the
+    rows longer than 128 first), cal from
     `cal_rows`, each restricted to the rows that fit in L."""
     ref, _, _ = split_rows(held_rows, L, n_eval=N_REF, n_cal=0)
     keys = {tuple(r[2]) for r in ref}
     rest = [r for r in held_rows if len(r[2]) <= L and tuple(r[2]) not in keys]
-    ev = list(ref) + spread(rest, n_eval - len(ref))
+    # a graph above 128 tokens only answers rows longer than 128 (the agent takes the smallest graph
+    # that holds a row): evaluate it on those first, and on shorter rows only to fill up
+    long_ = [r for r in rest if L <= 128 or len(r[2]) > 128]
+    short = [r for r in rest if not (L <= 128 or len(r[2]) > 128)]
+    n_long = min(len(long_), n_eval - len(ref))
+    ev = list(ref) + spread(long_, n_long) + spread(short, n_eval - len(ref) - n_long)
     cal = spread([r for r in cal_rows if len(r[2]) <= L], n_cal)
     return ref, ev, cal
 
