@@ -70,7 +70,7 @@ python3 "$HERE/make_requests.py" split --requests "$REQUESTS" --cal "$BUILD/cal_
     --eval-rows "$EVAL" --cal-rows "$CAL" --lengths $LENGTHS
 # shellcheck disable=SC2086
 "$QNN_PY" "$HERE/build_context.py" --build "$BUILD" --out "$OUT" --subdir . --models "$NAME" \
-    --lengths $LENGTHS --mask-clip "$CLIP" --no-refs 2>&1 | grep -v -e '^WARNING:root' -e LIBNATIVE
+    --lengths $LENGTHS --mask-clip "$CLIP" --no-refs 2>&1 | grep --line-buffered -v -e '^WARNING:root' -e LIBNATIVE
 "$EXPORT_PY" "$HERE/fidelity_report.py" --build "$BUILD" --name "$NAME" --checkpoint "$CKPT" \
     --requests "$BUILD/heldout_requests.jsonl" --json "$OUT/fidelity_report.json"
 echo "binaries and sidecars in $OUT (intermediates in $BUILD, safe to delete)"

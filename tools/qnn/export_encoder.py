@@ -61,6 +61,12 @@ class EncoderWrap(torch.nn.Module):
         return out.last_hidden_state
 
 
+def show(path):
+    """`path` relative to the repository when it is inside it (the fixtures' commands), else absolute."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else path
+
+
 def load_encoder(ckpt):
     import laya
     agent = laya.Agent(ckpt, device="cpu")
@@ -234,11 +240,11 @@ def main():
             if a.heldout_requests:
                 seen = {tuple(r[2]) for r in rows}
                 held = [r for r in request_rows(agent, os.path.abspath(a.heldout_requests), 0) if tuple(r[2]) not in seen]
-            command = (f"{os.path.relpath(sys.executable, REPO) if sys.executable.startswith(REPO) else sys.executable} "
-                       f"tools/qnn/export_encoder.py --build {os.path.relpath(a.build, REPO)} --checkpoint "
-                       f"{os.path.relpath(ckpt, REPO)} --name {model} --requests {os.path.relpath(os.path.abspath(a.requests), REPO)} "
+            command = (f"{show(sys.executable)} "
+                       f"tools/qnn/export_encoder.py --build {show(a.build)} --checkpoint "
+                       f"{show(ckpt)} --name {model} --requests {show(a.requests)} "
                        f"--skip-requests {a.skip_requests}"
-                       + (f" --heldout-requests {os.path.relpath(os.path.abspath(a.heldout_requests), REPO)}" if held else "")
+                       + (f" --heldout-requests {show(a.heldout_requests)}" if held else "")
                        + (f" --eval-rows {a.eval_rows}" if a.eval_rows != R.N_EVAL else "")
                        + (f" --cal-rows {a.cal_rows}" if a.cal_rows != R.N_CAL else ""))
         else:
@@ -313,10 +319,10 @@ def main():
                 "layer_types": list(cfg.layer_types),
                 "weights_snapped_to_uint8_grid": snapped,
                 "checkpoint": (f"tests/fixtures/qnn/{model}/checkpoint" if snapped
-                               else os.path.relpath(ckpt, REPO)),
-                "rows_from": (f"{os.path.relpath(os.path.abspath(a.requests), REPO)} after the first {a.skip_requests} "
+                               else show(ckpt)),
+                "rows_from": (f"{show(a.requests)} after the first {a.skip_requests} "
                               "requests, laid out by laya.Agent._encode_state"
-                              + (f"; eval rows from {os.path.relpath(os.path.abspath(a.heldout_requests), REPO)}" if held else "")
+                              + (f"; eval rows from {show(a.heldout_requests)}" if held else "")
                               if a.checkpoint
                               else f"{R.FIXTURES}/cases.jsonl layouts"),
                 "export_command": command,
