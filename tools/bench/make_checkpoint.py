@@ -28,6 +28,10 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--intermediate", type=int, default=1152)
     ap.add_argument("--local-attention", type=int, default=128)
+    ap.add_argument("--separated-seed", type=int,
+                    help="redraw every weight like the test fixtures (tools/fixtures/generate.py init_and_scale: "
+                         "1/sqrt(fan_in), encoder x9/8, scorer x10) with this seed, so answers are well separated; "
+                         "the default (transformers' 0.02 init) gives near-uniform answers")
     args = ap.parse_args()
 
     os.makedirs(os.path.join(args.out, "encoder"), exist_ok=True)
@@ -45,6 +49,22 @@ def main():
         json.dump(cfg, f, indent=2)
     torch.manual_seed(0)
     model = build_model(cfg, encoder_dir=os.path.join(args.out, "encoder"), pretrained=False)
+    if args.separated_seed is not None:
+        import math
+        g = torch.Generator().manual_seed(args.separated_seed)
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                if p.dim() == 1:
+                    base = torch.randn(p.shape, generator=g) * 0.1
+                    p.copy_(1.0 + base if name.endswith(".weight") else base)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            for name, p in model.named_parameters():
+                if name.startswith("encoder.") and p.dim() == 2 and "embeddings" not in name:
+                    p.mul_(9.0 / 8.0)
+            model.type_emb.weight.mul_(2.0)
+            model.scorer[3].weight.mul_(10.0)
+            model.act_head[2].weight.mul_(2.0)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(args.out, "model.safetensors"))
     print("wrote", args.out, sum(p.numel() for p in model.parameters()), "parameters")
 

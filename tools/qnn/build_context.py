@@ -53,6 +53,8 @@ INPUTS = ("inputs_embeds", "gmask", "smask")
 OUTPUTS = ("hidden",)
 CALIB = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
 CANDIDATES_256 = ("minmax", "percentile")
+# the names the sidecar JSON's top-level "calibration" uses (laya-bundle.json's vocabulary)
+CALIB_LABEL = {"minmax": "min-max", "percentile": "percentile"}
 
 _EP_REGISTERED = False
 
@@ -183,6 +185,31 @@ def strip_boundary_qdq(src, dst):
     return params
 
 
+def shift_input_zero_point(src, dst, name, shift):
+    """A deliberately broken copy of a QDQ model for negative fixtures: the QuantizeLinear that reads graph
+    input `name` gets its own zero point, `shift` steps away from the one its DequantizeLinear uses, so the
+    compiled binary quantizes its float input on one grid and reads it back on another. Returns the record."""
+    m = onnx.load(src)
+    g = m.graph
+    init = {i.name: i for i in g.initializer}
+    q = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == name]
+    if name in OUTPUTS:  # the QuantizeLinear feeding the output's DequantizeLinear
+        dq = [n for n in g.node if n.op_type == "DequantizeLinear" and n.output[0] == name]
+        q = [n for n in g.node if n.op_type == "QuantizeLinear" and n.output[0] == dq[0].input[0]]
+    assert len(q) == 1, name
+    q = q[0]
+    zp = numpy_helper.to_array(init[q.input[2]])
+    info = np.iinfo(zp.dtype)
+    bad = np.clip(zp.astype(np.int64) + shift, info.min, info.max).astype(zp.dtype)
+    t = numpy_helper.from_array(bad, q.input[2] + "_bad_offset")
+    g.initializer.append(t)
+    q.input[2] = t.name
+    onnx.checker.check_model(m)
+    onnx.save(m, dst)
+    return {"tensor": name, "quantize_zero_point": int(bad), "dequantize_zero_point": int(zp), "shift": int(shift),
+            "note": "NEGATIVE FIXTURE: the binary quantizes this input with a zero point its own graph does not use"}
+
+
 def boundary_params(path):
     """{name: (scale, zero_point, dtype)} of the boundary Q (inputs) / DQ (outputs) of a QDQ model."""
     m = onnx.load(path)
@@ -251,17 +278,34 @@ def main():
                     help="calibrate the mask inputs on max(mask, -clip); 0 = raw finfo.min masks")
     ap.add_argument("--no-refs", action="store_true",
                     help="write no refs/ (reference inputs/outputs), only the binaries and their descriptions")
+    ap.add_argument("--calibration", choices=("auto",) + tuple(CALIB), default="auto",
+                    help="auto: min-max at 128, the best of CANDIDATES_256 at 256 (default); or force one method")
+    ap.add_argument("--flavours", nargs="*", default=["f32io", "u16io"], choices=["f32io", "u16io"])
+    ap.add_argument("--subdir", help="write to <out>/<subdir> instead of <out>/<model> (one model only)")
+    ap.add_argument("--tag", default="", help="appended to the output names: enc_L<L>_<flavour><tag>")
+    ap.add_argument("--bad-input-offset", type=int, default=0,
+                    help="NEGATIVE FIXTURES ONLY: shift the zero point of the inputs_embeds boundary QuantizeLinear "
+                         "(not its DequantizeLinear) by this many uint16 steps, so the binary misreads its inputs")
+    ap.add_argument("--bad-offset-tensor", default="inputs_embeds", choices=INPUTS + OUTPUTS,
+                    help="the tensor --bad-input-offset breaks (for an output: the QuantizeLinear before its "
+                         "boundary DequantizeLinear)")
     a = ap.parse_args()
+    if a.bad_input_offset and "u16io" in a.flavours:
+        ap.error("--bad-input-offset is for f32io only (u16io has no boundary QuantizeLinear)")
     sys_lib = os.path.join(os.path.dirname(oq.get_qnn_htp_path()), "libQnnSystem.so")
     versions = {
         "python": platform.python_version(), "onnxruntime": ort.__version__, "onnxruntime-qnn": oq.__version__,
         "qnn_sdk (wheel)": getattr(oq.build_and_package_info, "qnn_version", None), "onnx": onnx.__version__,
         "numpy": np.__version__, "htp_arch": int(HTP_ARCH),
     }
+    if a.subdir and len(a.models) != 1:
+        ap.error("--subdir takes one model")
+    show = lambda p: rel(os.path.abspath(p)) if os.path.abspath(p).startswith(REPO + os.sep) else p  # noqa: E731
+    build_arg, out_arg = show(a.build), show(a.out)
     summary = []
     for model in a.models:
         bdir = os.path.join(a.build, model)
-        odir = os.path.join(a.out, model)
+        odir = os.path.join(a.out, a.subdir or model)
         rdir = os.path.join(odir, "refs")
         os.makedirs(odir if a.no_refs else rdir, exist_ok=True)
         for L in a.lengths:
@@ -275,7 +319,9 @@ def main():
             # --- calibration choice ---
             t0 = time.time()
             tried = {}
-            if L == 128:
+            if a.calibration != "auto":
+                cands = [a.calibration]
+            elif L == 128:
                 cands = ["minmax"]
             else:
                 cands = list(CANDIDATES_256)
@@ -299,6 +345,11 @@ def main():
             u16_params = strip_boundary_qdq(qdq, strip_path)
             f32_params = boundary_params(qdq)
             assert f32_params == u16_params, (f32_params, u16_params)
+            bad_offset = None
+            if a.bad_input_offset:
+                bad = os.path.join(bdir, f"qdq_L{L}_{best}_badoffset_{a.bad_offset_tensor}{a.bad_input_offset}.onnx")
+                bad_offset = shift_input_zero_point(qdq, bad, a.bad_offset_tensor, a.bad_input_offset)
+                qdq = bad
 
             ref_lens = z["ref_lens"]
             if not a.no_refs:
@@ -313,7 +364,9 @@ def main():
                     f.write("\n")
 
             for flavour, src in (("f32io", qdq), ("u16io", strip_path)):
-                name = f"enc_L{L}_{flavour}"
+                if flavour not in a.flavours:
+                    continue
+                name = f"enc_L{L}_{flavour}{a.tag}"
                 ctx = os.path.join(odir, f"{name}_ctx.onnx")
                 for old in (ctx, os.path.join(odir, f"{name}_ctx_qnn.bin")):
                     if os.path.exists(old):
@@ -338,6 +391,8 @@ def main():
                 t1 = time.time()
                 ev = [run("eval", k)[2] for k in range(len(z["eval_lens"]))]
                 t_run = (time.time() - t1) / len(ev)
+                # for fidelity_report.py (decisions of the float model vs this binary on the held-out rows)
+                np.save(os.path.join(bdir, f"sim_{name}_eval_hidden.npy"), np.concatenate(ev))
                 fid_eval = fidelity(np.concatenate(ev), z["eval_hidden"], z["eval_lens"])
                 refs = [run("ref", k) for k in range(len(ref_lens))]
                 fid_ref = fidelity(np.concatenate([r[2] for r in refs]), z["ref_hidden"], ref_lens)
@@ -378,6 +433,9 @@ def main():
                         tensors.append(ent)
                 desc = {
                     "name": name,
+                    # read by `laya-edge bundle --qnn` (a graph without these is treated as min-max)
+                    "calibration": CALIB_LABEL[calib["calibration"]],
+                    "mask_clip": calib["mask_clip"] or None,
                     "model": model,
                     "checkpoint": meta.get("checkpoint", f"{R.FIXTURES}/models/{model}"),
                     "weights_snapped_to_uint8_grid": bool(meta.get("weights_snapped_to_uint8_grid")),
@@ -410,6 +468,7 @@ def main():
                         "mask_clip": calib["mask_clip"],
                         "mask_clip_doc": "mask inputs calibrated on max(mask, -mask_clip); finfo.min saturates to -mask_clip at run time",
                         "calibration_rows": len(z["cal_lens"]),
+                        "bad_input_offset": bad_offset,
                         "candidates_cpu_qdq_vs_torch": {k: {kk: vv for kk, vv in v.items() if kk != "path"} for k, v in tried.items()},
                     },
                     "fidelity_htp_sim_vs_torch": {"eval_rows": fid_eval, "ref_rows": fid_ref},
@@ -420,8 +479,11 @@ def main():
                                      "EPContext node's partition_name; ONNX Q/DQ params from the quantized ONNX model"),
                     "commands": [
                         meta.get("export_command", "/work/venv/bin/python tools/qnn/export_encoder.py --build tools/qnn/build"),
-                        f"/work/qnn-venv/bin/python tools/qnn/build_context.py --build tools/qnn/build --out tests/fixtures/qnn "
-                        f"--models {model} --lengths {L} --mask-clip {a.mask_clip:g}" + (" --no-refs" if a.no_refs else ""),
+                        f"/work/qnn-venv/bin/python tools/qnn/build_context.py --build {build_arg} --out {out_arg} "
+                        f"--models {model}" + (f" --subdir {a.subdir}" if a.subdir else "") + f" --lengths {L} --mask-clip {a.mask_clip:g}" + (" --no-refs" if a.no_refs else "")
+                        + (f" --calibration {a.calibration}" if a.calibration != "auto" else "")
+                        + (f" --flavours {flavour} --tag {a.tag}" if a.tag else "")
+                        + (f" --bad-offset-tensor {a.bad_offset_tensor} --bad-input-offset={a.bad_input_offset}" if a.bad_input_offset else ""),
                     ],
                     "compile": {"ep": "QNNExecutionProvider (plugin EP, add_provider_for_devices)",
                                 "provider_options": {"backend_path": "<onnxruntime_qnn>/libQnnHtp.so", "htp_arch": HTP_ARCH},

@@ -61,6 +61,12 @@ class EncoderWrap(torch.nn.Module):
         return out.last_hidden_state
 
 
+def show(path):
+    """`path` relative to the repository when it is inside it (the fixtures' commands), else absolute."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else path
+
+
 def load_encoder(ckpt):
     import laya
     agent = laya.Agent(ckpt, device="cpu")
@@ -116,12 +122,12 @@ def write_checkpoint(model, enc, names, dest):
     save_file(tensors, os.path.join(dest, "model.safetensors"))
 
 
-def request_rows(agent, path, skip):
-    """[(request id, qid, input_ids)] of the requests in `path` after the first `skip`, laid out by
-    laya 0.3.20's own code (`Agent._check_question`, `Agent._to_internal`, `Agent._encode_state`),
-    distinct layouts only, in file order."""
+def request_items(agent, path, skip):
+    """[(request id, qid, input_ids, markers, qtype)] of the requests in `path` after the first `skip`,
+    laid out by laya 0.3.20's own code (`Agent._check_question`, `Agent._to_internal`,
+    `Agent._encode_state`), in file order."""
     import laya.agent
-    rows, seen = [], set()
+    out = []
     with open(path, encoding="utf-8") as f:
         lines = [json.loads(l) for l in f if l.strip()]
     for n, line in enumerate(lines[skip:]):
@@ -131,11 +137,20 @@ def request_rows(agent, path, skip):
             laya.agent.Agent._check_question(qid, req["questions"][qid])
         internal = {qid: laya.agent.Agent._to_internal(req["questions"][qid]) for qid in ids}
         for qid, item in zip(ids, agent._encode_state(req["state"], ids, internal)):
-            key = tuple(item["ids"])
-            if key in seen:
-                continue
-            seen.add(key)
-            rows.append((req.get("id", f"request-{skip + n}"), qid, list(item["ids"])))
+            out.append((req.get("id", f"request-{skip + n}"), qid, list(item["ids"]), list(item["markers"]),
+                        int(item["qtype"])))
+    return out
+
+
+def request_rows(agent, path, skip):
+    """[(request id, qid, input_ids)] of `request_items`, distinct layouts only, in file order."""
+    rows, seen = [], set()
+    for rid, qid, ids, _, _ in request_items(agent, path, skip):
+        key = tuple(ids)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append((rid, qid, ids))
     return rows
 
 
@@ -190,6 +205,10 @@ def main():
     ap.add_argument("--name", help="output name for --checkpoint: <build>/<name>, tests/fixtures/qnn/<name>")
     ap.add_argument("--requests", help="JSON lines of requests (or {\"request\": ...}) the rows are laid out from")
     ap.add_argument("--skip-requests", type=int, default=0, help="leave out the first N requests of --requests")
+    ap.add_argument("--heldout-requests", help="with --checkpoint: the eval rows (fidelity report) come from these "
+                                               "requests, the calibration rows from --requests only")
+    ap.add_argument("--eval-rows", type=int, default=R.N_EVAL, help="held-out rows per L (refs included)")
+    ap.add_argument("--cal-rows", type=int, default=R.N_CAL, help="calibration rows per L")
     ap.add_argument("--no-snap", action="store_true",
                     help="export the fixture checkpoints as they are (plain post-training quantization); by default the "
                          "encoder weights are put on their uint8 grid and the snapped checkpoint is written to "
@@ -215,19 +234,29 @@ def main():
         pad_id = int(cfg.pad_token_id)
         table = enc.embeddings.tok_embeddings.weight.detach().float().numpy()
         wrap = EncoderWrap(enc).eval()
+        held = None
         if a.checkpoint:
             rows = request_rows(agent, os.path.abspath(a.requests), a.skip_requests)
-            command = (f"{os.path.relpath(sys.executable, REPO) if sys.executable.startswith(REPO) else sys.executable} "
-                       f"tools/qnn/export_encoder.py --build {os.path.relpath(a.build, REPO)} --checkpoint "
-                       f"{os.path.relpath(ckpt, REPO)} --name {model} --requests {os.path.relpath(os.path.abspath(a.requests), REPO)} "
-                       f"--skip-requests {a.skip_requests}")
+            if a.heldout_requests:
+                seen = {tuple(r[2]) for r in rows}
+                held = [r for r in request_rows(agent, os.path.abspath(a.heldout_requests), 0) if tuple(r[2]) not in seen]
+            command = (f"{show(sys.executable)} "
+                       f"tools/qnn/export_encoder.py --build {show(a.build)} --checkpoint "
+                       f"{show(ckpt)} --name {model} --requests {show(a.requests)} "
+                       f"--skip-requests {a.skip_requests}"
+                       + (f" --heldout-requests {show(a.heldout_requests)}" if held else "")
+                       + (f" --eval-rows {a.eval_rows}" if a.eval_rows != R.N_EVAL else "")
+                       + (f" --cal-rows {a.cal_rows}" if a.cal_rows != R.N_CAL else ""))
         else:
             rows = R.load_rows(REPO, model)
             command = "/work/venv/bin/python tools/qnn/export_encoder.py --build tools/qnn/build"
         out_dir = os.path.join(a.build, model)
         os.makedirs(out_dir, exist_ok=True)
         for L in a.lengths:
-            ref, ev, cal = R.split_rows(rows, L)
+            if held is None:
+                ref, ev, cal = R.split_rows(rows, L, n_eval=a.eval_rows, n_cal=a.cal_rows)
+            else:
+                ref, ev, cal = R.split_heldout(rows, held, L, n_eval=a.eval_rows, n_cal=a.cal_rows)
             sets = {}
             for name, rs in (("ref", ref), ("eval", ev), ("cal", cal)):
                 sets[name] = stack_rows(rs, table, pad_id, L, local_attention)
@@ -290,9 +319,11 @@ def main():
                 "layer_types": list(cfg.layer_types),
                 "weights_snapped_to_uint8_grid": snapped,
                 "checkpoint": (f"tests/fixtures/qnn/{model}/checkpoint" if snapped
-                               else os.path.relpath(ckpt, REPO)),
-                "rows_from": (f"{os.path.relpath(os.path.abspath(a.requests), REPO)} after the first {a.skip_requests} "
-                              "requests, laid out by laya.Agent._encode_state" if a.checkpoint
+                               else show(ckpt)),
+                "rows_from": (f"{show(a.requests)} after the first {a.skip_requests} "
+                              "requests, laid out by laya.Agent._encode_state"
+                              + (f"; eval rows from {show(a.heldout_requests)}" if held else "")
+                              if a.checkpoint
                               else f"{R.FIXTURES}/cases.jsonl layouts"),
                 "export_command": command,
                 "opset": OPSET,

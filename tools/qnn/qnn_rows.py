@@ -37,7 +37,7 @@ def load_rows(repo, model):
     return rows
 
 
-def split_rows(rows, L):
+def split_rows(rows, L, n_eval=N_EVAL, n_cal=N_CAL):
     """Deterministic split of the rows that fit in L into (ref, eval, cal).
 
     ref  = N_REF rows spread over the length range (shortest, ~1/3, ~2/3, longest that fits);
@@ -59,11 +59,36 @@ def split_rows(rows, L):
         if i not in ref:
             ref.append(i)
     rest = [i for i in range(len(fit)) if i not in ref]
-    ev = list(ref) + rest[::4][: N_EVAL - len(ref)]
+    ev = list(ref) + rest[::4][: n_eval - len(ref)]
     cal_pool = [i for i in rest if i not in ev]
-    stride = max(1, len(cal_pool) // N_CAL)
-    cal = cal_pool[::stride][:N_CAL]
+    stride = max(1, len(cal_pool) // n_cal) if n_cal else 1
+    cal = cal_pool[::stride][:n_cal]
     return [fit[i] for i in ref], [fit[i] for i in ev], [fit[i] for i in cal]
+
+
+def spread(xs, n):
+    """Up to n items of xs, evenly strided."""
+    if len(xs) <= n:
+        return list(xs)
+    return [xs[int(k * len(xs) / n)] for k in range(n)]
+
+
+def split_heldout(cal_rows, held_rows, L, n_eval=N_EVAL, n_cal=N_CAL):
+    """(ref, eval, cal) when the held-out rows come from separate requests: ref and eval from
+    `held_rows` (ref chosen as in split_rows, eval = ref + the rest evenly strided, for L > 128 the
+    rows longer than 128 first), cal from
+    `cal_rows`, each restricted to the rows that fit in L."""
+    ref, _, _ = split_rows(held_rows, L, n_eval=N_REF, n_cal=0)
+    keys = {tuple(r[2]) for r in ref}
+    rest = [r for r in held_rows if len(r[2]) <= L and tuple(r[2]) not in keys]
+    # a graph above 128 tokens only answers rows longer than 128 (the agent takes the smallest graph
+    # that holds a row): evaluate it on those first, and on shorter rows only to fill up
+    long_ = [r for r in rest if L <= 128 or len(r[2]) > 128]
+    short = [r for r in rest if not (L <= 128 or len(r[2]) > 128)]
+    n_long = min(len(long_), n_eval - len(ref))
+    ev = list(ref) + spread(long_, n_long) + spread(short, n_eval - len(ref) - n_long)
+    cal = spread([r for r in cal_rows if len(r[2]) <= L], n_cal)
+    return ref, ev, cal
 
 
 def masks(n, L, local_attention):
