@@ -455,3 +455,75 @@ fn a_truncated_context_binary_is_named_in_the_error() {
     let (out, err, _) = run_cli(&[std::ffi::OsStr::new("predict"), "--config".as_ref(), config.as_os_str()], &[], "{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"ok?\"}}}\n");
     assert!(out.contains("enc_128_cut.bin") || err.contains("enc_128_cut.bin"), "{config_text}\n{out}\n{err}");
 }
+
+fn broken_binary(file: &str) -> PathBuf {
+    std::path::absolute(workspace().join("tests/fixtures/qnn/demo-broken").join(file)).expect("path")
+}
+
+#[test]
+fn the_probe_fails_on_a_minmax_256_binary_calibrated_without_the_mask_clip() {
+    let Some(libs) = qnn_simulator() else { return };
+    // The user allowed the min-max graph above 128 tokens: only the probe stands between it and
+    // the board (tools/qnn/README.md: min-max calibration on the raw additive masks).
+    // A probe of four requests (12 rows): every row runs the 256-token graph, slow on the simulator.
+    let requests = temp_dir("qnn-minmax-requests").join("probe.jsonl");
+    let built_in = std::fs::read_to_string(workspace().join("agent/src/bundle/probe_requests.jsonl")).expect("requests");
+    std::fs::write(&requests, built_in.lines().take(4).collect::<Vec<_>>().join("\n")).expect("write");
+    let bundle = assembled_demo_bundle(
+        "minmax-noclip",
+        &[broken_binary("enc_L256_f32io_minmax_noclip_ctx_qnn.bin")],
+        &libs,
+        &["--allow-minmax-above-128", "--probe", requests.to_str().expect("utf-8")],
+    );
+    let (out, err, ok) = probe_on_simulator(&bundle, &libs);
+    assert!(!ok, "the probe passed a min-max binary without the mask clip: {out}");
+    assert!(err.contains("probe failed") && err.contains("agreement"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_a_binary_with_a_wrong_quantization_offset_publishes_probe_failed_and_the_fallback_answers() {
+    let Some(libs) = qnn_simulator() else { return };
+    let bundle = assembled_demo_bundle("bad-offset", &[broken_binary("enc_L128_f32io_badoffset_ctx_qnn.bin")], &libs, &[]);
+    // The command first: it fails with the figures.
+    let (out, err, ok) = probe_on_simulator(&bundle, &libs);
+    assert!(!ok, "the probe passed a binary with a wrong offset: {out}");
+    assert!(out.contains("argmax") && err.contains("probe failed"), "{out} {err}");
+    // The service: every new worker runs the probe with its health call.
+    let broker = Broker::start("qnn-bad-offset", "");
+    let settings = format!(
+        "[model]\ndir = \"{}\"\n[engine]\nbackend = \"qnn\"\nfallback = \"cpu\"\nmax_restarts = 1\n\
+         [qnn]\nbackend_lib = \"{}\"\nsystem_lib = \"{}\"\n",
+        bundle.display(),
+        libs.join("libQnnHtp.so").display(),
+        libs.join("libQnnSystem.so").display()
+    );
+    let mut watch = Client::connect(broker.port, "qcs-bad-watch").await;
+    watch.subscribe("laya/v1/qcs-bad/events").await;
+    let _agent = Agent::start(&broker, "qcs-bad", &settings);
+    let event = loop {
+        let v = decode(&watch.next(Duration::from_secs(120)).await.expect("a probe_failed event"));
+        if v.get("event") == Some(&Value::from("probe_failed")) {
+            break v;
+        }
+    };
+    let probe = event.get("probe").expect("figures");
+    assert_eq!(probe.get("backend"), Some(&Value::from("qnn")), "{event:?}");
+    let cosine = probe.get("mean_cosine").and_then(|v| if let Value::Float(f) = v { Some(*f) } else { None });
+    assert!(cosine.is_some_and(|c| c < 0.98), "{probe:?}");
+    // Degraded after the second failed worker: the CPU fallback answers.
+    wait_online(broker.port, "qcs-bad").await;
+    let mut c = Client::connect(broker.port, "qcs-bad-asker").await;
+    c.subscribe("laya/v1/qcs-bad-asker/reply/#").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        c.ask("laya/v1/qcs-bad/ask", Encoding::Json.encode(&request("q")), Some("laya/v1/qcs-bad-asker/reply/q"), None, Encoding::Json)
+            .await;
+        let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
+        if reply.get("answers").is_some() {
+            assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "a wrong binary answered: {reply:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the fallback never answered: {reply:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
