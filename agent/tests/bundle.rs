@@ -146,11 +146,17 @@ fn bundle_refuses_to_overwrite_and_to_mix_backends() {
     assert!(!ok && err.contains("not empty"), "{err}");
     let out = temp_dir("bundle-mixed").join("b");
     let (_, err, ok) = cli(&[
-        "bundle", "--checkpoint", ckpt.to_str().unwrap(), "--out", out.to_str().unwrap(), "--qnn", "a.bin", "--rknn",
+        "bundle",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--qnn",
+        "a.bin",
+        "--rknn",
         "b.rknn",
     ]);
     assert!(!ok && err.contains("one backend"), "{err}");
-    let (_, err, ok) =
-        cli(&["bundle", "--checkpoint", "/nonexistent/ckpt", "--out", out.to_str().unwrap()]);
+    let (_, err, ok) = cli(&["bundle", "--checkpoint", "/nonexistent/ckpt", "--out", out.to_str().unwrap()]);
     assert!(!ok && err.contains("/nonexistent/ckpt"), "{err}");
 }

@@ -372,7 +372,8 @@ fn probe_on_simulator(bundle: &Path, libs: &Path) -> (String, String, bool) {
 fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_passes_its_probe_on_the_simulator() {
     let Some(libs) = qnn_simulator() else { return };
     let binaries = [demo_binary("enc_L128_u16io_ctx_qnn.bin"), demo_binary("enc_L256_f32io_ctx_qnn.bin")];
-    let bundle = assembled_demo_bundle("round-trip", &binaries, &libs, &["--allow-minmax-above-128"]);
+    // Min-max with the masks clipped (their descriptions say so): usable at 256 without a flag.
+    let bundle = assembled_demo_bundle("round-trip", &binaries, &libs, &[]);
     let m = json::parse(&std::fs::read(bundle.join("laya-bundle.json")).expect("manifest"), ParseOptions::default())
         .expect("json");
     let graphs = m.get("graphs").and_then(Value::as_array).expect("graphs");
@@ -382,6 +383,12 @@ fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_passes_its_pro
         .map(|g| (g.get("seq_len").and_then(Value::as_i64).unwrap(), g.get("io").and_then(Value::as_str).unwrap()))
         .collect();
     assert_eq!(got, [(128, "ufixed16"), (256, "float")]);
+    for g in graphs {
+        assert_eq!(g.get("calibration"), Some(&Value::from("min-max")), "from the description beside it: {g:?}");
+        assert!(g.get("mask_clip").and_then(|c| if let Value::Float(f) = c { Some(*f) } else { None }).is_some(), "{g:?}");
+    }
+    let host = laya_edge::bundle::HostBundle::load(&bundle).expect("bundle");
+    assert_eq!(host.capacity.limits.max_len, 256, "the clipped 256 graph is usable");
     let embeds = &graphs[0].get("tensors").and_then(Value::as_array).expect("tensors")[0];
     assert_eq!(embeds.get("data_type"), Some(&Value::from("ufixed16")));
     assert!(embeds.get("offset").and_then(Value::as_i64).is_some() && embeds.get("scale").is_some(), "{embeds:?}");
@@ -450,9 +457,17 @@ fn a_truncated_context_binary_is_named_in_the_error() {
     )
     .expect("manifest");
     let config = temp_dir("qnn-truncated-config").join("laya-edge.toml");
-    std::fs::write(&config, simulator_config(&hand, &libs).replace("backend = \"qnn\"\n", "backend = \"qnn\"\nmax_restarts = 0\n")).expect("config");
+    std::fs::write(
+        &config,
+        simulator_config(&hand, &libs).replace("backend = \"qnn\"\n", "backend = \"qnn\"\nmax_restarts = 0\n"),
+    )
+    .expect("config");
     let config_text = std::fs::read_to_string(&config).expect("config");
-    let (out, err, _) = run_cli(&[std::ffi::OsStr::new("predict"), "--config".as_ref(), config.as_os_str()], &[], "{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"ok?\"}}}\n");
+    let (out, err, _) = run_cli(
+        &[std::ffi::OsStr::new("predict"), "--config".as_ref(), config.as_os_str()],
+        &[],
+        "{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"ok?\"}}}\n",
+    );
     assert!(out.contains("enc_128_cut.bin") || err.contains("enc_128_cut.bin"), "{config_text}\n{out}\n{err}");
 }
 
@@ -467,7 +482,8 @@ fn the_probe_fails_on_a_minmax_256_binary_calibrated_without_the_mask_clip() {
     // the board (tools/qnn/README.md: min-max calibration on the raw additive masks).
     // A probe of four requests (12 rows): every row runs the 256-token graph, slow on the simulator.
     let requests = temp_dir("qnn-minmax-requests").join("probe.jsonl");
-    let built_in = std::fs::read_to_string(workspace().join("agent/src/bundle/probe_requests.jsonl")).expect("requests");
+    let built_in =
+        std::fs::read_to_string(workspace().join("agent/src/bundle/probe_requests.jsonl")).expect("requests");
     std::fs::write(&requests, built_in.lines().take(4).collect::<Vec<_>>().join("\n")).expect("write");
     let bundle = assembled_demo_bundle(
         "minmax-noclip",
@@ -483,7 +499,8 @@ fn the_probe_fails_on_a_minmax_256_binary_calibrated_without_the_mask_clip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_a_binary_with_a_wrong_quantization_offset_publishes_probe_failed_and_the_fallback_answers() {
     let Some(libs) = qnn_simulator() else { return };
-    let bundle = assembled_demo_bundle("bad-offset", &[broken_binary("enc_L128_f32io_badoffset_ctx_qnn.bin")], &libs, &[]);
+    let bundle =
+        assembled_demo_bundle("bad-offset", &[broken_binary("enc_L128_f32io_badoffset_ctx_qnn.bin")], &libs, &[]);
     // The command first: it fails with the figures.
     let (out, err, ok) = probe_on_simulator(&bundle, &libs);
     assert!(!ok, "the probe passed a binary with a wrong offset: {out}");
@@ -516,8 +533,14 @@ async fn serve_on_a_binary_with_a_wrong_quantization_offset_publishes_probe_fail
     c.subscribe("laya/v1/qcs-bad-asker/reply/#").await;
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
-        c.ask("laya/v1/qcs-bad/ask", Encoding::Json.encode(&request("q")), Some("laya/v1/qcs-bad-asker/reply/q"), None, Encoding::Json)
-            .await;
+        c.ask(
+            "laya/v1/qcs-bad/ask",
+            Encoding::Json.encode(&request("q")),
+            Some("laya/v1/qcs-bad-asker/reply/q"),
+            None,
+            Encoding::Json,
+        )
+        .await;
         let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
         if reply.get("answers").is_some() {
             assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "a wrong binary answered: {reply:?}");

@@ -275,10 +275,16 @@ fn fake_graphs(name: &str) -> (PathBuf, Vec<PathBuf>) {
     let mut files = Vec::new();
     for l in [128, 512] {
         let file = dir.join(format!("g{l}.rknn"));
-        std::fs::write(&file, format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt_json}, "seq_len": {l}, "marker_slots": 64}}"#))
-            .expect("graph");
-        std::fs::write(dir.join(format!("g{l}.json")), format!(r#"{{"seq_len": {l}, "marker_slots": 64, "target": "rk3588", "dtype": "fp16"}}"#))
-            .expect("description");
+        std::fs::write(
+            &file,
+            format!(r#"{{"fake_rknn_graph": 1, "checkpoint": {ckpt_json}, "seq_len": {l}, "marker_slots": 64}}"#),
+        )
+        .expect("graph");
+        std::fs::write(
+            dir.join(format!("g{l}.json")),
+            format!(r#"{{"seq_len": {l}, "marker_slots": 64, "target": "rk3588", "dtype": "fp16"}}"#),
+        )
+        .expect("description");
         files.push(file);
     }
     (ckpt, files)
@@ -288,7 +294,8 @@ fn fake_graphs(name: &str) -> (PathBuf, Vec<PathBuf>) {
 fn assembled_bundle(name: &str) -> PathBuf {
     let (ckpt, files) = fake_graphs(name);
     let out = temp_dir(&format!("rknn-assembled-{name}")).join("bundle");
-    let mut args: Vec<OsString> = vec!["bundle".into(), "--checkpoint".into(), ckpt.into(), "--out".into(), out.clone().into()];
+    let mut args: Vec<OsString> =
+        vec!["bundle".into(), "--checkpoint".into(), ckpt.into(), "--out".into(), out.clone().into()];
     for f in files {
         args.push("--rknn".into());
         args.push(f.into());
@@ -324,7 +331,9 @@ fn an_assembled_rknn_bundle_describes_its_graphs_checks_and_passes_its_probe_on_
     let graphs = m.get("graphs").and_then(Value::as_array).expect("graphs");
     let shapes: Vec<(i64, i64)> = graphs
         .iter()
-        .map(|g| (g.get("seq_len").and_then(Value::as_i64).unwrap(), g.get("marker_slots").and_then(Value::as_i64).unwrap()))
+        .map(|g| {
+            (g.get("seq_len").and_then(Value::as_i64).unwrap(), g.get("marker_slots").and_then(Value::as_i64).unwrap())
+        })
         .collect();
     assert_eq!(shapes, [(128, 64), (512, 64)]);
     assert_eq!(m.get("runtime_allowlist"), Some(&Value::Array(vec!["2.3.2".into()])));
@@ -394,7 +403,13 @@ async fn serve_on_a_constant_output_runtime_publishes_probe_failed_with_the_figu
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         asker
-            .ask("laya/v1/rk-probe/ask", Encoding::Json.encode(&request("q")), Some("laya/v1/rk-probe-asker/reply/q"), None, Encoding::Json)
+            .ask(
+                "laya/v1/rk-probe/ask",
+                Encoding::Json.encode(&request("q")),
+                Some("laya/v1/rk-probe-asker/reply/q"),
+                None,
+                Encoding::Json,
+            )
             .await;
         let reply = decode(&asker.next(Duration::from_secs(30)).await.expect("a reply"));
         if reply.get("answers").is_some() {

@@ -59,7 +59,8 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
         if src.is_dir() {
             copy_tree(&src, &dst)?;
         } else {
-            std::fs::copy(&src, &dst).map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dst.display()))?;
+            std::fs::copy(&src, &dst)
+                .map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dst.display()))?;
         }
     }
     Ok(())
@@ -95,8 +96,10 @@ fn sidecar(file: &Path) -> Result<Option<(PathBuf, Value)>, String> {
         return read_json(&stem).map(|v| Some((stem, v))).map_err(|e| e.to_string());
     }
     let Ok(entries) = std::fs::read_dir(dir) else { return Ok(None) };
-    let mut candidates: Vec<PathBuf> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    let mut candidates: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
     candidates.sort();
     for path in candidates {
         if let Ok(v) = read_json(&path)
@@ -109,12 +112,19 @@ fn sidecar(file: &Path) -> Result<Option<(PathBuf, Value)>, String> {
 }
 
 fn file_name(file: &Path) -> Result<String, String> {
-    file.file_name().and_then(|n| n.to_str()).map(str::to_owned).ok_or_else(|| err(format!("{}: not a file name", file.display())))
+    file.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| err(format!("{}: not a file name", file.display())))
 }
 
 /// A QNN graph's manifest entry, from the binary itself.
 #[cfg(feature = "qnn")]
-fn qnn_entry(file: &Path, system: &crate::npu::qnn::abi::SystemFunctions, hidden: usize) -> Result<(Map, String), String> {
+fn qnn_entry(
+    file: &Path,
+    system: &crate::npu::qnn::abi::SystemFunctions,
+    hidden: usize,
+) -> Result<(Map, String), String> {
     use crate::npu::qnn::binary::{self, Encoding};
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let meta = binary::read(system, &bytes).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -123,7 +133,8 @@ fn qnn_entry(file: &Path, system: &crate::npu::qnn::abi::SystemFunctions, hidden
     // A compiled name is the logical one, or it with a suffix (`inputs_embeds:0`).
     let find = |want: &str| -> Option<&binary::TensorMeta> {
         g.inputs.iter().find(|t| {
-            t.name == want || t.name.strip_prefix(want).is_some_and(|rest| rest.starts_with(|c: char| !c.is_alphanumeric()))
+            t.name == want
+                || t.name.strip_prefix(want).is_some_and(|rest| rest.starts_with(|c: char| !c.is_alphanumeric()))
         })
     };
     let mut names = Map::new();
@@ -132,7 +143,10 @@ fn qnn_entry(file: &Path, system: &crate::npu::qnn::abi::SystemFunctions, hidden
     for want in logical {
         let t = find(want).ok_or_else(|| {
             let have: Vec<&str> = g.inputs.iter().map(|t| t.name.as_str()).collect();
-            format!("{}: the graph has no input {want} (its inputs: {have:?}); is it a laya encoder graph?", file.display())
+            format!(
+                "{}: the graph has no input {want} (its inputs: {have:?}); is it a laya encoder graph?",
+                file.display()
+            )
         })?;
         let flavour = match t.encoding {
             Encoding::Float32 | Encoding::Float16 => "float",
@@ -147,7 +161,11 @@ fn qnn_entry(file: &Path, system: &crate::npu::qnn::abi::SystemFunctions, hidden
         tensors.push(tensor_value("input", want, t));
     }
     let [out] = g.outputs.as_slice() else {
-        return Err(format!("{}: the graph has {} outputs; a laya encoder graph has one (hidden)", file.display(), g.outputs.len()));
+        return Err(format!(
+            "{}: the graph has {} outputs; a laya encoder graph has one (hidden)",
+            file.display(),
+            g.outputs.len()
+        ));
     };
     if out.name != "hidden" {
         names.insert("hidden".into(), out.name.as_str().into());
@@ -249,7 +267,10 @@ fn rknn_graphs(plan: &Plan, graphs_dir: &Path) -> Result<Vec<Value>, String> {
             match side.as_ref().and_then(|(_, v)| v.get(k)) {
                 None => Ok(default),
                 Some(v) => v.as_i64().filter(|v| *v > 0).ok_or_else(|| {
-                    format!("{}: '{k}' must be a positive integer", side.as_ref().map_or(file.clone(), |(p, _)| p.clone()).display())
+                    format!(
+                        "{}: '{k}' must be a positive integer",
+                        side.as_ref().map_or(file.clone(), |(p, _)| p.clone()).display()
+                    )
                 }),
             }
         };
@@ -272,11 +293,15 @@ fn rknn_graphs(plan: &Plan, graphs_dir: &Path) -> Result<Vec<Value>, String> {
 
 fn write_manifest(out: &Path, manifest: &Map) -> Result<(), String> {
     let text = json::to_string(&Value::Object(manifest.clone()), Style::PYTHON);
-    std::fs::write(out.join(MANIFEST), text + "\n").map_err(|e| format!("cannot write {}: {e}", out.join(MANIFEST).display()))
+    std::fs::write(out.join(MANIFEST), text + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", out.join(MANIFEST).display()))
 }
 
 /// Assembles the bundle `plan` describes, making the probe with `cpu` (the float model).
-pub fn assemble(plan: &Plan, load_cpu: impl FnOnce(&HostBundle) -> Result<Box<dyn Backend>, String>) -> Result<Summary, String> {
+pub fn assemble(
+    plan: &Plan,
+    load_cpu: impl FnOnce(&HostBundle) -> Result<Box<dyn Backend>, String>,
+) -> Result<Summary, String> {
     if !plan.qnn.is_empty() && !plan.rknn.is_empty() {
         return Err("a bundle holds graphs for one backend: give --qnn or --rknn, not both".into());
     }
@@ -294,9 +319,10 @@ pub fn assemble(plan: &Plan, load_cpu: impl FnOnce(&HostBundle) -> Result<Box<dy
             .map_err(|e| e.to_string())?,
     };
     copy_tree(&plan.checkpoint, &plan.out.join("checkpoint"))?;
-    let hidden = crate::model::config::EncoderConfig::load(&plan.out.join("checkpoint").join("encoder").join("config.json"))
-        .map(|c| c.hidden_size)
-        .map_err(|e| e.to_string())?;
+    let hidden =
+        crate::model::config::EncoderConfig::load(&plan.out.join("checkpoint").join("encoder").join("config.json"))
+            .map(|c| c.hidden_size)
+            .map_err(|e| e.to_string())?;
     let graphs_dir = plan.out.join("graphs");
     let (backend, graphs, mut allowlist) = if !plan.qnn.is_empty() {
         std::fs::create_dir_all(&graphs_dir).map_err(|e| format!("cannot create {}: {e}", graphs_dir.display()))?;
@@ -328,7 +354,7 @@ pub fn assemble(plan: &Plan, load_cpu: impl FnOnce(&HostBundle) -> Result<Box<dy
     if let Some(m) = &bundle.manifest {
         for g in m.graphs.iter().filter(|g| !m.usable(g)) {
             warnings.push(format!(
-                "{}: a min-max calibrated graph ({} tokens) is not used above 128 tokens (min-max collapses there); build it with sqnr calibration, or pass --allow-minmax-above-128 if the probe shows it holds",
+                "{}: a min-max calibrated graph ({} tokens) without a mask clip is not used above 128 tokens (min-max over the raw masks collapses there); build it with tools/qnn (masks clipped) or sqnr calibration, or pass --allow-minmax-above-128 if the probe shows it holds",
                 g.file.display(),
                 g.seq_len
             ));
@@ -354,7 +380,11 @@ pub fn assemble(plan: &Plan, load_cpu: impl FnOnce(&HostBundle) -> Result<Box<dy
     }
     manifest.insert("files".into(), Value::Object(files));
     write_manifest(&plan.out, &manifest)?;
-    let graphs = bundle.manifest.as_ref().map(|m| m.graphs.iter().map(|g| g.file.display().to_string()).collect()).unwrap_or_default();
+    let graphs = bundle
+        .manifest
+        .as_ref()
+        .map(|m| m.graphs.iter().map(|g| g.file.display().to_string()).collect())
+        .unwrap_or_default();
     Ok(Summary { backend: backend.into(), graphs, files: names.len(), probe_rows: rows, warnings })
 }
 
@@ -368,15 +398,15 @@ pub fn check(dir: &Path) -> Result<String, BundleError> {
     let files = m.verify_files(dir)?;
     for g in &m.graphs {
         if !g.file.is_file() {
-            return Err(BundleError::Config { path: dir.join(MANIFEST), message: format!("graph {} does not exist", g.file.display()) });
+            return Err(BundleError::Config {
+                path: dir.join(MANIFEST),
+                message: format!("graph {} does not exist", g.file.display()),
+            });
         }
     }
     let probe = probe::of_bundle(&bundle)?;
-    let unlisted: Vec<String> = files_under(dir)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| !m.files.iter().any(|(n, _)| n == f))
-        .collect();
+    let unlisted: Vec<String> =
+        files_under(dir).unwrap_or_default().into_iter().filter(|f| !m.files.iter().any(|(n, _)| n == f)).collect();
     let mut out = format!(
         "{}: {} bundle, {} graph(s), {} file(s) verified by sha256, probe {}",
         dir.display(),
@@ -391,10 +421,7 @@ pub fn check(dir: &Path) -> Result<String, BundleError> {
         out.push_str(&format!("; files not in the manifest (not checked): {unlisted:?}"));
     }
     for g in m.graphs.iter().filter(|g| !m.usable(g)) {
-        out.push_str(&format!(
-            "; {} is min-max calibrated above 128 tokens and will not be used",
-            g.file.display()
-        ));
+        out.push_str(&format!("; {} is min-max calibrated above 128 tokens and will not be used", g.file.display()));
     }
     Ok(out)
 }

@@ -151,6 +151,8 @@ pub struct GraphSpec {
     pub marker_slots: usize,
     /// How its activations were calibrated (`min-max`, `sqnr`), where that matters.
     pub calibration: Option<String>,
+    /// The additive masks' clip used in calibration (`tools/qnn`'s `mask_clip`), if any.
+    pub mask_clip: Option<f64>,
     /// The graph's entry as written, for backend-specific fields.
     pub raw: Value,
 }
@@ -201,6 +203,7 @@ impl Manifest {
                     .ok_or_else(|| bad(format!("graph {file}: 'seq_len' must be a positive integer")))?,
                 marker_slots: uint("marker_slots").unwrap_or(0),
                 calibration: g.get("calibration").and_then(Value::as_str).map(str::to_owned),
+                mask_clip: g.get("mask_clip").and_then(Value::as_f64).filter(|c| c.is_finite() && *c > 0.0),
                 raw: g.clone(),
             });
         }
@@ -217,9 +220,10 @@ impl Manifest {
             None | Some(Value::Null) => {}
             Some(Value::Object(m)) => {
                 for (name, digest) in m {
-                    let digest = digest.as_str().filter(|d| digest::is_sha256(d)).ok_or_else(|| {
-                        bad(format!("files: the sha256 of {name} must be 64 lowercase hex digits"))
-                    })?;
+                    let digest = digest
+                        .as_str()
+                        .filter(|d| digest::is_sha256(d))
+                        .ok_or_else(|| bad(format!("files: the sha256 of {name} must be 64 lowercase hex digits")))?;
                     if Path::new(name).is_absolute() || name.split('/').any(|c| c == "..") {
                         return Err(bad(format!("files: {name} must be a path inside the bundle")));
                     }
@@ -240,7 +244,8 @@ impl Manifest {
     pub fn verify_files(&self, dir: &Path) -> Result<usize, BundleError> {
         for (name, expected) in &self.files {
             let path = dir.join(name);
-            let found = digest::sha256_file(&path).map_err(|source| BundleError::Read { path: path.clone(), source })?;
+            let found =
+                digest::sha256_file(&path).map_err(|source| BundleError::Read { path: path.clone(), source })?;
             if found != *expected {
                 return Err(BundleError::Digest { path, expected: expected.clone(), found });
             }
@@ -249,11 +254,14 @@ impl Manifest {
     }
 
     /// Whether graph `g` may run rows at all: a min-max (or unlabelled) QNN graph longer than
-    /// [`MINMAX_MAX_TOKENS`] may not, unless the manifest allows it.
+    /// [`MINMAX_MAX_TOKENS`] may not, unless it was calibrated with the masks clipped (what
+    /// collapses at 256 is min-max over the raw additive masks, whose range swamps the 16-bit
+    /// activations: tools/qnn/README.md) or the manifest allows it. The probe then checks it.
     pub fn usable(&self, g: &GraphSpec) -> bool {
         // Only QNN graphs are quantized (w8a16); RKNN graphs are fp16.
         self.backend != "qnn"
             || self.allow_minmax_above_128
+            || g.mask_clip.is_some()
             || Calibration::parse(g.calibration.as_deref()) != Calibration::MinMax
             || g.seq_len <= MINMAX_MAX_TOKENS
     }

@@ -78,7 +78,10 @@ pub fn make(bundle: &HostBundle, backend: &mut dyn Backend, requests: &[Value]) 
         let mut m = Map::new();
         for ((qid, row), out) in rows.iter().zip(&outputs) {
             let mut r = Map::new();
-            r.insert("input_ids".into(), Value::Array(row.input_ids.iter().map(|&i| Value::int(i64::from(i))).collect()));
+            r.insert(
+                "input_ids".into(),
+                Value::Array(row.input_ids.iter().map(|&i| Value::int(i64::from(i))).collect()),
+            );
             r.insert("logits".into(), floats(&out.logits));
             r.insert("act_logits".into(), floats(&out.act_logits));
             m.insert(qid.clone(), Value::Object(r));

@@ -64,7 +64,6 @@ impl Backend for WorkerBackend {
     }
 }
 
-
 /// The backend `config` names for a command that answers rows itself (`predict`, `probe`): the
 /// CPU backend in this process, any other in a supervised worker built exactly as `serve`
 /// builds it. `with_probe`: whether new workers run the bundle's probe (`probe` measures the

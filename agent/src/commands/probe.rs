@@ -47,8 +47,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let report = probe.judge(&outputs);
     println!("{} on {}: {report}", backend.name(), config.model.dir);
     if report.passed {
-        println!("passed (thresholds: argmax >= {}, clear decisions >= {}, mean cosine >= {})",
-            probe.thresholds.min_agreement, probe.thresholds.min_clear_agreement, probe.thresholds.min_cosine);
+        println!(
+            "passed (thresholds: argmax >= {}, clear decisions >= {}, mean cosine >= {})",
+            probe.thresholds.min_agreement, probe.thresholds.min_clear_agreement, probe.thresholds.min_cosine
+        );
         Ok(())
     } else {
         Err(format!("probe failed: {}", report.verdict))

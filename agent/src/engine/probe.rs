@@ -202,7 +202,8 @@ impl Probe {
         if r.clear_agreement() < t.min_clear_agreement {
             failed.push(format!("clear-decision agreement {:.3} < {}", r.clear_agreement(), t.min_clear_agreement));
         }
-        if !(r.mean_cosine >= t.min_cosine) {
+        // NaN logits give a NaN cosine: that fails too.
+        if r.mean_cosine.is_nan() || r.mean_cosine < t.min_cosine {
             failed.push(format!("mean cosine {:.4} < {}", r.mean_cosine, t.min_cosine));
         }
         if let Some(c) = &r.collapse {
@@ -216,7 +217,9 @@ impl Probe {
     fn collapse(&self, outputs: &[RowResult], uniform_got: usize, uniform_expected: usize) -> Option<String> {
         let rows = self.rows.len();
         if rows >= 2 && uniform_got == rows && uniform_expected < rows {
-            return Some(format!("all {rows} probe rows came back near-uniform (every probability within {UNIFORM} of 1/n)"));
+            return Some(format!(
+                "all {rows} probe rows came back near-uniform (every probability within {UNIFORM} of 1/n)"
+            ));
         }
         let mut same = 0;
         let mut pairs = 0;
@@ -274,7 +277,11 @@ mod tests {
     #[test]
     fn small_quantization_noise_passes_and_is_measured() {
         let p = probe(&FLOAT);
-        let noisy: Vec<RowResult> = p.expected.iter().map(|o| out(&o.logits.iter().map(|v| v + 0.01 * v.signum()).collect::<Vec<_>>())).collect();
+        let noisy: Vec<RowResult> = p
+            .expected
+            .iter()
+            .map(|o| out(&o.logits.iter().map(|v| v + 0.01 * v.signum()).collect::<Vec<_>>()))
+            .collect();
         let r = p.judge(&noisy);
         assert!(r.passed, "{r}: {}", r.verdict);
         assert!(r.mean_dp > 0.0 && r.max_dp < 0.01, "{r}");

@@ -61,7 +61,15 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// A primary backend alone: no fallback, no health call, a queue of 1024.
     pub fn new(policy: Policy, primary: WorkerSpec) -> EngineConfig {
-        EngineConfig { policy, primary, fallback: None, health: Vec::new(), queue: 1024, probe: None, probe_every: None }
+        EngineConfig {
+            policy,
+            primary,
+            fallback: None,
+            health: Vec::new(),
+            queue: 1024,
+            probe: None,
+            probe_every: None,
+        }
     }
 }
 
@@ -484,9 +492,9 @@ impl Driver {
         let Some(probe) = self.config.probe.clone() else { return };
         if call == HEALTH_CALL || self.probe_calls.contains(&call) {
             let message = match error {
-                BackendError::Fatal { message, .. } | BackendError::Input(message) | BackendError::Transient(message) => {
-                    message.clone()
-                }
+                BackendError::Fatal { message, .. }
+                | BackendError::Input(message)
+                | BackendError::Transient(message) => message.clone(),
             };
             self.record_probe(id, probe.rows.len(), None, Some(message));
         }
@@ -502,8 +510,12 @@ impl Driver {
             error,
         };
         match &run.report {
-            Some(r) if run.passed() => tracing::info!(role = run.role.as_str(), backend = %run.backend, "probe passed: {r}"),
-            Some(r) => tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}: {r}", run.verdict()),
+            Some(r) if run.passed() => {
+                tracing::info!(role = run.role.as_str(), backend = %run.backend, "probe passed: {r}")
+            }
+            Some(r) => {
+                tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}: {r}", run.verdict())
+            }
             None => tracing::warn!(role = run.role.as_str(), backend = %run.backend, "probe failed: {}", run.verdict()),
         }
         if let Ok(mut s) = self.status.lock() {

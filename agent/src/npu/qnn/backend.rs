@@ -14,7 +14,7 @@ use crate::prompt::Row;
 
 use super::binary::{self, Encoding};
 use super::generator;
-use super::host::{self, Calibration, HostFault};
+use super::host::{self, HostFault};
 use super::runtime::{Runtime, RuntimeInfo};
 use super::session::{INPUTS, OUTPUT, Session};
 use super::{QnnConfig, QnnError};
@@ -24,12 +24,12 @@ pub struct QnnBackend {
     // Field order is drop order: sessions (contexts) before the runtime (device, backend, log).
     /// One per graph of the manifest, in its order.
     sessions: Vec<Session>,
-    /// Each graph's sequence length and calibration (as `sessions`), for choosing one per row.
-    shapes: Vec<(usize, Calibration)>,
+    /// Each graph's sequence length and whether the calibration guard lets it run rows (as
+    /// `sessions`), for choosing one per row.
+    shapes: Vec<(usize, bool)>,
     runtime: Runtime,
     model: CpuModel,
     pad_id: u32,
-    allow_minmax_above_128: bool,
     fault: HostFault,
 }
 
@@ -60,7 +60,6 @@ impl QnnBackend {
             return Err(QnnError::NoGraphs);
         }
         let raw = &manifest.raw;
-        let allow_minmax_above_128 = manifest.allow_minmax_above_128;
         let runtime = Runtime::load(config)?;
         if !manifest.runtime_allowlist.is_empty()
             && !manifest.runtime_allowlist.iter().any(|v| runtime.info.build_id.contains(v.as_str()))
@@ -96,7 +95,7 @@ impl QnnBackend {
                     }
                 }
             }
-            shapes.push((spec.seq_len, Calibration::parse(spec.calibration.as_deref())));
+            shapes.push((spec.seq_len, manifest.usable(spec)));
             sessions.push(session);
         }
         Ok(QnnBackend {
@@ -105,7 +104,6 @@ impl QnnBackend {
             runtime,
             model,
             pad_id: bundle.tokenizer.pad.id,
-            allow_minmax_above_128,
             fault: HostFault::None,
         })
     }
@@ -139,7 +137,7 @@ impl QnnBackend {
 
     /// The index of the graph a row of `len` tokens runs on.
     fn choose(&self, len: usize) -> Option<usize> {
-        host::choose_graph(&self.shapes, len, self.allow_minmax_above_128)
+        host::choose_graph(&self.shapes, len)
     }
 
     /// [`QnnBackend::encode`] as a flat `len * d` vector (row-major), for diagnostics and tests.
@@ -155,7 +153,7 @@ impl QnnBackend {
         let len = ids.len();
         let gi = self.choose(len).ok_or_else(|| {
             BackendError::Input(format!(
-                "a row of {len} tokens fits no graph of this bundle (lengths {:?}; min-max graphs stop at {})",
+                "a row of {len} tokens fits no graph of this bundle (lengths {:?}; min-max graphs without a mask clip stop at {})",
                 self.shapes.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
                 host::MINMAX_MAX_TOKENS
             ))

@@ -13,18 +13,13 @@ use crate::model::{ModelError, masks};
 
 use super::binary::Encoding;
 
-pub use crate::bundle::{Calibration, MINMAX_MAX_TOKENS};
+pub use crate::bundle::MINMAX_MAX_TOKENS;
 
-/// The index of the smallest graph (by sequence length) whose length holds `len` tokens and
-/// whose calibration is valid at that length, or `None`.
-pub fn choose_graph(graphs: &[(usize, Calibration)], len: usize, allow_minmax_above_128: bool) -> Option<usize> {
-    graphs
-        .iter()
-        .enumerate()
-        .filter(|(_, (l, _))| *l >= len)
-        .filter(|(_, (l, c))| allow_minmax_above_128 || *c != Calibration::MinMax || *l <= MINMAX_MAX_TOKENS)
-        .min_by_key(|(_, (l, _))| *l)
-        .map(|(i, _)| i)
+/// The index of the smallest usable graph (by sequence length) whose length holds `len`
+/// tokens, or `None`. Each graph is `(seq_len, usable)`, usability being the bundle's
+/// calibration guard ([`crate::bundle::Manifest::usable`]).
+pub fn choose_graph(graphs: &[(usize, bool)], len: usize) -> Option<usize> {
+    graphs.iter().enumerate().filter(|(_, (l, usable))| *usable && *l >= len).min_by_key(|(_, (l, _))| *l).map(|(i, _)| i)
 }
 
 /// Deliberate host-step faults, for tests that prove the NPU comparisons can fail. Never set in
@@ -171,21 +166,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_smallest_graph_that_holds_the_row_is_chosen() {
-        let g = [(256, Calibration::Sqnr), (128, Calibration::MinMax)];
-        assert_eq!(choose_graph(&g, 10, false), Some(1));
-        assert_eq!(choose_graph(&g, 128, false), Some(1));
-        assert_eq!(choose_graph(&g, 129, false), Some(0));
-        assert_eq!(choose_graph(&g, 257, false), None);
-    }
-
-    #[test]
-    fn a_minmax_graph_is_never_used_above_128_tokens_unless_the_bundle_allows_it() {
-        let g = [(256, Calibration::MinMax)];
-        assert_eq!(choose_graph(&g, 20, false), None);
-        assert_eq!(choose_graph(&g, 20, true), Some(0));
-        let g = [(256, Calibration::MinMax), (512, Calibration::Sqnr)];
-        assert_eq!(choose_graph(&g, 20, false), Some(1));
+    fn the_smallest_usable_graph_that_holds_the_row_is_chosen() {
+        let g = [(256, true), (128, true)];
+        assert_eq!(choose_graph(&g, 10), Some(1));
+        assert_eq!(choose_graph(&g, 128), Some(1));
+        assert_eq!(choose_graph(&g, 129), Some(0));
+        assert_eq!(choose_graph(&g, 257), None);
+        let g = [(256, false), (512, true)];
+        assert_eq!(choose_graph(&g, 20), Some(1));
+        assert_eq!(choose_graph(&[(256, false)], 20), None);
     }
 
     #[test]

@@ -77,8 +77,12 @@ impl Status {
     /// What the code usually means on a board, where the name alone misleads.
     pub fn hint(self) -> Option<&'static str> {
         match self.0 {
-            1008 => Some("the QNN libraries do not match each other (the stub on the host and the skel on the DSP must come from the same QAIRT release)"),
-            5005 => Some("the binary was built for another QAIRT release or SoC, or FastRPC refused the process (check the DSP device permissions and ADSP_LIBRARY_PATH)"),
+            1008 => Some(
+                "the QNN libraries do not match each other (the stub on the host and the skel on the DSP must come from the same QAIRT release)",
+            ),
+            5005 => Some(
+                "the binary was built for another QAIRT release or SoC, or FastRPC refused the process (check the DSP device permissions and ADSP_LIBRARY_PATH)",
+            ),
             30010 => Some("the file is not a whole context binary (truncated or another format)"),
             _ => None,
         }
