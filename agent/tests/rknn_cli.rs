@@ -419,4 +419,12 @@ async fn serve_on_a_constant_output_runtime_publishes_probe_failed_with_the_figu
         assert!(std::time::Instant::now() < deadline, "the fallback never answered: {reply:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // Telemetry carries the last probe run: the fallback's, passed, with its figures.
+    let mut t = Client::connect(broker.port, "rk-probe-telemetry").await;
+    t.subscribe("laya/v1/rk-probe/telemetry").await;
+    let telemetry = decode(&t.next(Duration::from_secs(10)).await.expect("telemetry"));
+    let last = telemetry.get("probe").expect("a probe field");
+    assert_eq!(last.get("role"), Some(&Value::from("fallback")), "{telemetry:?}");
+    assert_eq!(last.get("passed"), Some(&Value::Bool(true)), "{telemetry:?}");
+    assert_eq!(last.get("agree"), last.get("rows"), "the float model on the CPU agrees with itself: {last:?}");
 }
