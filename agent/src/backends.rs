@@ -111,8 +111,11 @@ pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Re
         fallback,
         health: crate::engine::health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
         queue: config.limits.queue,
-        probe: crate::bundle::probe::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(std::sync::Arc::new),
-        probe_every: (config.probe.interval_min > 0).then(|| std::time::Duration::from_secs(config.probe.interval_min * 60)),
+        probe: crate::bundle::probe::of_bundle(bundle)
+            .map_err(|e| SetupError::Probe(e.to_string()))?
+            .map(std::sync::Arc::new),
+        probe_every: (config.probe.interval_min > 0)
+            .then(|| std::time::Duration::from_secs(config.probe.interval_min * 60)),
     })
 }
 

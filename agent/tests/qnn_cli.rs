@@ -385,7 +385,10 @@ fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_passes_its_pro
     assert_eq!(got, [(128, "ufixed16"), (256, "float")]);
     for g in graphs {
         assert_eq!(g.get("calibration"), Some(&Value::from("min-max")), "from the description beside it: {g:?}");
-        assert!(g.get("mask_clip").and_then(|c| if let Value::Float(f) = c { Some(*f) } else { None }).is_some(), "{g:?}");
+        assert!(
+            g.get("mask_clip").and_then(|c| if let Value::Float(f) = c { Some(*f) } else { None }).is_some(),
+            "{g:?}"
+        );
     }
     let host = laya_edge::bundle::HostBundle::load(&bundle).expect("bundle");
     assert_eq!(host.capacity.limits.max_len, 256, "the clipped 256 graph is usable");

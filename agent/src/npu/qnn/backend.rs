@@ -98,14 +98,7 @@ impl QnnBackend {
             shapes.push((spec.seq_len, manifest.usable(spec)));
             sessions.push(session);
         }
-        Ok(QnnBackend {
-            sessions,
-            shapes,
-            runtime,
-            model,
-            pad_id: bundle.tokenizer.pad.id,
-            fault: HostFault::None,
-        })
+        Ok(QnnBackend { sessions, shapes, runtime, model, pad_id: bundle.tokenizer.pad.id, fault: HostFault::None })
     }
 
     /// The runtime's provider, versions and build id.

@@ -19,7 +19,12 @@ pub use crate::bundle::MINMAX_MAX_TOKENS;
 /// tokens, or `None`. Each graph is `(seq_len, usable)`, usability being the bundle's
 /// calibration guard ([`crate::bundle::Manifest::usable`]).
 pub fn choose_graph(graphs: &[(usize, bool)], len: usize) -> Option<usize> {
-    graphs.iter().enumerate().filter(|(_, (l, usable))| *usable && *l >= len).min_by_key(|(_, (l, _))| *l).map(|(i, _)| i)
+    graphs
+        .iter()
+        .enumerate()
+        .filter(|(_, (l, usable))| *usable && *l >= len)
+        .min_by_key(|(_, (l, _))| *l)
+        .map(|(i, _)| i)
 }
 
 /// Deliberate host-step faults, for tests that prove the NPU comparisons can fail. Never set in
