@@ -7,4 +7,6 @@ pub mod admission;
 pub mod ask;
 pub mod connection;
 pub mod demo;
+pub mod fleet;
+pub mod latency;
 pub mod server;

@@ -132,6 +132,11 @@ pub struct EngineStatus {
     pub worker_pid: Option<u32>,
     /// The last probe's figures, and which worker ran it.
     pub last_probe: Option<ProbeRun>,
+    /// How long the backend has had a call running since the engine started, up to
+    /// `busy_since` (see [`Engine::busy_time`]).
+    pub busy_total: Duration,
+    /// Since when a call has been running, if one is.
+    pub busy_since: Option<Instant>,
 }
 
 /// One run of the bundle's probe on a worker.
@@ -201,6 +206,8 @@ impl Engine {
             backend: None,
             worker_pid: None,
             last_probe: None,
+            busy_total: Duration::ZERO,
+            busy_since: None,
         }));
         let restarts = Arc::new(Mutex::new(RestartLog::default()));
         let (notices, _) = broadcast::channel(256);
@@ -261,6 +268,13 @@ impl Engine {
         self.probes.subscribe()
     }
 
+    /// How long the backend has had a call running since the engine started (telemetry's busy
+    /// fraction is the growth of this over an interval).
+    pub fn busy_time(&self) -> Duration {
+        let s = self.status();
+        s.busy_total + s.busy_since.map(|t| t.elapsed()).unwrap_or_default()
+    }
+
     /// The backend's state (`starting | ready | degraded`), to be told when it changes.
     pub fn backend_state(&self) -> watch::Receiver<BackendState> {
         self.state.clone()
@@ -302,6 +316,47 @@ async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<From
     let mut payload = vec![0u8; n];
     out.read_exact(&mut payload).await.ok()?;
     Some(FromWorker::decode(&payload).map_err(|e| e.to_string()))
+}
+
+/// The longest line of a worker's stderr logged whole; the rest of a longer one is cut.
+const STDERR_LINE: usize = 8 * 1024;
+
+/// Logs each line of a worker's stderr in the agent's log, at the line's level, with the
+/// worker's pid and role (see `crate::logging::worker_line`), until the worker closes it.
+async fn forward_stderr(mut stderr: tokio::process::ChildStderr, pid: u32, role: Role) {
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let emit = |line: &[u8]| {
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim_end_matches('\r');
+        if line.is_empty() {
+            return;
+        }
+        let role = role.as_str();
+        let (level, text) = crate::logging::worker_line(line);
+        match level {
+            tracing::Level::ERROR => tracing::error!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+            tracing::Level::WARN => tracing::warn!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+            tracing::Level::INFO => tracing::info!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+            _ => tracing::debug!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+        }
+    };
+    loop {
+        let n = match stderr.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(at) = buf.iter().position(|b| *b == b'\n') {
+            emit(&buf[..at.min(STDERR_LINE)]);
+            buf.drain(..=at);
+        }
+        if buf.len() > STDERR_LINE {
+            emit(&buf[..STDERR_LINE]);
+            buf.clear();
+        }
+    }
+    emit(&buf);
 }
 
 impl Driver {
@@ -503,6 +558,16 @@ impl Driver {
             s.in_flight = self.sup.in_flight();
             s.backend = serving.and_then(|w| w.backend.clone());
             s.worker_pid = serving.and_then(|w| w.pid);
+            // Busy while a call is on a worker (in flight, not waiting in the queue).
+            let running = s.in_flight > s.queued;
+            match (running, s.busy_since) {
+                (true, None) => s.busy_since = Some(Instant::now()),
+                (false, Some(t)) => {
+                    s.busy_total += t.elapsed();
+                    s.busy_since = None;
+                }
+                _ => {}
+            }
         }
         let state = self.sup.backend_state();
         self.state.send_if_modified(|s| std::mem::replace(s, state) != state);
@@ -524,9 +589,10 @@ impl Driver {
         cmd.args(&spec.args)
             .envs(spec.env.iter().cloned())
             .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
+            .env(crate::logging::PRIORITY_VAR, "1") // its stderr comes back through forward_stderr
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
@@ -536,6 +602,9 @@ impl Driver {
             return Some(Event::LoadFailed(id, "the worker has no pipes".into()));
         };
         let pid = child.id();
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(forward_stderr(stderr, pid.unwrap_or(0), role));
+        }
         let frames = wtx.clone();
         let reader = tokio::spawn(async move {
             while let Some(frame) = read_frame(&mut stdout).await {

@@ -1,0 +1,1 @@
+//! The fleet view (filled in by the next commit).
