@@ -247,6 +247,8 @@ pub struct Status {
     pub model_name: String,
     /// The sha256 of the bundle's `laya-bundle.json` (none: a plain checkpoint directory).
     pub bundle_sha256: Option<String>,
+    /// The fleet the device serves (`mqtt.fleet`; empty: none).
+    pub fleet: String,
 }
 
 impl Status {
@@ -263,6 +265,7 @@ impl Status {
         m.insert("runtime".into(), self.runtime.as_str().into());
         m.insert("model_name".into(), self.model_name.as_str().into());
         m.insert("bundle_sha256".into(), self.bundle_sha256.as_deref().map_or(Value::Null, Value::from));
+        m.insert("fleet".into(), self.fleet.as_str().into());
         Value::Object(m)
     }
 
@@ -283,6 +286,7 @@ impl Status {
             runtime: s("runtime"),
             model_name: s("model_name"),
             bundle_sha256: v.get("bundle_sha256").and_then(Value::as_str).map(str::to_owned),
+            fleet: s("fleet"),
         })
     }
 }
@@ -544,6 +548,7 @@ mod tests {
             runtime: "2.3.2 (429f97ae6b@2025-04-09T09:09:27)".into(),
             model_name: "tickets-v3".into(),
             bundle_sha256: Some("ab".repeat(32)),
+            fleet: "line-3".into(),
         };
         assert_eq!(Status::from_value(&s.to_value()), Some(s));
         let old = json::parse_str(r#"{"state":"offline","backend":"cpu"}"#, Default::default()).unwrap();

@@ -8,5 +8,6 @@ pub mod ask;
 pub mod connection;
 pub mod demo;
 pub mod fleet;
+pub mod fleet_view;
 pub mod latency;
 pub mod server;

@@ -106,10 +106,11 @@ struct Identity {
     birth: u64,
     model_name: String,
     bundle_sha256: Option<String>,
+    fleet: String,
 }
 
 impl Identity {
-    fn new(bundle: &HostBundle, started: SystemTime) -> Identity {
+    fn new(bundle: &HostBundle, fleet: &str, started: SystemTime) -> Identity {
         let birth = started.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         let manifest = bundle.dir.join(crate::bundle::MANIFEST);
         let bundle_sha256 = if manifest.is_file() {
@@ -127,7 +128,7 @@ impl Identity {
         let model_name = named.map(str::to_owned).unwrap_or_else(|| {
             bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
         });
-        Identity { birth, model_name, bundle_sha256 }
+        Identity { birth, model_name, bundle_sha256, fleet: fleet.to_owned() }
     }
 }
 
@@ -397,6 +398,7 @@ impl Shared {
             runtime: String::new(),
             model_name: self.identity.model_name.clone(),
             bundle_sha256: self.identity.bundle_sha256.clone(),
+            fleet: self.identity.fleet.clone(),
         };
         Encoding::Json.encode(&s.to_value())
     }
@@ -483,7 +485,7 @@ pub async fn run(
     };
     let started_at = now_unix();
     let started = Instant::now();
-    let identity = Identity::new(&bundle, SystemTime::now());
+    let identity = Identity::new(&bundle, &config.mqtt.fleet, SystemTime::now());
     let telemetry_encoding = if config.mqtt.telemetry_encoding == "cbor" { Encoding::Cbor } else { Encoding::Json };
     let busy_at_start = engine.busy_time();
     let backend = config.engine.backend.clone();
@@ -500,6 +502,7 @@ pub async fn run(
             runtime: String::new(),
             model_name: identity.model_name.clone(),
             bundle_sha256: identity.bundle_sha256.clone(),
+            fleet: identity.fleet.clone(),
         }
         .to_value(),
     );
