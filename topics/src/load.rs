@@ -29,11 +29,7 @@ impl Percentiles {
 
     /// Reads `{"p50", "p95", "p99"}` back (a consumer's side).
     pub fn from_value(v: &Value) -> Option<Percentiles> {
-        Some(Percentiles {
-            p50: v.get("p50")?.as_f64()?,
-            p95: v.get("p95")?.as_f64()?,
-            p99: v.get("p99")?.as_f64()?,
-        })
+        Some(Percentiles { p50: v.get("p50")?.as_f64()?, p95: v.get("p95")?.as_f64()?, p99: v.get("p99")?.as_f64()? })
     }
 }
 

@@ -244,7 +244,11 @@ mod tests {
         f.handle(t0, "laya/v1/a-down/status", Some(&status(false, 1, "ready", "")));
         f.handle(t0, "laya/v1/c-deg/status", Some(&status(true, 1, "ready", "")));
         f.handle(t0, "laya/v1/c-deg/telemetry", Some(&telemetry("degraded", 0)));
-        f.handle(t0, "laya/v1/c-deg/events", Some(&doc(r#"{"event":"backend_degraded","reason":"crash","message":"worker died"}"#)));
+        f.handle(
+            t0,
+            "laya/v1/c-deg/events",
+            Some(&doc(r#"{"event":"backend_degraded","reason":"crash","message":"worker died"}"#)),
+        );
         let rows = f.rows(t0);
         let order: Vec<(&str, Health)> = rows.iter().map(|r| (r.device.as_str(), r.health)).collect();
         assert_eq!(order, [("a-down", Health::Offline), ("c-deg", Health::Degraded), ("b-ok", Health::Ok)]);

@@ -38,7 +38,8 @@ pub fn json(rows: &[Row]) -> Value {
     Value::Object(m)
 }
 
-const HEADERS: [&str; 10] = ["DEVICE", "HEALTH", "BACKEND", "MODEL", "Q/S", "P95 MS", "BUSY", "RESTARTS", "TEMP C", "LAST EVENT"];
+const HEADERS: [&str; 10] =
+    ["DEVICE", "HEALTH", "BACKEND", "MODEL", "Q/S", "P95 MS", "BUSY", "RESTARTS", "TEMP C", "LAST EVENT"];
 
 /// The table, one line per device under a header line, columns padded to their widest cell;
 /// `-` where nothing is known. The last event is cut to `event_width` characters.
