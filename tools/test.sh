@@ -10,8 +10,8 @@
 #     bookworm-backports on Debian 12 whose own 2.0.11 ignores the Receive Maximum), openssl (test certificates),
 #     python3-venv (Debian's python3 keeps venv/ensurepip apart; .ci/yocto-checks.sh makes a
 #     venv), python3-pip (tools/qnn/fetch-runtime.sh downloads a wheel with pip) and systemd
-#     (systemd-analyze, for the unit checks), nodejs and npm (the Node client example, Node 20 or
-#     later). As root, or through sudo.
+#     (systemd-analyze, for the unit checks), nodejs and npm (the Node client example, Node
+#     18.7 or later: Debian 12's will do). As root, or through sudo.
 #   - the client examples' pinned packages (tools/examples.sh: a venv, `npm ci`).
 #   - Qualcomm's x86-64 QNN HTP simulator (pinned, from PyPI's onnxruntime-qnn wheel; never
 #     committed) into target/qnn-runtime with tools/qnn/fetch-runtime.sh, exported as
