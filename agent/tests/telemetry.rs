@@ -258,3 +258,75 @@ async fn fleet_once_json_lists_three_agents_trouble_first_with_the_killed_one_of
     // Without --fleet every device is there.
     assert_eq!(fleet_snapshot(&broker, &[]).len(), 4);
 }
+
+/// `serve` with `--log FILTER`, its stderr in a file: asks one good question and one bad one,
+/// stops the agent and returns what it logged.
+async fn serve_log(filter: &str) -> String {
+    let broker = Broker::start(&format!("tm-log-{}", filter.replace([',', '=', ':'], "-")), "");
+    let dir = temp_dir("tm-log");
+    let config = dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"dev-log\"\ntelemetry_interval_s = 0\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n",
+            broker.url(),
+            model("bpe-small")
+        ),
+    )
+    .expect("config");
+    let log = dir.join("stderr.log");
+    let mut agent = std::process::Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
+        .args([
+            OsStr::new("serve"),
+            OsStr::new("--config"),
+            config.as_os_str(),
+            OsStr::new("--log"),
+            OsStr::new(filter),
+        ])
+        .env_remove("LAYA_LOG")
+        .env_remove("RUST_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("serve starts");
+    wait_online(broker.port, "dev-log").await;
+    let mut c = Client::connect(broker.port, "log-asker").await;
+    c.subscribe("laya/v1/log-asker/reply/#").await;
+    let to = "laya/v1/log-asker/reply/x";
+    c.ask("laya/v1/dev-log/ask", Encoding::Json.encode(&request("log-good")), Some(to), None, Encoding::Json).await;
+    assert!(decode(&c.next(Duration::from_secs(30)).await.expect("a reply")).get("answers").is_some());
+    let bad = json::parse_str(r#"{"id": "log-bad", "questions": {}}"#, ParseOptions::default()).expect("json");
+    c.ask("laya/v1/dev-log/ask", Encoding::Json.encode(&bad), Some(to), None, Encoding::Json).await;
+    assert!(decode(&c.next(Duration::from_secs(30)).await.expect("a reply")).get("error").is_some());
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(agent.id().to_string()).status();
+    let _ = agent.wait();
+    std::fs::read_to_string(&log).expect("the log")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_name_the_question_and_the_worker_pid_at_their_level_and_the_filter_holds() {
+    let debug = serve_log("debug").await;
+    let answered = debug.lines().find(|l| l.contains("answered")).unwrap_or_else(|| panic!("{debug}"));
+    assert!(answered.contains("DEBUG") && answered.contains(r#"question{id="log-good""#), "{answered}");
+    assert!(answered.contains("questions=2"), "{answered}");
+    let refused = debug.lines().find(|l| l.contains("question refused")).unwrap_or_else(|| panic!("{debug}"));
+    assert!(
+        refused.contains("INFO") && refused.contains(r#"id="log-bad""#) && refused.contains("bad_request"),
+        "{refused}"
+    );
+    // The worker's own debug line, through the agent's log with the worker's pid (not the agent's).
+    let worker = debug.lines().find(|l| l.contains("worker: loading the backend")).unwrap_or_else(|| panic!("{debug}"));
+    let pid: u32 = worker
+        .split("worker_pid=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("a worker pid in {worker}"));
+    assert!(worker.contains("DEBUG") && pid > 0, "{worker}");
+    assert!(!worker.contains("<7>"), "the worker's priority prefix is read, not printed: {worker}");
+    // At info: refusals still, no debug line of either process.
+    let info = serve_log("info").await;
+    assert!(info.contains("question refused"), "{info}");
+    assert!(!info.contains("answered") && !info.contains("worker: loading the backend"), "{info}");
+}

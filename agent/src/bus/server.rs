@@ -189,6 +189,12 @@ impl Shared {
 
     fn refusal(&self, to: &ReplyTo, error: ErrorReply) -> Outbound {
         self.count_refusal(error.code);
+        tracing::info!(
+            id = %error.id.as_ref().map(id_text).unwrap_or_default(),
+            code = error.code.as_str(),
+            reason = %error.message,
+            "question refused"
+        );
         Outbound { to: to.clone(), payload: to.encoding.encode(&error.to_value()), answered: false }
     }
 
@@ -277,7 +283,15 @@ impl Shared {
                     Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
                 };
                 let inline = publish.payload.len() <= limit;
-                match self.answer(*request, &reply_to, deadline, received, inline).await {
+                // Everything logged while answering names the question.
+                let span = tracing::info_span!(
+                    "question",
+                    id = %request.id.as_ref().map(id_text).unwrap_or_default(),
+                    device = %self.device,
+                    questions = request.questions.len(),
+                );
+                let answer = self.answer(*request, &reply_to, deadline, received, inline);
+                match tracing::Instrument::instrument(answer, span).await {
                     Ok(payload) => {
                         if let Some(g) = guard {
                             self.replies.lock().unwrap_or_else(|e| e.into_inner()).put(g.key.clone(), payload.clone());
@@ -378,6 +392,7 @@ impl Shared {
         if let Ok(mut i) = self.interval.lock() {
             i.latencies.record(&timing);
         }
+        tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
         let (backend, role) = answered_by;
         let backend = if backend.is_empty() { self.backend.clone() } else { backend };
         let serving = role.as_str().to_owned();
@@ -785,6 +800,11 @@ fn engine_event(n: &crate::engine::supervisor::Notice) -> EngineEvent {
         role: n.role.as_str().into(),
         probe: None,
     }
+}
+
+/// A request id for logs: its JSON text (`"r1"`, `7`).
+fn id_text(id: &laya_topics::Value) -> String {
+    laya_topics::json::to_string(id, laya_topics::json::Style::COMPACT)
 }
 
 /// The parts of an MQTT publish that admission reads.
