@@ -107,6 +107,16 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
         &RKNN,
         "answers",
     );
+    // The retained status names the runtime the worker loaded, the model and its manifest's sha256.
+    c.subscribe("laya/v1/rk1/status").await;
+    let status = decode(&c.next(Duration::from_secs(10)).await.expect("the retained status"));
+    assert_eq!(status.get("runtime"), Some(&Value::from("librknnrt 2.3.2 (fake) (driver 0.9.8)")), "{status:?}");
+    let dir_name = bundle.file_name().and_then(|n| n.to_str()).expect("a name");
+    assert_eq!(status.get("model_name"), Some(&Value::from(dir_name)), "{status:?}");
+    let sha = std::process::Command::new("sha256sum").arg(bundle.join("laya-bundle.json")).output().expect("sha256sum");
+    let sha = String::from_utf8_lossy(&sha.stdout).split_whitespace().next().unwrap_or_default().to_owned();
+    assert_eq!(sha.len(), 64);
+    assert_eq!(status.get("bundle_sha256"), Some(&Value::from(sha.as_str())), "{status:?}");
 }
 
 /// The agent's RKNN worker on `bundle` with `rknn.library = lib`, plus the fake runtime's knobs.

@@ -410,7 +410,7 @@ impl Shared {
             degraded: self.engine.status().degraded,
             backend_state: self.engine.status().state.as_str().into(),
             birth: self.identity.birth,
-            runtime: String::new(),
+            runtime: self.engine.status().runtime,
             model_name: self.identity.model_name.clone(),
             bundle_sha256: self.identity.bundle_sha256.clone(),
             fleet: self.identity.fleet.clone(),

@@ -44,4 +44,9 @@ pub trait Backend: Send {
     fn name(&self) -> &'static str;
     /// Runs one batch.
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError>;
+    /// The vendor runtime's version (librknnrt's, QAIRT's build id), for the status document;
+    /// empty for backends without one.
+    fn runtime_version(&self) -> String {
+        String::new()
+    }
 }

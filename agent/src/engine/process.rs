@@ -130,6 +130,8 @@ pub struct EngineStatus {
     pub backend: Option<String>,
     /// The serving worker's process id.
     pub worker_pid: Option<u32>,
+    /// The vendor runtime version the serving worker announced (empty: none).
+    pub runtime: String,
     /// The last probe's figures, and which worker ran it.
     pub last_probe: Option<ProbeRun>,
     /// How long the backend has had a call running since the engine started, up to
@@ -174,6 +176,7 @@ struct Worker {
     kill: Option<oneshot::Sender<()>>,
     backend: Option<String>,
     pid: Option<u32>,
+    runtime: String,
 }
 
 struct Pending {
@@ -205,6 +208,7 @@ impl Engine {
             restarts: Vec::new(),
             backend: None,
             worker_pid: None,
+            runtime: String::new(),
             last_probe: None,
             busy_total: Duration::ZERO,
             busy_since: None,
@@ -432,9 +436,10 @@ impl Driver {
     fn on_worker(&mut self, id: WorkerId, msg: WorkerMsg) -> Event {
         let role = self.workers.get(&id).map_or(Role::Primary, |w| w.role);
         match msg {
-            WorkerMsg::Frame(FromWorker::Ready { backend, .. }) => {
+            WorkerMsg::Frame(FromWorker::Ready { backend, runtime, .. }) => {
                 if let Some(w) = self.workers.get_mut(&id) {
                     w.backend = Some(backend);
+                    w.runtime = runtime;
                 }
                 Event::Ready(id)
             }
@@ -558,6 +563,7 @@ impl Driver {
             s.in_flight = self.sup.in_flight();
             s.backend = serving.and_then(|w| w.backend.clone());
             s.worker_pid = serving.and_then(|w| w.pid);
+            s.runtime = serving.map(|w| w.runtime.clone()).unwrap_or_default();
             // Busy while a call is on a worker (in flight, not waiting in the queue).
             let running = s.in_flight > s.queued;
             match (running, s.busy_since) {
@@ -652,7 +658,7 @@ impl Driver {
                 }
             }
         });
-        self.workers.insert(id, Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid });
+        self.workers.insert(id, Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid, runtime: String::new() });
         None
     }
 
