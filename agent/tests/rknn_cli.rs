@@ -270,3 +270,42 @@ async fn a_constant_output_rknn_runtime_is_caught_on_a_new_workers_first_row_aft
         other => panic!("answered with the constant vector: {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_outside_the_bundles_allowlist_is_published_as_runtime_rejected() {
+    let lib = fake_library();
+    let bundle = bundle_dir("rejected", "bpe-small");
+    let broker = Broker::start("rknn-rejected", "");
+    let mut watch = Client::connect(broker.port, "rk-rejected-watch").await;
+    watch.subscribe("laya/v1/rk-rejected/events").await;
+    let config = temp_dir("rk-rejected").join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"rk-rejected\"\ntelemetry_interval_s = 0\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"rknn\"\nmax_restarts = 0\n[rknn]\nlibrary = \"{}\"\n",
+            broker.url(),
+            bundle.display(),
+            lib.display()
+        ),
+    )
+    .expect("config");
+    // The release that loads the graph and answers a constant vector: not in the allowlist (2.3.2).
+    let _agent = Agent::with_config(config, vec![("FAKE_RKNN_SDK_VERSION".into(), "2.4.2 (fake)".into())]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    let rejected = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let p = watch.next(left).await.unwrap_or_else(|| panic!("no runtime_rejected event: {seen:?}"));
+        let v = decode(&p);
+        if v.get("event") == Some(&Value::from("runtime_rejected")) {
+            break v;
+        }
+        seen.push(v);
+    };
+    let message = rejected.get("message").and_then(Value::as_str).unwrap_or_default();
+    assert!(message.contains("refusing RKNN runtime \"2.4.2 (fake)\"") && message.contains("2.3.2"), "{rejected:?}");
+    assert_eq!(rejected.get("reason"), Some(&Value::from("load_failed")));
+    assert_eq!(rejected.get("role"), Some(&Value::from("primary")));
+    // The restart it came with says the same.
+    assert!(seen.iter().any(|v| v.get("event") == Some(&Value::from("worker_restart"))), "{seen:?}");
+}

@@ -628,6 +628,7 @@ pub async fn run(
             _ = &mut shutdown => break,
             msg = net_rx.recv() => match msg {
                 Some(Net::Connected { session_present }) => {
+                    tracing::info!(broker = %config.mqtt.broker, session_present, "connected to the broker");
                     if !session_present {
                         let _ = client.subscribe(ask_topic.clone(), QoS::AtLeastOnce).await;
                         if let Some(f) = &fleet_filter {
@@ -676,6 +677,9 @@ pub async fn run(
                 Ok(n) => {
                     let event = engine_event(&n);
                     let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
+                    if let Some(rejected) = runtime_rejected_event(&n) {
+                        let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&rejected.to_value())).await;
+                    }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(missed, "backend events were not published (too many at once)");
@@ -781,6 +785,27 @@ fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
         role: run.role.as_str().into(),
         probe: Some(probe_figures(run)),
     }
+}
+
+/// `runtime_rejected`, for a restart whose worker refused its vendor runtime (a version the
+/// bundle does not allow): the operator must change the board, not wait for a restart to help.
+fn runtime_rejected_event(n: &crate::engine::supervisor::Notice) -> Option<EngineEvent> {
+    use crate::engine::supervisor::{NoticeKind, RestartReason};
+    let Some(RestartReason::LoadFailed(why)) = &n.reason else { return None };
+    if n.kind != NoticeKind::WorkerRestart {
+        return None;
+    }
+    let at = why.find(crate::engine::RUNTIME_REJECTED)?;
+    Some(EngineEvent {
+        event: "runtime_rejected".into(),
+        reason: Some("load_failed".into()),
+        code: None,
+        name: None,
+        message: why[at + crate::engine::RUNTIME_REJECTED.len()..].to_owned(),
+        deadline_ms: None,
+        role: n.role.as_str().into(),
+        probe: None,
+    })
 }
 
 /// The events-topic document for an engine notice.
