@@ -125,9 +125,9 @@ impl Identity {
             None
         };
         let named = bundle.manifest.as_ref().and_then(|m| m.raw.get("name")).and_then(|v| v.as_str());
-        let model_name = named.map(str::to_owned).unwrap_or_else(|| {
-            bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-        });
+        let model_name = named
+            .map(str::to_owned)
+            .unwrap_or_else(|| bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
         Identity { birth, model_name, bundle_sha256, fleet: fleet.to_owned() }
     }
 }

@@ -658,7 +658,10 @@ impl Driver {
                 }
             }
         });
-        self.workers.insert(id, Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid, runtime: String::new() });
+        self.workers.insert(
+            id,
+            Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid, runtime: String::new() },
+        );
         None
     }
 
