@@ -261,14 +261,14 @@ async fn fleet_once_json_lists_three_agents_trouble_first_with_the_killed_one_of
 
 /// `serve` with `--log FILTER`, its stderr in a file: asks one good question and one bad one,
 /// stops the agent and returns what it logged.
-async fn serve_log(filter: &str) -> String {
+async fn serve_log(filter: &str, engine: &str) -> String {
     let broker = Broker::start(&format!("tm-log-{}", filter.replace([',', '=', ':'], "-")), "");
     let dir = temp_dir("tm-log");
     let config = dir.join("laya-edge.toml");
     std::fs::write(
         &config,
         format!(
-            "[mqtt]\nbroker = \"{}\"\ndevice = \"dev-log\"\ntelemetry_interval_s = 0\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n",
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"dev-log\"\ntelemetry_interval_s = 0\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\n{engine}",
             broker.url(),
             model("bpe-small")
         ),
@@ -306,7 +306,7 @@ async fn serve_log(filter: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_lines_name_the_question_and_the_worker_pid_at_their_level_and_the_filter_holds() {
-    let debug = serve_log("debug").await;
+    let debug = serve_log("debug", "").await;
     let answered = debug.lines().find(|l| l.contains("answered")).unwrap_or_else(|| panic!("{debug}"));
     assert!(answered.contains("DEBUG") && answered.contains(r#"question{id="log-good""#), "{answered}");
     assert!(answered.contains("questions=2"), "{answered}");
@@ -326,7 +326,14 @@ async fn log_lines_name_the_question_and_the_worker_pid_at_their_level_and_the_f
     assert!(worker.contains("DEBUG") && pid > 0, "{worker}");
     assert!(!worker.contains("<7>"), "the worker's priority prefix is read, not printed: {worker}");
     // At info: refusals still, no debug line of either process.
-    let info = serve_log("info").await;
+    let info = serve_log("info", "").await;
     assert!(info.contains("question refused"), "{info}");
     assert!(!info.contains("answered") && !info.contains("worker: loading the backend"), "{info}");
+    // A worker that dies on the first question: its restart is logged once, at warning, with the reason.
+    let once = temp_dir("tm-log-once").join("once");
+    let _ = std::fs::remove_file(&once);
+    let crash = serve_log("info", &format!("null_faults = \"exit@2,once={}\"\n", once.display())).await;
+    let restarts: Vec<&str> = crash.lines().filter(|l| l.contains("worker died")).collect();
+    assert_eq!(restarts.len(), 1, "{crash}");
+    assert!(restarts[0].contains("WARN") && restarts[0].contains(r#"reason="crash""#), "{crash}");
 }

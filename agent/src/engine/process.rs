@@ -708,7 +708,7 @@ impl Driver {
                 }
             }
             Action::Restarted(role, reason) => {
-                tracing::warn!(role = role.as_str(), reason = %reason.describe(), "backend worker restarted");
+                // Logged once, with its notice (Action::Notify), which always follows.
                 if let Ok(mut log) = self.restarts.lock() {
                     log.total += 1;
                     log.recent.push_back(RestartRecord { role, reason });
@@ -726,7 +726,8 @@ impl Driver {
                         tracing::info!(role = notice.role.as_str(), "{}", notice.message)
                     }
                     _ => {
-                        tracing::warn!(event = notice.kind.as_str(), role = notice.role.as_str(), "{}", notice.message)
+                        let reason = notice.reason.as_ref().map(RestartReason::label);
+                        tracing::warn!(event = notice.kind.as_str(), reason, role = notice.role.as_str(), "{}", notice.message)
                     }
                 }
                 let _ = self.notices.send(notice); // no subscriber: nobody to tell
