@@ -99,7 +99,8 @@ pub fn init(directive: Option<&str>) {
     let _ = if journal {
         let format =
             tracing_subscriber::fmt::format().without_time().with_target(false).with_level(false).with_ansi(false);
-        builder.event_format(JournalPriority(format)).try_init()
+        // No colours in span fields either (the writer's setting, not the format's).
+        builder.with_ansi(false).event_format(JournalPriority(format)).try_init()
     } else {
         builder.with_target(false).with_ansi(colour).try_init()
     };

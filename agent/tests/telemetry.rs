@@ -324,6 +324,7 @@ async fn log_lines_name_the_question_and_the_worker_pid_at_their_level_and_the_f
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("a worker pid in {worker}"));
     assert!(worker.contains("DEBUG") && pid > 0, "{worker}");
+    assert!(worker.contains(r#"worker{backend="null"}"#), "the worker's lifetime span: {worker}");
     assert!(!worker.contains("<7>"), "the worker's priority prefix is read, not printed: {worker}");
     // At info: refusals still, no debug line of either process.
     let info = serve_log("info", "").await;
