@@ -338,3 +338,32 @@ async fn log_lines_name_the_question_and_the_worker_pid_at_their_level_and_the_f
     assert_eq!(restarts.len(), 1, "{crash}");
     assert!(restarts[0].contains("WARN") && restarts[0].contains(r#"reason="crash""#), "{crash}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_the_agent_cannot_load_is_published_as_config_error_before_it_exits() {
+    let broker = Broker::start("tm-config-error", "");
+    let mut watch = Client::connect(broker.port, "config-error-watch").await;
+    watch.subscribe("laya/v1/dev-noconfig/events").await;
+    let mut agent = Agent::start(&broker, "dev-noconfig", "[model]\ndir = \"/nonexistent/laya-model\"\n");
+    let event =
+        next_where(&mut watch, "/events", "config_error", |v| v.get("event") == Some(&Value::from("config_error")))
+            .await;
+    let message = event.get("message").and_then(Value::as_str).unwrap_or_default();
+    assert!(message.contains("/nonexistent/laya-model"), "{event:?}");
+    // And it exits with the error, as without a broker.
+    let mut child = agent.child.take().expect("started");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the agent did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    // The report connected under its own client id, never the agent's (whose persistent session
+    // holds the device's queued questions).
+    let log = broker.log();
+    assert!(log.contains("as laya-edge-dev-noconfig-report "), "{log}");
+    assert!(!log.contains("as laya-edge-dev-noconfig "), "{log}");
+}

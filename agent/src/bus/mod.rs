@@ -10,4 +10,5 @@ pub mod demo;
 pub mod fleet;
 pub mod fleet_view;
 pub mod latency;
+pub mod report;
 pub mod server;
