@@ -322,7 +322,7 @@ async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<From
     Some(FromWorker::decode(&payload).map_err(|e| e.to_string()))
 }
 
-/// The longest line of a worker's stderr logged whole; the rest of a longer one is cut.
+/// The longest line of a worker's stderr logged whole; a longer one is logged in pieces of this size.
 const STDERR_LINE: usize = 8 * 1024;
 
 /// Logs each line of a worker's stderr in the agent's log, at the line's level, with the
