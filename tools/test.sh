@@ -10,7 +10,9 @@
 #     bookworm-backports on Debian 12 whose own 2.0.11 ignores the Receive Maximum), openssl (test certificates),
 #     python3-venv (Debian's python3 keeps venv/ensurepip apart; .ci/yocto-checks.sh makes a
 #     venv), python3-pip (tools/qnn/fetch-runtime.sh downloads a wheel with pip) and systemd
-#     (systemd-analyze, for the unit checks). As root, or through sudo.
+#     (systemd-analyze, for the unit checks), nodejs and npm (the Node client example, Node
+#     18.7 or later: Debian 12's will do). As root, or through sudo.
+#   - the client examples' pinned packages (tools/examples.sh: a venv, `npm ci`).
 #   - Qualcomm's x86-64 QNN HTP simulator (pinned, from PyPI's onnxruntime-qnn wheel; never
 #     committed) into target/qnn-runtime with tools/qnn/fetch-runtime.sh, exported as
 #     LAYA_QNN_LIB_DIR (a directory you set yourself is used as it is). Under CI (CI=true) the QNN
@@ -27,6 +29,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 "$python" -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 "$python" -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         sudo=()
@@ -72,6 +76,12 @@ echo "== QNN simulator: $LAYA_QNN_LIB_DIR"
 
 # The Yocto layer: oelint-adv, crates.inc in sync with Cargo.lock, licences, kas, the systemd unit.
 bash .ci/yocto-checks.sh
+
+# The Python and Node client examples (agent/tests/examples.rs runs them against `serve`): their
+# pinned packages in a venv and examples/node/node_modules.
+LAYA_EXAMPLES_PYTHON="$(tools/examples.sh)"
+export LAYA_EXAMPLES_PYTHON
+echo "== examples: $LAYA_EXAMPLES_PYTHON, node $(node --version)"
 
 cargo test --workspace --locked "$@"
 

@@ -182,7 +182,10 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
         rknn.runtime_allowlist = manifest.runtime_allowlist.clone();
     }
     rknn.core_mask = config.rknn.core_mask;
-    let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?;
+    let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| match e {
+        crate::npu::rknn::RknnError::RuntimeRefused { .. } => format!("{}{e}", crate::engine::RUNTIME_REJECTED),
+        e => e.to_string(),
+    })?;
     let v = backend.versions();
     tracing::info!(versions = ?v, "rknn runtime loaded");
     Ok(Box::new(backend))
@@ -232,7 +235,10 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
     if !q.soc.is_empty() {
         qnn.soc = q.soc.clone();
     }
-    let backend = QnnBackend::load(&bundle, &qnn).map_err(|e| e.to_string())?;
+    let backend = QnnBackend::load(&bundle, &qnn).map_err(|e| match e {
+        crate::npu::qnn::QnnError::RuntimeNotAllowed { .. } => format!("{}{e}", crate::engine::RUNTIME_REJECTED),
+        e => e.to_string(),
+    })?;
     let info = backend.runtime_info();
     tracing::info!(
         build_id = %info.build_id,

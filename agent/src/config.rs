@@ -72,6 +72,9 @@ pub struct Mqtt {
     pub reconnect_max_ms: u64,
     /// Seconds between telemetry messages (0: none).
     pub telemetry_interval_s: u64,
+    /// `json` or `cbor` (smaller, for constrained links): how telemetry documents are encoded;
+    /// the MQTT 5 content type says which.
+    pub telemetry_encoding: String,
 }
 
 impl Default for Mqtt {
@@ -97,6 +100,7 @@ impl Default for Mqtt {
             reconnect_min_ms: 500,
             reconnect_max_ms: 30_000,
             telemetry_interval_s: 60,
+            telemetry_encoding: "json".into(),
         }
     }
 }
@@ -311,6 +315,9 @@ impl Config {
         }
         if !["", "cpu"].contains(&self.engine.fallback.as_str()) {
             return bad(format!("engine.fallback {:?}: use \"cpu\" or leave it empty", self.engine.fallback));
+        }
+        if !["json", "cbor"].contains(&self.mqtt.telemetry_encoding.as_str()) {
+            return bad(format!("mqtt.telemetry_encoding {:?}: use json or cbor", self.mqtt.telemetry_encoding));
         }
         if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
             return bad(format!("mqtt.broker {:?} must be an mqtt:// or mqtts:// URL", self.mqtt.broker));

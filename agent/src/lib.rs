@@ -15,3 +15,4 @@ pub mod npu;
 pub mod pipeline;
 pub mod prompt;
 pub mod systemd;
+pub mod vitals;

@@ -12,6 +12,12 @@
 //! strips and records as the entry's priority (`journalctl -p warning`), and carries no timestamp,
 //! level word or colours, since the journal adds its own; elsewhere lines are human-readable with
 //! a timestamp and the level.
+//!
+//! A worker's stderr is a pipe its agent reads: the agent starts it with [`PRIORITY_VAR`] set, so
+//! the worker writes priority-prefixed lines, and logs each line again under the target
+//! [`WORKER_TARGET`] at that line's level with the worker's pid and role ([`worker_line`]). The
+//! worker filtered its lines already, so that target is never filtered again; lines a vendor
+//! runtime prints itself (no prefix) are logged at `info`.
 
 use std::fmt;
 
@@ -23,6 +29,27 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// The environment variable read for the filter first.
 pub const FILTER_VAR: &str = "LAYA_LOG";
+
+/// Set in a worker's environment by its agent: write `<N>`-prefixed lines, as under journald.
+pub const PRIORITY_VAR: &str = "LAYA_LOG_PRIORITY";
+
+/// The target of the lines forwarded from a worker's stderr.
+pub const WORKER_TARGET: &str = "laya_worker";
+
+/// A line of a worker's stderr: its level (from a `<N>` prefix; `info` without one) and text.
+pub fn worker_line(line: &str) -> (Level, &str) {
+    let prefixed = line
+        .strip_prefix('<')
+        .and_then(|r| r.split_once('>'))
+        .and_then(|(n, rest)| n.parse::<u8>().ok().filter(|n| *n <= 7).map(|n| (n, rest)));
+    match prefixed {
+        Some((0..=3, rest)) => (Level::ERROR, rest),
+        Some((4, rest)) => (Level::WARN, rest),
+        Some((5 | 6, rest)) => (Level::INFO, rest),
+        Some((_, rest)) => (Level::DEBUG, rest),
+        None => (Level::INFO, line),
+    }
+}
 
 /// The syslog priority journald reads from a `<N>` line prefix (sd-daemon(3)).
 fn priority(level: &Level) -> u8 {
@@ -60,18 +87,40 @@ pub fn init(directive: Option<&str>) {
         Some(Err(e)) => (EnvFilter::new("info"), Some(e.to_string())),
         None => (EnvFilter::new("info"), None),
     };
-    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    // The worker's lines, filtered by the worker already, pass whatever the filter says.
+    let filter = match WORKER_TARGET.parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some() || std::env::var_os(PRIORITY_VAR).is_some();
     let colour = !journal && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // try_init: a second call keeps the first subscriber.
     let _ = if journal {
         let format =
             tracing_subscriber::fmt::format().without_time().with_target(false).with_level(false).with_ansi(false);
-        builder.event_format(JournalPriority(format)).try_init()
+        // No colours in span fields either (the writer's setting, not the format's).
+        builder.with_ansi(false).event_format(JournalPriority(format)).try_init()
     } else {
         builder.with_target(false).with_ansi(colour).try_init()
     };
     if let Some(e) = bad {
         tracing::warn!(filter = wanted.as_deref().unwrap_or(""), error = %e, "invalid log filter; logging at info");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_line_keeps_its_level_and_an_unprefixed_line_is_info() {
+        assert_eq!(worker_line("<3>load failed"), (Level::ERROR, "load failed"));
+        assert_eq!(worker_line("<4>slow"), (Level::WARN, "slow"));
+        assert_eq!(worker_line("<6>ready"), (Level::INFO, "ready"));
+        assert_eq!(worker_line("<7>worker: loading"), (Level::DEBUG, "worker: loading"));
+        assert_eq!(worker_line("E RKNN: failed to submit"), (Level::INFO, "E RKNN: failed to submit"));
+        assert_eq!(worker_line("<9>not a priority"), (Level::INFO, "<9>not a priority"));
+        assert_eq!(worker_line("<x>"), (Level::INFO, "<x>"));
     }
 }

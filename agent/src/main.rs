@@ -8,7 +8,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{ask, bundle, check, check_config, layout, predict, probe, serve, worker};
+use commands::{ask, bundle, check, check_config, fleet, layout, predict, probe, serve, worker};
 
 #[derive(Parser)]
 #[command(name = "laya-edge", version, about = "Laya typed decisions on edge NPUs")]
@@ -39,6 +39,8 @@ enum Command {
     Check(check::Args),
     /// Run a bundle's probe on a backend and print how closely it answers like the float model.
     Probe(probe::Args),
+    /// A live view of every device's status and telemetry, trouble first (a broker client).
+    Fleet(fleet::Args),
     /// Host one backend for a supervising agent, speaking frames on stdin/stdout (not for humans).
     #[command(hide = true)]
     Worker(worker::Args),
@@ -52,7 +54,9 @@ fn main() -> ExitCode {
         Command::CheckConfig(a) => a.config(),
         Command::Worker(a) => a.config(),
         Command::Probe(a) => a.config(),
-        Command::Layout(_) | Command::Ask(_) | Command::Bundle(_) | Command::Check(_) => Ok(Default::default()),
+        Command::Layout(_) | Command::Ask(_) | Command::Bundle(_) | Command::Check(_) | Command::Fleet(_) => {
+            Ok(Default::default())
+        }
     };
     // The flag wins over the key; folded into the configuration, it reaches the worker too.
     let config = config.and_then(|mut c| match &cli.log {
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Bundle(args) => bundle::run(args),
         Command::Check(args) => check::run(args),
         Command::Probe(_) => probe::run(config),
+        Command::Fleet(args) => fleet::run(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -192,6 +192,9 @@ fn under_the_journal_each_line_starts_with_its_syslog_priority() {
     let debug: Vec<&str> = stderr.lines().filter(|l| l.contains(PREDICT_DEBUG) || l.contains(WORKER_DEBUG)).collect();
     assert_eq!(debug.len(), 2, "{stderr}");
     assert!(debug.iter().all(|l| l.starts_with("<7>") && !l.contains("DEBUG")), "{stderr}");
+    // No terminal colours in the journal, span fields included (the worker's lifetime span).
+    // (A worker's escape codes would come through the agent's log escaped: `\x1b` as text.)
+    assert!(debug.iter().all(|l| !l.contains('\x1b') && !l.contains("\\x1b")), "{stderr:?}");
     // An error line of a failing command: <3>.
     let (_, stderr, ok) =
         common::run_cli(&[OsStr::new("layout"), OsStr::new("--model"), OsStr::new("/nonexistent/model")], &env, "");

@@ -116,6 +116,11 @@ async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
         &QNN,
         "answers",
     );
+    // The retained status names the QAIRT build the worker loaded.
+    c.subscribe("laya/v1/qcs1/status").await;
+    let status = decode(&c.next(Duration::from_secs(10)).await.expect("the retained status"));
+    let runtime = status.get("runtime").and_then(Value::as_str).unwrap_or_default();
+    assert!(!runtime.is_empty() && !runtime.contains(char::is_whitespace), "a build id: {status:?}");
 }
 
 /// A bundle of one fake graph (128 tokens, float I/O) over the fixture checkpoint `model`.

@@ -107,6 +107,16 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
         &RKNN,
         "answers",
     );
+    // The retained status names the runtime the worker loaded, the model and its manifest's sha256.
+    c.subscribe("laya/v1/rk1/status").await;
+    let status = decode(&c.next(Duration::from_secs(10)).await.expect("the retained status"));
+    assert_eq!(status.get("runtime"), Some(&Value::from("librknnrt 2.3.2 (fake) (driver 0.9.8)")), "{status:?}");
+    let dir_name = bundle.file_name().and_then(|n| n.to_str()).expect("a name");
+    assert_eq!(status.get("model_name"), Some(&Value::from(dir_name)), "{status:?}");
+    let sha = std::process::Command::new("sha256sum").arg(bundle.join("laya-bundle.json")).output().expect("sha256sum");
+    let sha = String::from_utf8_lossy(&sha.stdout).split_whitespace().next().unwrap_or_default().to_owned();
+    assert_eq!(sha.len(), 64);
+    assert_eq!(status.get("bundle_sha256"), Some(&Value::from(sha.as_str())), "{status:?}");
 }
 
 /// The agent's RKNN worker on `bundle` with `rknn.library = lib`, plus the fake runtime's knobs.
@@ -427,4 +437,43 @@ async fn serve_on_a_constant_output_runtime_publishes_probe_failed_with_the_figu
     assert_eq!(last.get("role"), Some(&Value::from("fallback")), "{telemetry:?}");
     assert_eq!(last.get("passed"), Some(&Value::Bool(true)), "{telemetry:?}");
     assert_eq!(last.get("agree"), last.get("rows"), "the float model on the CPU agrees with itself: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_outside_the_bundles_allowlist_is_published_as_runtime_rejected() {
+    let lib = fake_library();
+    let bundle = bundle_dir("rejected", "bpe-small");
+    let broker = Broker::start("rknn-rejected", "");
+    let mut watch = Client::connect(broker.port, "rk-rejected-watch").await;
+    watch.subscribe("laya/v1/rk-rejected/events").await;
+    let config = temp_dir("rk-rejected").join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"rk-rejected\"\ntelemetry_interval_s = 0\n[model]\ndir = \"{}\"\n[engine]\nbackend = \"rknn\"\nmax_restarts = 0\n[rknn]\nlibrary = \"{}\"\n",
+            broker.url(),
+            bundle.display(),
+            lib.display()
+        ),
+    )
+    .expect("config");
+    // The release that loads the graph and answers a constant vector: not in the allowlist (2.3.2).
+    let _agent = Agent::with_config(config, vec![("FAKE_RKNN_SDK_VERSION".into(), "2.4.2 (fake)".into())]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    let rejected = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let p = watch.next(left).await.unwrap_or_else(|| panic!("no runtime_rejected event: {seen:?}"));
+        let v = decode(&p);
+        if v.get("event") == Some(&Value::from("runtime_rejected")) {
+            break v;
+        }
+        seen.push(v);
+    };
+    let message = rejected.get("message").and_then(Value::as_str).unwrap_or_default();
+    assert!(message.contains("refusing RKNN runtime \"2.4.2 (fake)\"") && message.contains("2.3.2"), "{rejected:?}");
+    assert_eq!(rejected.get("reason"), Some(&Value::from("load_failed")));
+    assert_eq!(rejected.get("role"), Some(&Value::from("primary")));
+    // The restart it came with says the same.
+    assert!(seen.iter().any(|v| v.get("event") == Some(&Value::from("worker_restart"))), "{seen:?}");
 }

@@ -7,6 +7,7 @@
 pub mod answer;
 pub mod cbor;
 pub mod json;
+pub mod load;
 pub mod pyfloat;
 pub mod request;
 pub mod topic;

@@ -126,6 +126,19 @@ impl Schema {
         Ok(format!("$share/{group}/{}", self.fleet_ask(fleet)?))
     }
 
+    /// `{prefix}/+/status`, `{prefix}/+/telemetry`, `{prefix}/+/events`: one channel of every
+    /// device, for a fleet view (`None` for channels that are per request or per device only).
+    pub fn every_device(&self, channel: &Channel) -> Option<String> {
+        let name = match channel {
+            Channel::Status => "status",
+            Channel::Telemetry => "telemetry",
+            Channel::Events => "events",
+            Channel::Errors => "errors",
+            Channel::Ask | Channel::Reply(_) => return None,
+        };
+        Some(format!("{}/+/{name}", self.prefix))
+    }
+
     /// The default response-topic allowlist: `{prefix}/+/reply/#`.
     pub fn default_reply_filter(&self) -> String {
         format!("{}/+/reply/#", self.prefix)

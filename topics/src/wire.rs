@@ -1,6 +1,7 @@
 //! Reply, error, status and telemetry payloads, and the choice of encoding.
 
 use crate::answer::PredictResult;
+use crate::load::Load;
 use crate::value::{Map, Value};
 use crate::{cbor, json};
 
@@ -236,6 +237,18 @@ pub struct Status {
     pub degraded: bool,
     /// `starting | ready | degraded`: whether questions are being answered, not just received.
     pub backend_state: String,
+    /// This run's birth number: larger for a later start of the same device, so a consumer can
+    /// tell a stale retained status from the current one (the start time in milliseconds).
+    pub birth: u64,
+    /// The vendor runtime's version the serving worker loaded (librknnrt's, QAIRT's build id);
+    /// empty when the backend has none (`cpu`, `null`) or no worker is ready yet.
+    pub runtime: String,
+    /// The model's name: the manifest's `name`, else the model directory's name.
+    pub model_name: String,
+    /// The sha256 of the bundle's `laya-bundle.json` (none: a plain checkpoint directory).
+    pub bundle_sha256: Option<String>,
+    /// The fleet the device serves (`mqtt.fleet`; empty: none).
+    pub fleet: String,
 }
 
 impl Status {
@@ -248,7 +261,33 @@ impl Status {
         m.insert("started_at".into(), Value::Int(self.started_at.into()));
         m.insert("degraded".into(), Value::Bool(self.degraded));
         m.insert("backend_state".into(), self.backend_state.as_str().into());
+        m.insert("birth".into(), Value::Int(self.birth.into()));
+        m.insert("runtime".into(), self.runtime.as_str().into());
+        m.insert("model_name".into(), self.model_name.as_str().into());
+        m.insert("bundle_sha256".into(), self.bundle_sha256.as_deref().map_or(Value::Null, Value::from));
+        m.insert("fleet".into(), self.fleet.as_str().into());
         Value::Object(m)
+    }
+
+    /// Reads a status document back (a consumer's side, `laya-edge fleet`): `None` unless it has
+    /// a `state`; keys an older agent did not send read as empty or zero.
+    pub fn from_value(v: &Value) -> Option<Status> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let u = |k: &str| v.get(k).and_then(Value::as_i64).and_then(|x| u64::try_from(x).ok()).unwrap_or(0);
+        Some(Status {
+            online: v.get("state")?.as_str()? == "online",
+            version: s("version"),
+            backend: s("backend"),
+            model: s("model"),
+            started_at: u("started_at"),
+            degraded: v.get("degraded").is_some_and(Value::is_truthy),
+            backend_state: s("backend_state"),
+            birth: u("birth"),
+            runtime: s("runtime"),
+            model_name: s("model_name"),
+            bundle_sha256: v.get("bundle_sha256").and_then(Value::as_str).map(str::to_owned),
+            fleet: s("fleet"),
+        })
     }
 }
 
@@ -374,6 +413,8 @@ pub struct Telemetry {
     pub token_memo: TokenMemo,
     /// The last probe run, when the bundle has a probe.
     pub probe: Option<ProbeFigures>,
+    /// Rates, latency percentiles, busy fraction, memory and temperature (`load::Load`).
+    pub load: Load,
 }
 
 impl Telemetry {
@@ -400,6 +441,7 @@ impl Telemetry {
         m.insert("restarts".into(), counts(&self.restarts));
         m.insert("token_memo".into(), Value::Object(memo));
         m.insert("probe".into(), self.probe.as_ref().map_or(Value::Null, ProbeFigures::to_value));
+        self.load.extend(&mut m);
         Value::Object(m)
     }
 }
@@ -481,15 +523,43 @@ mod tests {
             restarts: vec![("deadline".into(), 4)],
             token_memo: TokenMemo { hits: 9, misses: 2, entries: 2 },
             probe: None,
+            load: Load::default(),
         };
         assert_eq!(
             json::to_string(&t.to_value(), json::Style::COMPACT),
             concat!(
                 r#"{"device":"d1","uptime_s":7,"answered":5,"resent":1,"dropped":0,"refused":{"overloaded":2},"#,
                 r#""in_flight":3,"backend":"qnn","backend_state":"degraded","serving":"fallback","degraded":true,"restarts":{"deadline":4},"#,
-                r#""token_memo":{"hits":9,"misses":2,"entries":2},"probe":null}"#
+                r#""token_memo":{"hits":9,"misses":2,"entries":2},"probe":null,"#,
+                r#""interval_s":0.0,"questions":0,"questions_per_s":0.0,"#,
+                r#""latency_ms":{"queue":null,"tokenize":null,"infer":null,"decode":null,"total":null},"#,
+                r#""busy":0.0,"queue_depth":0,"rss_kb":{"agent":null,"worker":null},"temperature_c":null}"#
             )
         );
+    }
+
+    #[test]
+    fn a_status_reads_back_what_it_wrote_and_an_older_agents_status_still_reads() {
+        let s = Status {
+            online: true,
+            version: "0.1.0".into(),
+            backend: "rknn".into(),
+            model: "/opt/laya/bundle".into(),
+            started_at: 1_700_000_000,
+            degraded: false,
+            backend_state: "ready".into(),
+            birth: 1_700_000_000_123,
+            runtime: "2.3.2 (429f97ae6b@2025-04-09T09:09:27)".into(),
+            model_name: "tickets-v3".into(),
+            bundle_sha256: Some("ab".repeat(32)),
+            fleet: "line-3".into(),
+        };
+        assert_eq!(Status::from_value(&s.to_value()), Some(s));
+        let old = json::parse_str(r#"{"state":"offline","backend":"cpu"}"#, Default::default()).unwrap();
+        let read = Status::from_value(&old).unwrap();
+        assert!(!read.online);
+        assert_eq!((read.backend.as_str(), read.birth, read.bundle_sha256), ("cpu", 0, None));
+        assert_eq!(Status::from_value(&Value::Object(Map::new())), None);
     }
 
     #[test]

@@ -7,4 +7,8 @@ pub mod admission;
 pub mod ask;
 pub mod connection;
 pub mod demo;
+pub mod fleet;
+pub mod fleet_view;
+pub mod latency;
+pub mod report;
 pub mod server;

@@ -25,6 +25,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
 use tokio::sync::{OwnedSemaphorePermit, RwLock, Semaphore, mpsc, watch};
 
+use laya_topics::load::Load;
 use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{
     Encoding, EngineEvent, ErrorCode, ErrorReply, ProbeFigures, Reply, Status, Telemetry, Timing, TokenMemo,
@@ -33,6 +34,7 @@ use laya_topics::wire::{
 
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
 use super::connection;
+use super::latency::StageLatencies;
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::decide::{self, RowOutput};
@@ -84,10 +86,58 @@ struct Shared {
     errors_to: ReplyTo,
     counters: Counters,
     stopping: AtomicBool,
+    /// This run's identity in the status document (`Status::birth`, `model_name`, `bundle_sha256`).
+    identity: Identity,
+    /// The current telemetry interval: latencies of its answers and where it started.
+    interval: Mutex<Interval>,
+    /// Questions in the waiting room (beyond `limits.queue`).
+    waiting_questions: AtomicUsize,
+    /// How telemetry documents are encoded (`mqtt.telemetry_encoding`).
+    telemetry_encoding: Encoding,
     /// Closed (true) once shutdown has waited for the questions in progress. Publishing a reply
     /// and acknowledging its question happen under the read lock, so the two are both sent
     /// before the DISCONNECT, or neither is.
     closed: RwLock<bool>,
+}
+
+/// What the status document says about this run and its model, fixed at start.
+struct Identity {
+    /// The start time in milliseconds since the Unix epoch (see `Status::birth`).
+    birth: u64,
+    model_name: String,
+    bundle_sha256: Option<String>,
+    fleet: String,
+}
+
+impl Identity {
+    fn new(bundle: &HostBundle, fleet: &str, started: SystemTime) -> Identity {
+        let birth = started.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let manifest = bundle.dir.join(crate::bundle::MANIFEST);
+        let bundle_sha256 = if manifest.is_file() {
+            match crate::bundle::digest::sha256_file(&manifest) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!(file = %manifest.display(), error = %e, "cannot hash the bundle manifest");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let named = bundle.manifest.as_ref().and_then(|m| m.raw.get("name")).and_then(|v| v.as_str());
+        let model_name = named
+            .map(str::to_owned)
+            .unwrap_or_else(|| bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        Identity { birth, model_name, bundle_sha256, fleet: fleet.to_owned() }
+    }
+}
+
+/// One telemetry interval in the making.
+struct Interval {
+    latencies: StageLatencies,
+    started: Instant,
+    /// The engine's busy time when it started.
+    busy_at_start: Duration,
 }
 
 /// What a handled question sends back before it is acknowledged.
@@ -139,6 +189,12 @@ impl Shared {
 
     fn refusal(&self, to: &ReplyTo, error: ErrorReply) -> Outbound {
         self.count_refusal(error.code);
+        tracing::info!(
+            id = %error.id.as_ref().map(id_text).unwrap_or_default(),
+            code = error.code.as_str(),
+            reason = %error.message,
+            "question refused"
+        );
         Outbound { to: to.clone(), payload: to.encoding.encode(&error.to_value()), answered: false }
     }
 
@@ -227,7 +283,15 @@ impl Shared {
                     Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
                 };
                 let inline = publish.payload.len() <= limit;
-                match self.answer(*request, &reply_to, deadline, received, inline).await {
+                // Everything logged while answering names the question.
+                let span = tracing::info_span!(
+                    "question",
+                    id = %request.id.as_ref().map(id_text).unwrap_or_default(),
+                    device = %self.device,
+                    questions = request.questions.len(),
+                );
+                let answer = self.answer(*request, &reply_to, deadline, received, inline);
+                match tracing::Instrument::instrument(answer, span).await {
                     Ok(payload) => {
                         if let Some(g) = guard {
                             self.replies.lock().unwrap_or_else(|e| e.into_inner()).put(g.key.clone(), payload.clone());
@@ -325,6 +389,10 @@ impl Shared {
             decode: ms(done - inferred),
             total: ms(done - received),
         };
+        if let Ok(mut i) = self.interval.lock() {
+            i.latencies.record(&timing);
+        }
+        tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
         let (backend, role) = answered_by;
         let backend = if backend.is_empty() { self.backend.clone() } else { backend };
         let serving = role.as_str().to_owned();
@@ -341,12 +409,48 @@ impl Shared {
             started_at,
             degraded: self.engine.status().degraded,
             backend_state: self.engine.status().state.as_str().into(),
+            birth: self.identity.birth,
+            runtime: self.engine.status().runtime,
+            model_name: self.identity.model_name.clone(),
+            bundle_sha256: self.identity.bundle_sha256.clone(),
+            fleet: self.identity.fleet.clone(),
         };
         Encoding::Json.encode(&s.to_value())
     }
 
+    /// The load figures of the interval that ends now, and the start of the next.
+    fn load(&self, es: &crate::engine::process::EngineStatus) -> Load {
+        let now = Instant::now();
+        let busy = self.engine.busy_time();
+        let (questions, latency_ms, span, busy_in) = match self.interval.lock() {
+            Ok(mut i) => {
+                let (n, p) = i.latencies.take();
+                let span = now - i.started;
+                let busy_in = busy.saturating_sub(i.busy_at_start);
+                i.started = now;
+                i.busy_at_start = busy;
+                (n, p, span, busy_in)
+            }
+            Err(_) => (0, [None; 5], Duration::ZERO, Duration::ZERO),
+        };
+        let secs = span.as_secs_f64();
+        let per = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+        Load {
+            interval_s: secs,
+            questions,
+            questions_per_s: per(questions as f64),
+            latency_ms,
+            busy: per(busy_in.as_secs_f64()).clamp(0.0, 1.0),
+            queue_depth: (es.queued + self.waiting_questions.load(Ordering::Relaxed)) as u64,
+            rss_kb_agent: crate::vitals::own_rss_kb(),
+            rss_kb_worker: es.worker_pid.and_then(crate::vitals::rss_kb),
+            temperature_c: crate::vitals::max_temperature_c(),
+        }
+    }
+
     fn telemetry(&self, started: Instant) -> Vec<u8> {
         let es = self.engine.status();
+        let load = self.load(&es);
         let memo = self.bundle.tokenizer.memo_stats();
         let t = Telemetry {
             device: self.device.clone(),
@@ -368,8 +472,9 @@ impl Shared {
             restarts: es.restarts,
             token_memo: TokenMemo { hits: memo.hits, misses: memo.misses, entries: memo.entries as u64 },
             probe: es.last_probe.as_ref().map(probe_figures),
+            load,
         };
-        Encoding::Json.encode(&t.to_value())
+        self.telemetry_encoding.encode(&t.to_value())
     }
 }
 
@@ -395,6 +500,9 @@ pub async fn run(
     };
     let started_at = now_unix();
     let started = Instant::now();
+    let identity = Identity::new(&bundle, &config.mqtt.fleet, SystemTime::now());
+    let telemetry_encoding = if config.mqtt.telemetry_encoding == "cbor" { Encoding::Cbor } else { Encoding::Json };
+    let busy_at_start = engine.busy_time();
     let backend = config.engine.backend.clone();
     let offline = Encoding::Json.encode(
         &Status {
@@ -405,6 +513,11 @@ pub async fn run(
             started_at,
             degraded: false,
             backend_state: "starting".into(),
+            birth: identity.birth,
+            runtime: String::new(),
+            model_name: identity.model_name.clone(),
+            bundle_sha256: identity.bundle_sha256.clone(),
+            fleet: identity.fleet.clone(),
         }
         .to_value(),
     );
@@ -425,6 +538,10 @@ pub async fn run(
         errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
         counters: Counters::default(),
         stopping: AtomicBool::new(false),
+        identity,
+        interval: Mutex::new(Interval { latencies: StageLatencies::default(), started, busy_at_start }),
+        waiting_questions: AtomicUsize::new(0),
+        telemetry_encoding,
         closed: RwLock::new(false),
     });
 
@@ -436,6 +553,7 @@ pub async fn run(
             while let Some((p, received, bytes)) = waiting_rx.recv().await {
                 let permit = shared.permits.clone().acquire_owned().await;
                 shared.waiting.fetch_sub(bytes, Ordering::Relaxed);
+                shared.waiting_questions.fetch_sub(1, Ordering::Relaxed);
                 let Ok(permit) = permit else { break };
                 if shared.stopping.load(Ordering::Relaxed) {
                     continue; // not acknowledged: the broker delivers it again later
@@ -510,6 +628,7 @@ pub async fn run(
             _ = &mut shutdown => break,
             msg = net_rx.recv() => match msg {
                 Some(Net::Connected { session_present }) => {
+                    tracing::info!(broker = %config.mqtt.broker, session_present, "connected to the broker");
                     if !session_present {
                         let _ = client.subscribe(ask_topic.clone(), QoS::AtLeastOnce).await;
                         if let Some(f) = &fleet_filter {
@@ -539,6 +658,7 @@ pub async fn run(
                         // More than the Receive Maximum lets the broker send: the question waits,
                         // unacknowledged, for a place, in arrival order; its deadline runs from
                         // its arrival.
+                        shared.waiting_questions.fetch_add(1, Ordering::Relaxed);
                         let _ = waiting_tx.send((p, received, bytes));
                     } else {
                         // Over the queue and the waiting room: a retryable error, then the ack
@@ -557,6 +677,9 @@ pub async fn run(
                 Ok(n) => {
                     let event = engine_event(&n);
                     let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
+                    if let Some(rejected) = runtime_rejected_event(&n) {
+                        let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&rejected.to_value())).await;
+                    }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(missed, "backend events were not published (too many at once)");
@@ -579,7 +702,12 @@ pub async fn run(
                 let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
             }
             _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {
-                let _ = client.publish(telemetry_topic.clone(), QoS::AtMostOnce, false, shared.telemetry(started)).await;
+                let props = PublishProperties {
+                    content_type: Some(shared.telemetry_encoding.content_type().to_owned()),
+                    payload_format_indicator: Some(u8::from(shared.telemetry_encoding == Encoding::Json)),
+                    ..PublishProperties::default()
+                };
+                let _ = client.publish_with_properties(telemetry_topic.clone(), QoS::AtMostOnce, false, shared.telemetry(started), props).await;
                 notifier.status(&format!("{} answered, backend {}{}", shared.counters.answered.load(Ordering::Relaxed), shared.backend, if shared.engine.status().degraded { " (degraded)" } else { "" }));
             }
         }
@@ -659,6 +787,27 @@ fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
     }
 }
 
+/// `runtime_rejected`, for a restart whose worker refused its vendor runtime (a version the
+/// bundle does not allow): the operator must change the board, not wait for a restart to help.
+fn runtime_rejected_event(n: &crate::engine::supervisor::Notice) -> Option<EngineEvent> {
+    use crate::engine::supervisor::{NoticeKind, RestartReason};
+    let Some(RestartReason::LoadFailed(why)) = &n.reason else { return None };
+    if n.kind != NoticeKind::WorkerRestart {
+        return None;
+    }
+    let at = why.find(crate::engine::RUNTIME_REJECTED)?;
+    Some(EngineEvent {
+        event: "runtime_rejected".into(),
+        reason: Some("load_failed".into()),
+        code: None,
+        name: None,
+        message: why[at + crate::engine::RUNTIME_REJECTED.len()..].to_owned(),
+        deadline_ms: None,
+        role: n.role.as_str().into(),
+        probe: None,
+    })
+}
+
 /// The events-topic document for an engine notice.
 fn engine_event(n: &crate::engine::supervisor::Notice) -> EngineEvent {
     use crate::engine::supervisor::RestartReason;
@@ -676,6 +825,11 @@ fn engine_event(n: &crate::engine::supervisor::Notice) -> EngineEvent {
         role: n.role.as_str().into(),
         probe: None,
     }
+}
+
+/// A request id for logs: its JSON text (`"r1"`, `7`).
+fn id_text(id: &laya_topics::Value) -> String {
+    laya_topics::json::to_string(id, laya_topics::json::Style::COMPACT)
 }
 
 /// The parts of an MQTT publish that admission reads.

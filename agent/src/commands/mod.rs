@@ -6,6 +6,7 @@ pub mod ask;
 pub mod bundle;
 pub mod check;
 pub mod check_config;
+pub mod fleet;
 pub mod layout;
 pub mod predict;
 pub mod probe;

@@ -103,9 +103,23 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
         println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
     }
-    let bundle = Arc::new(HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?);
-    let program = backends::this_program().map_err(|e| e.to_string())?;
-    let engine = Engine::start(backends::engine_config(&program, &config, &bundle).map_err(|e| e.to_string())?);
+    let setup = (|| {
+        let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+        let program = backends::this_program().map_err(|e| e.to_string())?;
+        let engine_config = backends::engine_config(&program, &config, &bundle).map_err(|e| e.to_string())?;
+        Ok::<_, String>((Arc::new(bundle), engine_config))
+    })();
+    let (bundle, engine_config) = match setup {
+        Ok(ready) => ready,
+        Err(e) => {
+            // Said on the device's events topic too, for operators who do not log in to boards.
+            if let Err(why) = bus::report::config_error(&config, &e).await {
+                tracing::warn!(error = %why, "the configuration error could not be reported to the broker");
+            }
+            return Err(e);
+        }
+    };
+    let engine = Engine::start(engine_config);
     if args.demo {
         ask_demo_questions(&config)?;
     }

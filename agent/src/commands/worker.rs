@@ -45,6 +45,8 @@ impl Args {
 }
 
 pub fn run(args: Args, config: Config) -> Result<(), String> {
+    // Everything this worker logs names its backend (the agent adds its pid and role).
+    let _lifetime = tracing::info_span!("worker", backend = args.backend.name()).entered();
     die_with_parent(args.parent)?;
     if args.parent.is_some() {
         leave_stopping_to_the_agent();

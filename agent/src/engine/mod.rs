@@ -14,6 +14,10 @@ pub mod worker;
 
 use crate::prompt::Row;
 
+/// How a backend's load error starts when the vendor runtime itself was refused (a version the
+/// bundle does not allow): the agent publishes `runtime_rejected` for it, beside the restart.
+pub const RUNTIME_REJECTED: &str = "runtime rejected: ";
+
 /// One row's raw model outputs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowResult {
@@ -44,4 +48,9 @@ pub trait Backend: Send {
     fn name(&self) -> &'static str;
     /// Runs one batch.
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError>;
+    /// The vendor runtime's version (librknnrt's, QAIRT's build id), for the status document;
+    /// empty for backends without one.
+    fn runtime_version(&self) -> String {
+        String::new()
+    }
 }

@@ -138,8 +138,15 @@ pub struct EngineStatus {
     pub backend: Option<String>,
     /// The serving worker's process id.
     pub worker_pid: Option<u32>,
+    /// The vendor runtime version the serving worker announced (empty: none).
+    pub runtime: String,
     /// The last probe's figures, and which worker ran it.
     pub last_probe: Option<ProbeRun>,
+    /// How long the backend has had a call running since the engine started, up to
+    /// `busy_since` (see [`Engine::busy_time`]).
+    pub busy_total: Duration,
+    /// Since when a call has been running, if one is.
+    pub busy_since: Option<Instant>,
 }
 
 /// One run of the bundle's probe on a worker.
@@ -207,6 +214,7 @@ struct Worker {
     kill: Option<oneshot::Sender<()>>,
     backend: Option<String>,
     pid: Option<u32>,
+    runtime: String,
 }
 
 struct Pending {
@@ -238,7 +246,10 @@ impl Engine {
             restarts: Vec::new(),
             backend: None,
             worker_pid: None,
+            runtime: String::new(),
             last_probe: None,
+            busy_total: Duration::ZERO,
+            busy_since: None,
         }));
         let restarts = Arc::new(Mutex::new(RestartLog::default()));
         let (notices, first_notices) = broadcast::channel(256);
@@ -304,6 +315,13 @@ impl Engine {
         first.unwrap_or_else(|| self.probes.subscribe())
     }
 
+    /// How long the backend has had a call running since the engine started (telemetry's busy
+    /// fraction is the growth of this over an interval).
+    pub fn busy_time(&self) -> Duration {
+        let s = self.status();
+        s.busy_total + s.busy_since.map(|t| t.elapsed()).unwrap_or_default()
+    }
+
     /// The backend's state (`starting | ready | degraded`), to be told when it changes.
     pub fn backend_state(&self) -> watch::Receiver<BackendState> {
         self.state.clone()
@@ -345,6 +363,47 @@ async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<From
     let mut payload = vec![0u8; n];
     out.read_exact(&mut payload).await.ok()?;
     Some(FromWorker::decode(&payload).map_err(|e| e.to_string()))
+}
+
+/// The longest line of a worker's stderr logged whole; a longer one is logged in pieces of this size.
+const STDERR_LINE: usize = 8 * 1024;
+
+/// Logs each line of a worker's stderr in the agent's log, at the line's level, with the
+/// worker's pid and role (see `crate::logging::worker_line`), until the worker closes it.
+async fn forward_stderr(mut stderr: tokio::process::ChildStderr, pid: u32, role: Role) {
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let emit = |line: &[u8]| {
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim_end_matches('\r');
+        if line.is_empty() {
+            return;
+        }
+        let role = role.as_str();
+        let (level, text) = crate::logging::worker_line(line);
+        match level {
+            tracing::Level::ERROR => tracing::error!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+            tracing::Level::WARN => tracing::warn!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+            tracing::Level::INFO => tracing::info!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+            _ => tracing::debug!(target: "laya_worker", worker_pid = pid, role, "{text}"),
+        }
+    };
+    loop {
+        let n = match stderr.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(at) = buf.iter().position(|b| *b == b'\n') {
+            emit(&buf[..at.min(STDERR_LINE)]);
+            buf.drain(..=at);
+        }
+        if buf.len() > STDERR_LINE {
+            emit(&buf[..STDERR_LINE]);
+            buf.clear();
+        }
+    }
+    emit(&buf);
 }
 
 impl Driver {
@@ -420,9 +479,10 @@ impl Driver {
     fn on_worker(&mut self, id: WorkerId, msg: WorkerMsg) -> Event {
         let role = self.workers.get(&id).map_or(Role::Primary, |w| w.role);
         match msg {
-            WorkerMsg::Frame(FromWorker::Ready { backend, .. }) => {
+            WorkerMsg::Frame(FromWorker::Ready { backend, runtime, .. }) => {
                 if let Some(w) = self.workers.get_mut(&id) {
                     w.backend = Some(backend);
+                    w.runtime = runtime;
                 }
                 Event::Ready(id)
             }
@@ -573,6 +633,17 @@ impl Driver {
             s.in_flight = self.sup.in_flight();
             s.backend = serving.and_then(|w| w.backend.clone());
             s.worker_pid = serving.and_then(|w| w.pid);
+            s.runtime = serving.map(|w| w.runtime.clone()).unwrap_or_default();
+            // Busy while a call is on a worker (in flight, not waiting in the queue).
+            let running = s.in_flight > s.queued;
+            match (running, s.busy_since) {
+                (true, None) => s.busy_since = Some(Instant::now()),
+                (false, Some(t)) => {
+                    s.busy_total += t.elapsed();
+                    s.busy_since = None;
+                }
+                _ => {}
+            }
         }
         let state = self.sup.backend_state();
         self.state.send_if_modified(|s| std::mem::replace(s, state) != state);
@@ -594,9 +665,10 @@ impl Driver {
         cmd.args(&spec.args)
             .envs(spec.env.iter().cloned())
             .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
+            .env(crate::logging::PRIORITY_VAR, "1") // its stderr comes back through forward_stderr
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
@@ -606,6 +678,9 @@ impl Driver {
             return Some(Event::LoadFailed(id, "the worker has no pipes".into()));
         };
         let pid = child.id();
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(forward_stderr(stderr, pid.unwrap_or(0), role));
+        }
         let frames = wtx.clone();
         let reader = tokio::spawn(async move {
             while let Some(frame) = read_frame(&mut stdout).await {
@@ -653,7 +728,10 @@ impl Driver {
                 }
             }
         });
-        self.workers.insert(id, Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid });
+        self.workers.insert(
+            id,
+            Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid, runtime: String::new() },
+        );
         None
     }
 
@@ -700,7 +778,7 @@ impl Driver {
                 }
             }
             Action::Restarted(role, reason) => {
-                tracing::warn!(role = role.as_str(), reason = %reason.describe(), "backend worker restarted");
+                // Logged once, with its notice (Action::Notify), which always follows.
                 if let Ok(mut log) = self.restarts.lock() {
                     log.total += 1;
                     log.recent.push_back(RestartRecord { role, reason });
@@ -718,7 +796,8 @@ impl Driver {
                         tracing::info!(role = notice.role.as_str(), "{}", notice.message)
                     }
                     _ => {
-                        tracing::warn!(event = notice.kind.as_str(), role = notice.role.as_str(), "{}", notice.message)
+                        let reason = notice.reason.as_ref().map(RestartReason::label);
+                        tracing::warn!(event = notice.kind.as_str(), reason, role = notice.role.as_str(), "{}", notice.message)
                     }
                 }
                 let _ = self.notices.send(notice); // no subscriber: nobody to tell

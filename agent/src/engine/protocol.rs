@@ -24,8 +24,8 @@ pub enum ToWorker {
 /// Worker -> agent.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromWorker {
-    /// The backend is loaded and ready.
-    Ready { backend: String, load_ms: u64 },
+    /// The backend is loaded and ready; `runtime`: its vendor runtime's version (empty: none).
+    Ready { backend: String, load_ms: u64, runtime: String },
     /// A batch's outputs, one per row, and the backend's own time for it.
     Done { call: u64, rows: Vec<RowResult>, backend_us: u64 },
     /// A batch failed.
@@ -204,10 +204,11 @@ impl FromWorker {
     /// The frame, length prefix included.
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            FromWorker::Ready { backend, load_ms } => {
+            FromWorker::Ready { backend, load_ms, runtime } => {
                 let mut w = Writer::new(READY);
                 w.str(backend);
                 w.u64(*load_ms);
+                w.str(runtime);
                 w.finish()
             }
             FromWorker::Done { call, rows, backend_us } => {
@@ -246,7 +247,7 @@ impl FromWorker {
     pub fn decode(payload: &[u8]) -> Result<FromWorker, FrameError> {
         let mut r = Reader(payload);
         let msg = match r.u8()? {
-            READY => FromWorker::Ready { backend: r.str()?, load_ms: r.u64()? },
+            READY => FromWorker::Ready { backend: r.str()?, load_ms: r.u64()?, runtime: r.str()? },
             DONE => {
                 let call = r.u64()?;
                 let n = r.count(8)?;
@@ -318,6 +319,8 @@ mod tests {
             backend_us: 42,
         };
         assert_eq!(FromWorker::decode(payload(&done.encode())).unwrap(), done);
+        let ready = FromWorker::Ready { backend: "rknn".into(), load_ms: 9, runtime: "2.3.2 (abc@2025)".into() };
+        assert_eq!(FromWorker::decode(payload(&ready.encode())).unwrap(), ready);
         for error in [
             BackendError::Input("x".into()),
             BackendError::Transient("y".into()),

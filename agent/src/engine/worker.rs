@@ -25,7 +25,11 @@ pub fn serve(
             return output.flush();
         }
     };
-    let ready = FromWorker::Ready { backend: backend.name().to_owned(), load_ms: started.elapsed().as_millis() as u64 };
+    let ready = FromWorker::Ready {
+        backend: backend.name().to_owned(),
+        load_ms: started.elapsed().as_millis() as u64,
+        runtime: backend.runtime_version(),
+    };
     output.write_all(&ready.encode())?;
     output.flush()?;
     while let Some(payload) = read_frame(&mut input)? {

@@ -224,6 +224,10 @@ impl Backend for QnnBackend {
         "qnn"
     }
 
+    fn runtime_version(&self) -> String {
+        self.runtime_info().build_id.clone()
+    }
+
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let vocab = self.model.encoder.config.vocab_size;
         for (r, row) in rows.iter().enumerate() {

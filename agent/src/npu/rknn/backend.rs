@@ -105,6 +105,10 @@ impl Backend for RknnBackend {
         "rknn"
     }
 
+    fn runtime_version(&self) -> String {
+        format!("librknnrt {} (driver {})", self.versions.api, self.versions.driver)
+    }
+
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         // Check every row first: a bad row fails the batch before the NPU does any work.
         let chosen = rows.iter().enumerate().map(|(r, row)| self.session_for(r, row)).collect::<Result<Vec<_>, _>>()?;

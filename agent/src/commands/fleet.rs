@@ -1,0 +1,104 @@
+//! `laya-edge fleet`: a live view of every device under a prefix, from what they publish (status,
+//! telemetry, events); a client of the broker only. The state is `bus::fleet`, the drawing
+//! `bus::fleet_view`; this module connects, feeds and redraws.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+use laya_edge::bus::{self, fleet::Fleet, fleet_view};
+use laya_topics::topic::Schema;
+use laya_topics::wire::Encoding;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "mqtt://localhost:1883")]
+    broker: String,
+    #[arg(long, default_value = laya_topics::topic::DEFAULT_PREFIX)]
+    prefix: String,
+    /// Only the devices of this fleet (`mqtt.fleet` in their configuration).
+    #[arg(long)]
+    fleet: Option<String>,
+    /// Print one snapshot after listening for `--window-s` seconds, then exit.
+    #[arg(long)]
+    once: bool,
+    /// Print JSON (`{"devices": [...]}`, one document per refresh) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// How long `--once` listens before printing (retained statuses arrive at once, telemetry
+    /// every `telemetry_interval_s`).
+    #[arg(long, default_value_t = 5)]
+    window_s: u64,
+    /// Seconds between redraws of the live view.
+    #[arg(long, default_value_t = 1)]
+    refresh_s: u64,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    super::runtime()?.block_on(watch(args))
+}
+
+fn print(fleet: &Fleet, args: &Args, live: bool) {
+    let rows = fleet.rows(Instant::now());
+    let text = if args.json {
+        laya_topics::json::to_string(&fleet_view::json(&rows), laya_topics::json::Style::COMPACT) + "\n"
+    } else {
+        fleet_view::table(&rows, 60)
+    };
+    let mut out = std::io::stdout().lock();
+    // Live tables are redrawn in place: cursor home, clear the screen.
+    let clear = if live && !args.json { "\x1b[H\x1b[2J" } else { "" };
+    let _ = write!(out, "{clear}{text}");
+    let _ = out.flush();
+}
+
+async fn watch(args: Args) -> Result<(), String> {
+    let (host, port, tls) = bus::connection::parse_broker(&args.broker).map_err(|e| e.to_string())?;
+    if tls {
+        return Err("fleet supports mqtt:// only".into());
+    }
+    let schema = Schema::new(&args.prefix).map_err(|e| e.to_string())?;
+    let mut fleet = Fleet::new(schema, args.fleet.clone());
+    let mut options = MqttOptions::new(format!("laya-fleet-{}", std::process::id()), host, port);
+    options.set_max_packet_size(Some(1 << 20));
+    let (client, mut eventloop) = AsyncClient::new(options, 64);
+    let window = tokio::time::sleep(Duration::from_secs(args.window_s));
+    tokio::pin!(window);
+    let mut refresh = tokio::time::interval(Duration::from_secs(args.refresh_s.max(1)));
+    let mut connected = false;
+    loop {
+        tokio::select! {
+            event = eventloop.poll() => match event {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    connected = true;
+                    for filter in fleet.subscriptions() {
+                        client.subscribe(filter, QoS::AtMostOnce).await.map_err(|e| e.to_string())?;
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let topic = String::from_utf8_lossy(&p.topic).into_owned();
+                    let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
+                    let doc = Encoding::detect(ct.as_deref(), &p.payload).decode(&p.payload, 32).ok();
+                    fleet.handle(Instant::now(), &topic, doc.as_ref());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if args.once && !connected {
+                        return Err(format!("cannot reach the broker {}: {e}", args.broker));
+                    }
+                    tracing::warn!(error = %e, "broker connection lost; reconnecting");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            },
+            _ = &mut window, if args.once => {
+                print(&fleet, &args, false);
+                let _ = client.disconnect().await;
+                return Ok(());
+            }
+            _ = refresh.tick(), if !args.once => print(&fleet, &args, true),
+        }
+    }
+}
