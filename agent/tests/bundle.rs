@@ -93,8 +93,16 @@ fn a_corrupted_or_replaced_file_is_caught_by_its_sha256_and_named_by_every_comma
     let config = temp_dir("bundle-corrupt-serve").join("laya-edge.toml");
     std::fs::write(&config, format!("[mqtt]\nbroker = \"mqtt://127.0.0.1:1\"\n[model]\ndir = \"{}\"\n", dir.display()))
         .expect("config");
-    let (_, err, ok) = cli(&["serve", "--config", config.to_str().unwrap()]);
-    assert!(!ok && err.contains("model.safetensors"), "{err}");
+    // Bounded: a serve that took the bundle would try the broker for ever.
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .output()
+        .expect("serve runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.status.code() != Some(124), "serve took a corrupt bundle: {err}");
+    assert!(err.contains("model.safetensors"), "{err}");
     // Replaced by another file of the same size: still caught.
     let mut other = bytes.clone();
     let last = other.len() - 1;
