@@ -510,3 +510,25 @@ async fn the_probe_runs_on_every_new_worker_and_every_interval_and_a_failed_run_
     let out = engine.run(vec![row(7)], None).await.expect("answered");
     assert_eq!(out.rows.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_happens_before_the_agent_listens_is_not_lost() {
+    // A worker that fails its first probe (constant on its first call, the health call) and
+    // passes on the next: the agent subscribes only after both runs happened.
+    let config = EngineConfig {
+        probe: Some(std::sync::Arc::new(null_probe())),
+        ..with_health(restarting_at_once(), &format!("constant@1,once={}", marker("early-probe")))
+    };
+    let engine = Engine::start(config);
+    assert!(
+        wait_for(Duration::from_secs(30), || engine.status().last_probe.as_ref().is_some_and(|r| r.passed())).await,
+        "no passing probe run"
+    );
+    let mut runs = engine.probe_runs();
+    let first = runs.try_recv().expect("the first run, from before the subscription");
+    assert!(!first.passed(), "{first:?}");
+    assert!(runs.try_recv().expect("the second run").passed());
+    let mut notices = engine.notices();
+    let restart = notices.try_recv().expect("the restart, from before the subscription");
+    assert_eq!(restart.kind, NoticeKind::WorkerRestart);
+}
