@@ -797,7 +797,13 @@ impl Driver {
                     }
                     _ => {
                         let reason = notice.reason.as_ref().map(RestartReason::label);
-                        tracing::warn!(event = notice.kind.as_str(), reason, role = notice.role.as_str(), "{}", notice.message)
+                        tracing::warn!(
+                            event = notice.kind.as_str(),
+                            reason,
+                            role = notice.role.as_str(),
+                            "{}",
+                            notice.message
+                        )
                     }
                 }
                 let _ = self.notices.send(notice); // no subscriber: nobody to tell
