@@ -67,9 +67,13 @@ impl Notifier {
         self.send(&format!("READY=1\nSTATUS={}", one_line(status)));
     }
 
-    /// `WATCHDOG=1`: the main loop is alive.
+    /// `WATCHDOG=1`: the main loop is alive. Only when the watchdog is ours (`WATCHDOG_USEC`
+    /// set and `WATCHDOG_PID` naming this process): a ping for another process's watchdog is a
+    /// protocol error systemd logs.
     pub fn watchdog(&self) {
-        self.send("WATCHDOG=1");
+        if self.watchdog.is_some() {
+            self.send("WATCHDOG=1");
+        }
     }
 
     /// `STATUS=...`.
@@ -110,6 +114,28 @@ mod tests {
         let len = server.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"WATCHDOG=1");
         assert_eq!(n.watchdog_interval(), Some(Duration::from_secs(15)));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn no_watchdog_ping_goes_out_when_the_watchdog_is_not_ours() {
+        let dir = std::env::temp_dir().join(format!("laya-notify-nowd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify.sock");
+        let _ = std::fs::remove_file(&path);
+        let server = UnixDatagram::bind(&path).unwrap();
+        server.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        // WATCHDOG_PID named another process (or no WATCHDOG_USEC): no period.
+        let n = Notifier {
+            socket: Some((UnixDatagram::unbound().unwrap(), address(path.to_str().unwrap()).unwrap())),
+            watchdog: None,
+        };
+        n.watchdog();
+        n.ready("serving");
+        let mut buf = [0u8; 256];
+        let len = server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"READY=1\nSTATUS=serving", "the ping went out first");
+        assert!(server.recv(&mut buf).is_err(), "nothing else is sent");
         std::fs::remove_dir_all(&dir).ok();
     }
 
