@@ -179,6 +179,7 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
         rknn.runtime_allowlist = manifest.runtime_allowlist.clone();
     }
     rknn.core_mask = config.rknn.core_mask;
+    rknn.contexts = config.rknn.contexts;
     let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?;
     let v = backend.versions();
     tracing::info!(versions = ?v, "rknn runtime loaded");
