@@ -118,7 +118,12 @@ pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Re
 
 /// The supervision policy of `[engine]`.
 pub fn policy(config: &Config, has_fallback: bool) -> Policy {
-    Policy::from_config(&config.engine, has_fallback)
+    let mut policy = Policy::from_config(&config.engine, has_fallback);
+    if config.engine.backend == "rknn" {
+        // Its contexts run a call's rows side by side: time it per round (supervisor).
+        policy.primary_parallel = config.rknn.contexts.max(1);
+    }
+    policy
 }
 
 /// The worker's settings: the configuration its agent wrote into [`CONFIG_VAR`], else the
