@@ -7,8 +7,8 @@
 //!   `LAYA_BENCH_RKNN_MS` (default 500, the model card's 512-token run) per run while holding its
 //!   context's core. Busy fraction = runs x latency / (wall time x 3 cores).
 //! - QCS6490: the QNN backend on a checkpoint of the board model's head dimensions, the fake NPU
-//!   sleeping `LAYA_BENCH_QNN_MS` (default 100) per `graphExecute` (and then running the encoder
-//!   on the CPU, which a real NPU would not), the real head on the host. Serial: one question per
+//!   sleeping `LAYA_BENCH_QNN_MS` (default 100) per `graphExecute` and returning zeros
+//!   (`FAKE_QNN_NO_COMPUTE`: a real NPU costs the host nothing), the real head on the host. Serial: one question per
 //!   call (encode, then head); pipelined: one call of `LAYA_BENCH_ROWS` questions (default 8), the
 //!   head of question i beside the NPU's question i+1. The bound is 1 / max(NPU stage, head).
 //!
@@ -147,7 +147,7 @@ fn qnn(model: &Path, scratch: &Path, latency_ms: u64, n_rows: usize) {
     let busy = |w: Duration| n_rows as f64 * latency_ms as f64 / 1e3 / w.as_secs_f64();
     println!();
     println!(
-        "## QNN: fake graphExecute latency {latency_ms} ms (+ the encoder on the CPU), L={l}, d={d}, {n_rows} questions, model {}",
+        "## QNN: fake graphExecute latency {latency_ms} ms (no host compute), L={l}, d={d}, {n_rows} questions, model {}",
         model.display()
     );
     println!(
@@ -178,6 +178,7 @@ fn main() {
     unsafe {
         std::env::set_var("FAKE_RKNN_LATENCY_MS", rknn_ms.to_string());
         std::env::set_var("FAKE_QNN_LATENCY_MS", qnn_ms.to_string());
+        std::env::set_var("FAKE_QNN_NO_COMPUTE", "1");
     }
     let scratch = std::env::temp_dir().join(format!("laya-npu-overlap-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch");
