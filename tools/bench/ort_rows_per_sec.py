@@ -71,6 +71,8 @@ def main():
             torch.onnx.export(model, c, path, input_names=names, output_names=["logits", "act_logits"],
                               opset_version=17, dynamo=False)
             sessions[key] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            os.remove(path)  # the session holds the graph; one export on disk at a time
+    os.rmdir(tmp)
     sess_of = [sessions[tuple(tuple(t.shape) for t in c)] for c in calls]
     feeds = [{n: t.numpy() for n, t in zip(names, c)} for c in calls]
     worst = 0.0
