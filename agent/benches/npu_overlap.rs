@@ -8,16 +8,21 @@
 //!   context's core. Busy fraction = runs x latency / (wall time x 3 cores).
 //! - QCS6490: the QNN backend on a checkpoint of the board model's head dimensions, the fake NPU
 //!   sleeping `LAYA_BENCH_QNN_MS` (default 100) per `graphExecute` and returning zeros
-//!   (`FAKE_QNN_NO_COMPUTE`: a real NPU costs the host nothing), the real head on the host. Serial: one question per
-//!   call (encode, then head); pipelined: one call of `LAYA_BENCH_ROWS` questions (default 8), the
-//!   head of question i beside the NPU's question i+1. The bound is 1 / max(NPU stage, head).
+//!   (`FAKE_QNN_NO_COMPUTE`: a real NPU costs the host nothing), the real head on the host.
+//!   Serial: one question per call (encode, then head); pipelined: one call of
+//!   `LAYA_BENCH_ROWS` questions (default 8), the head of question i beside the NPU's question
+//!   i+1. The bound is 1 / max(NPU stage, head).
+//!
+//! Run:
 //!
 //!     python tools/bench/make_checkpoint.py --out /tmp/laya-1024 \
 //!         --hidden 1024 --layers 1 --heads 16 --intermediate 2624 --local-attention 128
-//!     LAYA_BENCH_MODEL=/tmp/laya-1024 cargo bench -p laya-edge --features qnn,rknn --bench npu_overlap
+//!     LAYA_FAKE_LIB_DIR=target/debug LAYA_BENCH_MODEL=/tmp/laya-1024 \
+//!         cargo bench -p laya-edge --features qnn,rknn --bench npu_overlap
 //!
 //! The fake runtimes are built by the bench itself (`cargo build -p fake-rknn -p fake-qnn`, in
-//! the bench's profile). Without LAYA_BENCH_MODEL the QNN part runs on the fixture bpe-t5 (d=64).
+//! the bench's profile, cold with LTO), or taken from `LAYA_FAKE_LIB_DIR` (after
+//! `cargo build -p fake-rknn -p fake-qnn`). Without LAYA_BENCH_MODEL the QNN part runs on the fixture bpe-t5 (d=64).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -149,6 +149,9 @@ impl Backend for RknnBackend {
     }
 }
 
+/// One row's raw `marker_slots` logits, or why the run failed.
+type RawResult = Result<Vec<f32>, BackendError>;
+
 impl RknnBackend {
     /// Each row's raw logits, row `r` on graph `chosen[r]`: on this thread with one lane or one
     /// row, else one thread per lane, each taking the next row not yet taken. After a failure no
@@ -161,8 +164,7 @@ impl RknnBackend {
         }
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
-        let results: Vec<Mutex<Option<Result<Vec<f32>, BackendError>>>> =
-            rows.iter().map(|_| Mutex::new(None)).collect();
+        let results: Vec<Mutex<Option<RawResult>>> = rows.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|scope| {
             for lane in self.lanes.iter_mut().take(rows.len()) {
                 let (next, stop, results) = (&next, &stop, &results);
