@@ -1039,3 +1039,37 @@ fn the_simulator_answers_the_same_with_a_burst_vote() {
     assert_ne!(qnn.runtime_info().power, PowerState::Default);
     assert_eq!(qnn.run(&refs).unwrap(), plain);
 }
+
+#[test]
+fn a_pipelined_call_gives_every_row_the_logits_it_gets_alone() {
+    let mut qnn = load_fake("wp-t4", &[(128, "min-max"), (512, "sqnr")], "").unwrap();
+    let rows = some_rows("wp-t4", 7);
+    assert!(rows.len() >= 5, "only {} rows", rows.len());
+    let refs: Vec<&Row> = rows.iter().collect();
+    let together = qnn.run(&refs).unwrap();
+    assert_eq!(together.len(), rows.len());
+    for (r, row) in rows.iter().enumerate() {
+        let alone = qnn.run(&[row]).unwrap();
+        assert_eq!(together[r], alone[0], "row {r}");
+    }
+    assert_ne!(together[0], together[1]);
+}
+
+#[test]
+fn an_npu_failure_in_the_middle_of_a_pipelined_call_fails_the_call_with_its_code() {
+    in_child(
+        "an_npu_failure_in_the_middle_of_a_pipelined_call_fails_the_call_with_its_code",
+        &[("FAKE_QNN_EXECUTE_ERROR", "1011"), ("FAKE_QNN_EXECUTE_ERROR_ON", "3")],
+        || {
+            let mut qnn = load_fake("bpe-small", &[(128, "min-max")], "").unwrap();
+            let rows = some_rows("bpe-small", 5);
+            let refs: Vec<&Row> = rows.iter().collect();
+            match qnn.run(&refs) {
+                Err(BackendError::Fatal { code: Some(1011), .. }) => {}
+                other => panic!("expected a fatal 1011 from the third execution, got {other:?}"),
+            }
+            // The head thread ended with the call: the backend answers the next one.
+            assert_eq!(qnn.run(&refs).unwrap().len(), rows.len());
+        },
+    );
+}

@@ -322,14 +322,15 @@ fn a_graph_whose_shape_differs_from_the_bundle_is_refused() {
 }
 
 #[test]
-fn short_rows_run_on_the_smallest_graph_and_every_graph_gets_all_cores() {
+fn short_rows_run_on_the_smallest_graph_and_every_graph_gets_all_cores_with_one_context() {
     let trace = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rknn-trace-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&trace);
     in_child(
-        "short_rows_run_on_the_smallest_graph_and_every_graph_gets_all_cores",
+        "short_rows_run_on_the_smallest_graph_and_every_graph_gets_all_cores_with_one_context",
         &[("FAKE_RKNN_TRACE", trace.to_str().unwrap())],
         || {
-            let mut b = load("bpe-small", &[512, 128]).unwrap();
+            let one = RknnConfig { contexts: 1, ..config() };
+            let mut b = RknnBackend::load(&graphs("bpe-small", &[512, 128]), &one, 0).unwrap();
             assert_eq!(b.graphs().map(|g| g.seq_len).collect::<Vec<_>>(), [128, 512]);
             let (short, edge, long) = (row(65, 3, 0), row(128, 3, 1), row(129, 3, 2));
             b.run(&[&short, &edge, &long]).unwrap();
@@ -437,4 +438,101 @@ fn a_hung_run_blocks_until_the_process_is_killed() {
     proc.kill().unwrap();
     proc.wait().unwrap();
     std::fs::remove_file(&marker).ok();
+}
+
+/// The fake's latency in the multi-context tests: long enough that a run dominates the host work.
+const LATENCY_MS: u64 = 400;
+
+#[test]
+fn three_contexts_are_pinned_to_one_core_each_and_run_three_questions_in_about_one_latency() {
+    let trace = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rknn-trace3-{}.txt", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    let latency = LATENCY_MS.to_string();
+    in_child(
+        "three_contexts_are_pinned_to_one_core_each_and_run_three_questions_in_about_one_latency",
+        &[("FAKE_RKNN_TRACE", trace.to_str().unwrap()), ("FAKE_RKNN_LATENCY_MS", &latency)],
+        || {
+            let lat = Duration::from_millis(LATENCY_MS);
+            let rows = [row(20, 2, 0), row(30, 3, 1), row(40, 4, 2)];
+            let refs: Vec<&Row> = rows.iter().collect();
+            let mut three = load("bpe-small", &[128]).unwrap();
+            assert_eq!(three.contexts(), 3);
+            three.run(&refs).unwrap(); // warm-up
+            let t = Instant::now();
+            three.run(&refs).unwrap();
+            let side_by_side = t.elapsed();
+            drop(three);
+            let mut one =
+                RknnBackend::load(&graphs("bpe-small", &[128]), &RknnConfig { contexts: 1, ..config() }, 0).unwrap();
+            let t = Instant::now();
+            one.run(&refs).unwrap();
+            let serial = t.elapsed();
+            // Generous bounds: the proof is that the runs overlap, not how fast they are.
+            assert!(side_by_side < 2 * lat, "three rows on three contexts took {side_by_side:?} (latency {lat:?})");
+            assert!(serial >= 3 * lat, "three rows on one context took {serial:?}");
+        },
+    );
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let masks: Vec<&str> = text.lines().filter(|l| l.starts_with("core_mask")).collect();
+    assert_eq!(
+        masks,
+        [
+            "core_mask=0x1 seq_len=128",
+            "core_mask=0x2 seq_len=128",
+            "core_mask=0x4 seq_len=128",
+            "core_mask=0xffff seq_len=128"
+        ]
+    );
+    std::fs::remove_file(&trace).ok();
+}
+
+#[test]
+fn rows_spread_over_three_contexts_get_exactly_the_single_context_logits_in_row_order() {
+    // Rows of different lengths, option counts and types, two graphs; more rows than contexts.
+    let mut rows: Vec<Row> = (0..10).map(|i| row(10 + 23 * i, 2 + i % 5, i as u32)).collect();
+    rows[3].qtype = QType::Score;
+    rows[7].qtype = QType::Noul;
+    rows[7].marker_pos = vec![3];
+    let refs: Vec<&Row> = rows.iter().collect();
+    let mut three = load("bpe-small", &[512, 128]).unwrap();
+    let mut one =
+        RknnBackend::load(&graphs("bpe-small", &[512, 128]), &RknnConfig { contexts: 1, ..config() }, 0).unwrap();
+    let (a, b) = (three.run(&refs).unwrap(), one.run(&refs).unwrap());
+    assert_eq!(a.len(), rows.len());
+    for (r, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x.logits.len(), rows[r].marker_pos.len(), "row {r}");
+        assert_eq!(x, y, "row {r}");
+    }
+    // Different rows got different logits: the comparison compares something.
+    assert_ne!(a[0].logits, a[1].logits[..2]);
+}
+
+#[test]
+fn a_failure_in_one_context_fails_the_call_with_its_code() {
+    in_child(
+        "a_failure_in_one_context_fails_the_call_with_its_code",
+        &[("FAKE_RKNN_FAIL_CODE", "-2"), ("FAKE_RKNN_FAIL_ON_RUN", "5")],
+        || {
+            let mut b = load("bpe-small", &[128]).unwrap();
+            let rows: Vec<Row> = (0..6).map(|i| row(10 + i, 2, i as u32)).collect();
+            let refs: Vec<&Row> = rows.iter().collect();
+            let (code, message) = fatal(b.run(&refs).unwrap_err());
+            assert_eq!(code, Some(-2), "{message}");
+            // The contexts are still usable for the next call (the supervisor decides).
+            assert_eq!(b.run(&refs[..3]).unwrap().len(), 3);
+        },
+    );
+}
+
+#[test]
+fn more_contexts_than_cores_are_refused() {
+    for n in [0, 4] {
+        let err = RknnBackend::load(&graphs("bpe-small", &[128]), &RknnConfig { contexts: n, ..config() }, 0)
+            .err()
+            .expect("refused");
+        assert!(matches!(err, RknnError::BadContexts(m) if m == n), "{err}");
+    }
 }

@@ -35,12 +35,22 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
+/// Multiply-add FLOPs (2 per MAC) of the head's layers on one row of `l` tokens with `k`
+/// markers; `reduced`: the last layer at position 0 and the markers only.
+fn head_flops(d: usize, layers: usize, l: usize, k: usize, reduced: bool) -> f64 {
+    let (d, l, s) = (d as f64, l as f64, (k + 1) as f64);
+    // in_proj 3d^2, out_proj d^2, FFN 8d^2 per row; attention 2 l d per query row.
+    let whole = 2.0 * (12.0 * l * d * d + 2.0 * l * l * d);
+    let last = if reduced { 2.0 * (2.0 * l * d * d + 10.0 * s * d * d + 2.0 * s * l * d) } else { whole };
+    whole * (layers.max(1) - 1) as f64 + last
+}
+
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models/bpe-t5");
     let dir = std::env::var_os("LAYA_BENCH_MODEL").map(PathBuf::from).unwrap_or(root);
     let n: usize = std::env::var("LAYA_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
     let bundle = HostBundle::load(&dir).expect("checkpoint");
-    let model = CpuModel::load(&dir, &bundle.config).expect("model");
+    let mut model = CpuModel::load(&dir, &bundle.config).expect("model");
     let cfg = &model.encoder.config;
     let (d, vocab, pad) = (cfg.hidden_size, cfg.vocab_size as u32, bundle.tokenizer.pad.id);
     println!(
@@ -60,8 +70,10 @@ fn main() {
     ];
     let f32_in = [Encoding::Float32; 3];
     let u16_out = Encoding::Ufixed16 { scale: 16.0 / 65535.0, offset: -32768 };
-    println!("| L | inputs f32 | inputs u16 | output f32 | output u16 | head | total (u16 I/O) |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| L | inputs f32 | inputs u16 | output f32 | output u16 | head | head, last layer whole | saved | total (u16 I/O) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for l in [128usize, 256] {
         // A full row: every position a real token, four option markers.
         let ids: Vec<u32> = (0..l as u32).map(|i| 5 + (i * 7919) % (vocab - 5)).collect();
@@ -74,13 +86,22 @@ fn main() {
         let t_out_u16 = time(n, || host::read_output(&out_u16, u16_out, l, d, l).unwrap());
         let hidden = host::read_output(&out_u16, u16_out, l, d, l).unwrap();
         let t_head = time(n, || model.head.forward(&hidden, &[l], &[0], &[markers.as_slice()]).unwrap());
+        model.head.set_last_layer_whole(true);
+        let t_whole = time(n, || model.head.forward(&hidden, &[l], &[0], &[markers.as_slice()]).unwrap());
+        model.head.set_last_layer_whole(false);
         println!(
-            "| {l} | {} | {} | {} | {} | {} | {} |",
+            "| {l} | {} | {} | {} | {} | {} | {} | {:.0}% time, {:.0}% FLOPs | {} |",
             ms(t_in_f32),
             ms(t_in_u16),
             ms(t_out_f32),
             ms(t_out_u16),
             ms(t_head),
+            ms(t_whole),
+            100.0 * (1.0 - t_head.as_secs_f64() / t_whole.as_secs_f64()),
+            100.0
+                * (1.0
+                    - head_flops(d, bundle.config.head_layers, l, markers.len(), true)
+                        / head_flops(d, bundle.config.head_layers, l, markers.len(), false)),
             ms(t_in_u16 + t_out_u16 + t_head)
         );
     }

@@ -121,7 +121,12 @@ pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Re
 
 /// The supervision policy of `[engine]`.
 pub fn policy(config: &Config, has_fallback: bool) -> Policy {
-    Policy::from_config(&config.engine, has_fallback)
+    let mut policy = Policy::from_config(&config.engine, has_fallback);
+    if config.engine.backend == "rknn" {
+        // Its contexts run a call's rows side by side: time it per round (supervisor).
+        policy.primary_parallel = config.rknn.contexts.max(1);
+    }
+    policy
 }
 
 /// The worker's settings: the configuration its agent wrote into [`CONFIG_VAR`], else the
@@ -182,6 +187,7 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
         rknn.runtime_allowlist = manifest.runtime_allowlist.clone();
     }
     rknn.core_mask = config.rknn.core_mask;
+    rknn.contexts = config.rknn.contexts;
     let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| match e {
         crate::npu::rknn::RknnError::RuntimeRefused { .. } => format!("{}{e}", crate::engine::RUNTIME_REJECTED),
         e => e.to_string(),

@@ -209,12 +209,16 @@ impl Default for Engine {
 pub struct Rknn {
     /// Explicit path of librknnrt.so (2.3.2 for the published graph); `RKNN_LIB` if empty.
     pub library: String,
+    /// The core mask of the one context when `contexts` is 1.
     pub core_mask: u32,
+    /// Contexts per graph, 1 to 3; with more than one, each is pinned to its own NPU core and a
+    /// request's questions run side by side.
+    pub contexts: usize,
 }
 
 impl Default for Rknn {
     fn default() -> Self {
-        Rknn { library: String::new(), core_mask: 0xFFFF }
+        Rknn { library: String::new(), core_mask: 0xFFFF, contexts: 3 }
     }
 }
 
@@ -309,6 +313,9 @@ impl Config {
         }
         if !["", "default", "burst"].contains(&self.qnn.performance.as_str()) {
             return bad(format!("qnn.performance {:?}: use default or burst", self.qnn.performance));
+        }
+        if !(1..=3).contains(&self.rknn.contexts) {
+            return bad(format!("rknn.contexts {}: use 1, 2 or 3 (one per NPU core)", self.rknn.contexts));
         }
         if !["cpu", "null", "rknn", "qnn"].contains(&self.engine.backend.as_str()) {
             return bad(format!("engine.backend {:?}: use cpu, null, rknn or qnn", self.engine.backend));
@@ -448,6 +455,22 @@ mod tests {
         assert!(text.contains("[qnn]") && text.contains("performance = \"burst\""), "{text}");
         assert_eq!(Config::parse(&text, Path::new("round-trip")).unwrap(), c);
         assert_eq!(Config::parse(&Config::default().to_toml().unwrap(), Path::new("-")).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn rknn_contexts_outside_one_to_three_are_refused() {
+        for n in [0, 4, 64] {
+            let mut c = Config::default();
+            c.rknn.contexts = n;
+            let err = c.check().err().unwrap_or_else(|| panic!("contexts = {n} accepted"));
+            assert!(err.to_string().contains("rknn.contexts"), "{err}");
+        }
+        for n in [1, 2, 3] {
+            let mut c = Config::default();
+            c.rknn.contexts = n;
+            c.check().unwrap();
+        }
+        assert_eq!(Config::default().rknn.contexts, 3);
     }
 
     #[test]

@@ -164,6 +164,31 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_in_one_of_three_contexts_is_caught_by_the_watchdog_and_a_fresh_worker_answers() {
+    let lib = fake_library();
+    let bundle = bundle_dir("watchdog3", "bpe-small");
+    let row = |n: u32| Row { input_ids: vec![1, 60 + n, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let policy = Policy {
+        fixed_deadline: Some(Duration::from_millis(1500)),
+        load_allowance: Duration::ZERO,
+        ..Policy::default()
+    };
+    // Three questions side by side on three contexts (each run 300 ms, so each context takes
+    // one); every worker's third run hangs while the other two contexts answer.
+    let env = [("FAKE_RKNN_HANG_ON_RUN", "3"), ("FAKE_RKNN_LATENCY_MS", "300")];
+    let engine = Engine::start(EngineConfig::new(policy, rknn_worker(&bundle, &lib, &env)));
+    let started = std::time::Instant::now();
+    let result = engine.run(vec![row(0), row(1), row(2)], None).await;
+    assert!(matches!(result, Err(EngineError::Quarantined(_))), "{result:?}");
+    let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+    assert_eq!(reasons, ["deadline", "deadline"]);
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    // The worker after them answers two questions (its first two runs).
+    let out = engine.run(vec![row(3), row(4)], None).await.expect("answered by a fresh worker");
+    assert_eq!(out.rows.len(), 2);
+}
+
 /// A request over a long state with a question of `options` choices and a plain one, as a
 /// JSON line; `max_len` as given.
 fn mixed_request(options: usize, max_len: Option<i64>) -> String {

@@ -282,6 +282,10 @@ pub struct Policy {
     pub queue_limit: usize,
     /// Rows in the health call (0: no health call).
     pub health_rows: usize,
+    /// How many rows the primary backend runs side by side (`rknn.contexts`; 1: one after
+    /// another). Its calls are timed per round of that many rows, so the per-row estimate stays
+    /// the time of one NPU job and a one-row call's deadline is not cut by the parallelism.
+    pub primary_parallel: usize,
 }
 
 impl Default for Policy {
@@ -301,6 +305,7 @@ impl Default for Policy {
             primary_retry: Duration::from_secs(300),
             queue_limit: 64,
             health_rows: 0,
+            primary_parallel: 1,
         }
     }
 }
@@ -488,6 +493,13 @@ impl Supervisor {
         }
     }
 
+    /// How many rounds a call of `rows` rows takes on a worker of `role`: the rows one after
+    /// another, or side by side `primary_parallel` at a time on the primary.
+    fn rounds(&self, rows: usize, role: Role) -> u32 {
+        let parallel = if role == Role::Primary { self.policy.primary_parallel.max(1) } else { 1 };
+        u32::try_from(rows.max(1).div_ceil(parallel)).unwrap_or(u32::MAX)
+    }
+
     /// The deadline a call of `rows` rows gets now.
     pub fn deadline(&self, rows: usize) -> Duration {
         let rows = u32::try_from(rows.max(1)).unwrap_or(u32::MAX);
@@ -599,7 +611,7 @@ impl Supervisor {
     fn healthy(&mut self, now: Instant, slot: Slot, actions: &mut Vec<Action>) {
         let elapsed = now.duration_since(slot.since);
         if self.policy.health_rows > 0 {
-            self.seed = Some(elapsed / u32::try_from(self.policy.health_rows).unwrap_or(u32::MAX));
+            self.seed = Some(elapsed / self.rounds(self.policy.health_rows, slot.role));
         }
         if self.candidate.is_some_and(|c| c.id == slot.id) {
             // The degraded primary is back: it takes over from the fallback.
@@ -807,7 +819,7 @@ impl Supervisor {
                     WorkerState::Busy(c) if c == call => {
                         let elapsed = now.duration_since(slot.since);
                         if let Some(info) = self.calls.remove(&call) {
-                            self.per_row.push_back(elapsed / u32::try_from(info.rows.max(1)).unwrap_or(u32::MAX));
+                            self.per_row.push_back(elapsed / self.rounds(info.rows, slot.role));
                             if self.per_row.len() > RECENT {
                                 self.per_row.pop_front();
                             }
@@ -1365,6 +1377,23 @@ mod tests {
         // 4 x p99 is still the 500 ms rows' 2 s; fast calls alone would clamp at 1 s.
         assert_eq!(s.sup.deadline(1), secs(2));
         assert_eq!(s.sup.deadline(4), secs(8));
+    }
+
+    #[test]
+    fn a_primary_running_three_rows_side_by_side_is_timed_per_round_so_a_one_row_call_keeps_a_jobs_deadline() {
+        // An NPU job takes 600 ms; three contexts run three rows in one job's time.
+        let mut s = Sim::new(Policy { primary_parallel: 3, ..healthy_policy() });
+        let w = s.worker();
+        s.ready_and_healthy(600); // the two health rows ran side by side: one job
+        for call in 1..=10 {
+            s.submit(call, 3);
+            s.now += ms(600);
+            s.feed(Event::Done(w, call));
+        }
+        // Per-row times of 200 ms would give a one-row call 800 ms, less than two jobs'
+        // margin; per round, it gets 4 x 600 ms.
+        assert_eq!(s.sup.deadline(1), ms(2400));
+        assert!(s.sup.deadline(3) >= ms(2400));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use laya_edge::bundle::AgentConfig;
@@ -30,13 +31,35 @@ pub fn constant_logit(i: usize) -> f32 {
     1.5 - 0.25 * (i % 16) as f32
 }
 
+/// The RK3588's three NPU cores, each busy while a run holds its lock.
+static CORES: [Mutex<()>; 3] = [Mutex::new(()), Mutex::new(()), Mutex::new(())];
+
+/// Occupies the cores of `mask` for one run, in core order (so two runs never wait for each
+/// other crosswise). A single-core mask takes that core; a multi-core mask (`0x3`, `0x7`,
+/// `0xFFFF`: all) takes every core in it, since the Laya graph's attention stays on core 0 and
+/// a run is no faster on three cores (the model card); auto (0) takes the first idle core, else
+/// waits for core 0.
+fn occupy(mask: u32) -> Vec<MutexGuard<'static, ()>> {
+    let lock = |c: &'static Mutex<()>| c.lock().unwrap_or_else(|e| e.into_inner());
+    if mask == abi::CORE_AUTO {
+        return match CORES.iter().find_map(|c| c.try_lock().ok()) {
+            Some(g) => vec![g],
+            None => vec![lock(&CORES[0])],
+        };
+    }
+    CORES.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, c)| lock(c)).collect()
+}
+
 /// The graph's inputs, in this order (the index `rknn_query(INPUT_ATTR)` reports).
 pub const INPUTS: [&str; 5] = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"];
 
 pub struct Context {
     pub graph: FakeGraph,
     pub knobs: Knobs,
-    model: CpuModel,
+    /// Shared with the contexts duplicated from this one (`rknn_dup_context`).
+    model: Arc<CpuModel>,
+    /// The last `rknn_set_core_mask` (auto until then).
+    pub core_mask: u32,
     /// Indexed like [`INPUTS`]; set by `rknn_inputs_set`.
     inputs: Option<[Vec<i64>; 5]>,
     /// The last run's logits.
@@ -50,7 +73,28 @@ impl Context {
     pub fn load(graph: FakeGraph, knobs: Knobs) -> Result<Context, String> {
         let config = AgentConfig::load(&graph.checkpoint).map_err(|e| e.to_string())?;
         let model = CpuModel::load(&graph.checkpoint, &config).map_err(|e| e.to_string())?;
-        Ok(Context { graph, knobs, model, inputs: None, output: None, handed_out: Vec::new() })
+        Ok(Context {
+            graph,
+            knobs,
+            model: Arc::new(model),
+            core_mask: abi::CORE_AUTO,
+            inputs: None,
+            output: None,
+            handed_out: Vec::new(),
+        })
+    }
+
+    /// A context of the same graph sharing the weights, with nothing set (`rknn_dup_context`).
+    pub fn dup(&self) -> Context {
+        Context {
+            graph: self.graph.clone(),
+            knobs: self.knobs.clone(),
+            model: Arc::clone(&self.model),
+            core_mask: abi::CORE_AUTO,
+            inputs: None,
+            output: None,
+            handed_out: Vec::new(),
+        }
     }
 
     /// Element count of input `i`.
@@ -118,6 +162,7 @@ impl Context {
             }
         }
         if self.knobs.latency_ms > 0 {
+            let _cores = occupy(self.core_mask);
             std::thread::sleep(Duration::from_millis(self.knobs.latency_ms));
         }
         if let Some(code) = self.knobs.failure_for(n) {

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `FAKE_RKNN_SDK_VERSION` | the runtime version `RKNN_QUERY_SDK_VERSION` reports (default `2.3.2 (fake)`) |
 //! | `FAKE_RKNN_DRV_VERSION` | the driver version it reports (default `0.9.8`) |
-//! | `FAKE_RKNN_LATENCY_MS` | milliseconds every `rknn_run` sleeps |
+//! | `FAKE_RKNN_LATENCY_MS` | milliseconds every `rknn_run` sleeps, holding the NPU cores of its context's core mask (runs pinned to different cores overlap; runs sharing a core, or masks of several cores, wait for each other) |
 //! | `FAKE_RKNN_HANG_ON_RUN=N` | the process's Nth `rknn_run` (1-based) blocks forever |
 //! | `FAKE_RKNN_FAIL_CODE=C` | `rknn_run` returns C (negative) instead of running... |
 //! | `FAKE_RKNN_FAIL_ON_RUN=N` | ...only on the process's Nth run (default: every run) |

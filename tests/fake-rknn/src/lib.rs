@@ -8,6 +8,11 @@
 //! real runtimes do: wrong version, latency, a hung job, error codes, constant output
 //! (`knobs.rs`). See README.md.
 //!
+//! Contexts from `rknn_dup_context` share their original's checkpoint. The NPU's three cores are
+//! modelled as locks: a run holds the cores of its context's mask for its `FAKE_RKNN_LATENCY_MS`
+//! (see `context.rs`), so runs on contexts pinned to different cores overlap and runs that share
+//! a core wait for each other.
+//!
 //! Every export catches panics (unwinding into C is not allowed) and reports them as
 //! `RKNN_ERR_FAIL`.
 
@@ -39,6 +44,7 @@ const _: abi::InitFn = rknn_init;
 const _: abi::DestroyFn = rknn_destroy;
 const _: abi::QueryFn = rknn_query;
 const _: abi::SetCoreMaskFn = rknn_set_core_mask;
+const _: abi::DupContextFn = rknn_dup_context;
 const _: abi::InputsSetFn = rknn_inputs_set;
 const _: abi::RunFn = rknn_run;
 const _: abi::OutputsGetFn = rknn_outputs_get;
@@ -106,6 +112,34 @@ pub unsafe extern "C" fn rknn_init(
         map.get_or_insert_with(HashMap::new).insert(handle, Arc::new(Mutex::new(ctx)));
         // SAFETY: checked non-null above; the caller provides a writable handle.
         unsafe { context.write(handle) };
+        abi::RKNN_SUCC
+    })
+}
+
+/// A second context of the graph loaded in `*context_in`, sharing its weights (the checkpoint
+/// on the CPU reference), written to `*context_out`, as the SDK guide documents
+/// `rknn_dup_context`: its own inputs, outputs and core mask (the runtime's default, auto), the
+/// same knobs, destroyed on its own.
+///
+/// # Safety
+/// `context_in` must point at a handle from `rknn_init` (or a duplicate); `context_out` must be
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rknn_dup_context(context_in: *mut RknnContext, context_out: *mut RknnContext) -> c_int {
+    guarded(|| {
+        if context_in.is_null() || context_out.is_null() {
+            return abi::RKNN_ERR_PARAM_INVALID;
+        }
+        // SAFETY: checked non-null; the caller passes a readable handle.
+        let Some(source) = context(unsafe { context_in.read() }) else {
+            return abi::RKNN_ERR_CTX_INVALID;
+        };
+        let dup = source.lock().unwrap_or_else(|e| e.into_inner()).dup();
+        let handle = NEXT_HANDLE.fetch_add(1, Ordering::SeqCst) as RknnContext;
+        let mut map = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        map.get_or_insert_with(HashMap::new).insert(handle, Arc::new(Mutex::new(dup)));
+        // SAFETY: checked non-null; the caller provides a writable handle.
+        unsafe { context_out.write(handle) };
         abi::RKNN_SUCC
     })
 }
@@ -182,6 +216,7 @@ pub unsafe extern "C" fn rknn_set_core_mask(context: RknnContext, mask: u32) -> 
             return abi::RKNN_ERR_PARAM_INVALID;
         }
         c.trace(&format!("core_mask={mask:#x} seq_len={}", c.graph.seq_len));
+        c.core_mask = mask;
         abi::RKNN_SUCC
     })
 }

@@ -1,6 +1,15 @@
 //! [`QnnBackend`]: the [`Backend`] over an NPU bundle's graphs. Per row: choose a graph, gather
 //! embeddings and build masks on the host, encode each input in its encoding, execute, decode
 //! `hidden`, and run the CPU reference head on the row's positions.
+//!
+//! A call of several rows is pipelined over two threads: this thread prepares the inputs and
+//! runs `graphExecute` row after row, a second thread runs the head on each row's hidden states
+//! as they arrive (a bounded queue of one row between them), so the head of row i runs while
+//! the NPU encodes row i+1 and a call takes about max(NPU, head) per row, not their sum. The
+//! contexts never leave this thread; only hidden-state tensors cross. A hung `graphExecute`
+//! blocks the call as before, which the supervisor's deadline catches.
+
+use std::sync::mpsc;
 
 use std::path::{Path, PathBuf};
 
@@ -143,20 +152,48 @@ impl QnnBackend {
 
     /// Runs the encoder graph on `ids` (already checked) and returns `[1, len, d]` hidden states.
     pub fn encode(&mut self, ids: &[u32]) -> Result<Tensor, BackendError> {
+        self.encoder_stage().encode(ids)
+    }
+
+    /// The NPU side of the backend, borrowed apart from the head.
+    fn encoder_stage(&mut self) -> EncoderStage<'_> {
+        EncoderStage {
+            sessions: &mut self.sessions,
+            shapes: &self.shapes,
+            runtime: &self.runtime,
+            encoder: &self.model.encoder,
+            pad_id: self.pad_id,
+            fault: self.fault,
+        }
+    }
+}
+
+/// What encoding a row needs: the contexts (this thread only), the runtime, the embeddings.
+struct EncoderStage<'a> {
+    sessions: &'a mut [Session],
+    shapes: &'a [(usize, bool)],
+    runtime: &'a Runtime,
+    encoder: &'a crate::model::Encoder,
+    pad_id: u32,
+    fault: HostFault,
+}
+
+impl EncoderStage<'_> {
+    fn encode(&mut self, ids: &[u32]) -> Result<Tensor, BackendError> {
         let len = ids.len();
-        let gi = self.choose(len).ok_or_else(|| {
+        let gi = host::choose_graph(self.shapes, len).ok_or_else(|| {
             BackendError::Input(format!(
                 "a row of {len} tokens fits no graph of this bundle (lengths {:?}; min-max graphs without a mask clip stop at {})",
                 self.shapes.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
                 host::MINMAX_MAX_TOKENS
             ))
         })?;
-        let d = self.model.encoder.config.hidden_size;
+        let d = self.encoder.config.hidden_size;
         let l = self.shapes[gi].0;
         let s = &mut self.sessions[gi];
         let encodings = [s.input(0).encoding, s.input(1).encoding, s.input(2).encoding];
-        let mut inputs = host::prepare_inputs(&self.model.encoder, ids, self.pad_id, l, encodings, self.fault)
-            .map_err(model_fatal)?;
+        let mut inputs =
+            host::prepare_inputs(self.encoder, ids, self.pad_id, l, encodings, self.fault).map_err(model_fatal)?;
         let out_meta = s.output().clone();
         let mut out = vec![0u8; out_meta.elements() * out_meta.encoding.bytes_per_element()];
         if let Err(st) = s.execute(&mut inputs, &mut out) {
@@ -165,6 +202,18 @@ impl QnnBackend {
         }
         host::read_output(&out, out_meta.encoding, l, d, len).map_err(model_fatal)
     }
+}
+
+/// The head on one row's hidden states.
+fn head_row(head: &crate::model::Head, hidden: &Tensor, row: &Row) -> Result<RowResult, BackendError> {
+    let len = row.input_ids.len();
+    let out =
+        head.forward(hidden, &[len], &[row.qtype.index() as u32], &[row.marker_pos.as_slice()]).map_err(model_fatal)?;
+    let h = out
+        .into_iter()
+        .next()
+        .ok_or_else(|| BackendError::Fatal { code: None, message: "the head returned no row".into() })?;
+    Ok(RowResult { logits: h.logits, act_logits: h.act_logits })
 }
 
 fn model_fatal(e: ModelError) -> BackendError {
@@ -233,21 +282,53 @@ impl Backend for QnnBackend {
         for (r, row) in rows.iter().enumerate() {
             crate::model::check_row(r, row, Some(vocab)).map_err(|e| BackendError::Input(e.to_string()))?;
         }
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let hidden = self.encode(&row.input_ids)?;
-            let len = row.input_ids.len();
-            let head = self
-                .model
-                .head
-                .forward(&hidden, &[len], &[row.qtype.index() as u32], &[row.marker_pos.as_slice()])
-                .map_err(model_fatal)?;
-            let h = head
-                .into_iter()
-                .next()
-                .ok_or_else(|| BackendError::Fatal { code: None, message: "the head returned no row".into() })?;
-            out.push(RowResult { logits: h.logits, act_logits: h.act_logits });
+        if rows.len() == 1 {
+            let hidden = self.encode(&rows[0].input_ids)?;
+            return Ok(vec![head_row(&self.model.head, &hidden, rows[0])?]);
         }
-        Ok(out)
+        // Two stages: encode here, the head on a second thread, one row queued between them.
+        let head = &self.model.head;
+        let mut stage = EncoderStage {
+            sessions: &mut self.sessions,
+            shapes: &self.shapes,
+            runtime: &self.runtime,
+            encoder: &self.model.encoder,
+            pad_id: self.pad_id,
+            fault: self.fault,
+        };
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::sync_channel::<(usize, Tensor)>(1);
+            let heads = scope.spawn(move || -> Result<Vec<RowResult>, BackendError> {
+                let mut out = Vec::with_capacity(rows.len());
+                for (r, hidden) in rx {
+                    out.push(head_row(head, &hidden, rows[r])?);
+                }
+                Ok(out)
+            });
+            let mut failed = None;
+            for (r, row) in rows.iter().enumerate() {
+                match stage.encode(&row.input_ids) {
+                    // A closed queue means the head failed: its error is the call's.
+                    Ok(hidden) => {
+                        if tx.send((r, hidden)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            drop(tx);
+            let heads = heads.join().unwrap_or_else(|_| {
+                Err(BackendError::Fatal { code: None, message: "the head thread panicked".into() })
+            });
+            // The NPU's error first: it is what the supervisor acts on.
+            match failed {
+                Some(e) => Err(e),
+                None => heads,
+            }
+        })
     }
 }

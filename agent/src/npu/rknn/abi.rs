@@ -6,7 +6,7 @@
 //!
 //! - Rockchip, *RKNN SDK User Guide* (`Rockchip_RKNPU_User_Guide_RKNN_SDK_V2.3.2_EN.pdf`, in the
 //!   `doc/` folder of the public rknn-toolkit2 repository), chapter "RKNN C API": the functions
-//!   `rknn_init`, `rknn_query`, `rknn_set_core_mask`, `rknn_inputs_set`, `rknn_run`,
+//!   `rknn_init`, `rknn_dup_context`, `rknn_query`, `rknn_set_core_mask`, `rknn_inputs_set`, `rknn_run`,
 //!   `rknn_outputs_get`, `rknn_outputs_release`, `rknn_destroy`, the structures
 //!   `rknn_input_output_num`, `rknn_tensor_attr`, `rknn_input`, `rknn_output`,
 //!   `rknn_sdk_version`, and the error-code table.
@@ -306,6 +306,14 @@ pub type DestroyFn = unsafe extern "C" fn(RknnContext) -> c_int;
 pub type QueryFn = unsafe extern "C" fn(RknnContext, u32, *mut c_void, u32) -> c_int;
 /// `rknn_set_core_mask(context, mask)`.
 pub type SetCoreMaskFn = unsafe extern "C" fn(RknnContext, u32) -> c_int;
+/// `rknn_dup_context(context_in, context_out)`: a second context of the graph loaded in
+/// `*context_in`, sharing its weights (the SDK guide, "rknn_dup_context": for running the same
+/// model from several threads without loading it twice), written to `*context_out`. Both
+/// arguments are pointers to handles. Each context has its own inputs, outputs and core mask
+/// and is destroyed on its own with `rknn_destroy`. The signature is cross-checked with the
+/// `rknpu2-sys` 0.0.2 reference (`rknn_dup_context: fn(*mut rknn_context, *mut rknn_context)
+/// -> c_int`).
+pub type DupContextFn = unsafe extern "C" fn(*mut RknnContext, *mut RknnContext) -> c_int;
 /// `rknn_inputs_set(context, n_inputs, inputs)`: copies (and converts) the input buffers.
 pub type InputsSetFn = unsafe extern "C" fn(RknnContext, u32, *mut Input) -> c_int;
 /// `rknn_run(context, extend)`: runs the graph (blocking without an extension).

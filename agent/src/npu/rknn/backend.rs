@@ -1,10 +1,21 @@
 //! [`RknnBackend`]: the engine's [`Backend`] over the bundle's RKNN graphs.
+//!
+//! The graph scores one question per run, and a run takes about as long on three NPU cores as
+//! on one, so the backend keeps up to three *lanes*: each a context of every graph (the first
+//! lane from `rknn_init`, the others from `rknn_dup_context`, sharing the weights), lane `i`
+//! pinned to core `i`. A call's rows are handed out to the lanes as they come free, one thread
+//! per lane, so three questions take about one run. A hung run in any lane blocks the call,
+//! which the supervisor's per-call deadline catches by killing the worker process: every lane
+//! is covered by the same watchdog, deadline and restart logic as one context was.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::guard::ConstantOutputGuard;
 use super::inputs::choose_graph;
 use super::runtime::{Runtime, RuntimeVersions};
 use super::session::Session;
-use super::{RknnConfig, RknnError, RknnGraph};
+use super::{CONTEXT_CORE_MASKS, RknnConfig, RknnError, RknnGraph};
 use crate::engine::{Backend, BackendError, RowResult};
 use crate::prompt::Row;
 
@@ -14,9 +25,11 @@ pub const NO_ACT_LOGITS: [f32; 2] = [0.0, 0.0];
 
 /// The Laya graphs of one bundle, loaded in librknnrt, one question per run.
 pub struct RknnBackend {
-    /// One session per graph, by increasing `seq_len`. Each holds its own copy of the weights
-    /// in the runtime, so a bundle's graph count is bounded by the board's memory.
-    sessions: Vec<Session>,
+    /// Lanes of sessions: `lanes[i][g]` is lane `i`'s context of graph `g` (by increasing
+    /// `seq_len`). Each graph holds its own copy of the weights in the runtime (shared by its
+    /// lanes), so a bundle's graph count is bounded by the board's memory. Lane 0 holds the
+    /// contexts from `rknn_init`, dropped last (see `Drop`).
+    lanes: Vec<Vec<Session>>,
     pad_id: u32,
     versions: RuntimeVersions,
     guard: ConstantOutputGuard,
@@ -56,21 +69,37 @@ impl RknnBackend {
                 message: format!("another graph ({}) has the same seq_len {}", w[0].file.display(), w[0].seq_len),
             });
         }
+        if !(1..=CONTEXT_CORE_MASKS.len()).contains(&config.contexts) {
+            return Err(RknnError::BadContexts(config.contexts));
+        }
         let rt = Runtime::load(&config.library)?;
-        let mut sessions = Vec::with_capacity(specs.len());
+        let mut lanes: Vec<Vec<Session>> = (0..config.contexts).map(|_| Vec::with_capacity(specs.len())).collect();
         let mut versions = None;
         for spec in &specs {
-            let mut session = Session::init(rt, spec)?;
+            let mut first = Session::init(rt, spec)?;
             if versions.is_none() {
-                let v = session.versions()?;
+                let v = first.versions()?;
                 v.check(&config.runtime_allowlist)?;
                 versions = Some(v);
             }
-            session.configure(config.core_mask)?;
-            sessions.push(session);
+            let mut contexts = Vec::with_capacity(config.contexts);
+            for _ in 1..config.contexts {
+                contexts.push(first.dup()?);
+            }
+            contexts.insert(0, first);
+            for (i, mut session) in contexts.into_iter().enumerate() {
+                let mask = if config.contexts == 1 { config.core_mask } else { CONTEXT_CORE_MASKS[i] };
+                session.configure(mask)?;
+                lanes[i].push(session);
+            }
         }
         let versions = versions.ok_or(RknnError::NoGraphs)?;
-        Ok(RknnBackend { sessions, pad_id, versions, guard: ConstantOutputGuard::default() })
+        Ok(RknnBackend { lanes, pad_id, versions, guard: ConstantOutputGuard::default() })
+    }
+
+    /// How many contexts each graph has (rows run side by side).
+    pub fn contexts(&self) -> usize {
+        self.lanes.len()
     }
 
     /// The runtime's and the NPU driver's versions, for the caller to log.
@@ -80,7 +109,7 @@ impl RknnBackend {
 
     /// The loaded graphs, by increasing `seq_len`.
     pub fn graphs(&self) -> impl Iterator<Item = &RknnGraph> {
-        self.sessions.iter().map(|s| &s.graph)
+        self.lanes[0].iter().map(|s| &s.graph)
     }
 
     /// Checks a row and picks the graph that runs it.
@@ -89,7 +118,7 @@ impl RknnBackend {
         // The graph itself has no vocabulary check to mirror: the ids go in as they are.
         crate::model::check_row(r, row, None).map_err(|e| BackendError::Input(e.to_string()))?;
         let shapes: Vec<(usize, usize)> =
-            self.sessions.iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
+            self.lanes[0].iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
         choose_graph(&shapes, n, k).ok_or_else(|| {
             let have: Vec<String> = shapes.iter().map(|(l, s)| format!("{l} tokens x {s} options")).collect();
             BackendError::Input(format!(
@@ -112,13 +141,67 @@ impl Backend for RknnBackend {
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         // Check every row first: a bad row fails the batch before the NPU does any work.
         let chosen = rows.iter().enumerate().map(|(r, row)| self.session_for(r, row)).collect::<Result<Vec<_>, _>>()?;
+        let raws = self.run_lanes(rows, &chosen)?;
         let mut out = Vec::with_capacity(rows.len());
-        for (row, i) in rows.iter().zip(chosen) {
-            let raw = self.sessions[i].run(row, self.pad_id)?;
+        for (row, raw) in rows.iter().zip(&raws) {
+            // In row order, whichever lane ran the row.
             self.guard.check(row, raw).map_err(|message| BackendError::Fatal { code: None, message })?;
             // Slots past the real options hold -10000: dropped.
             out.push(RowResult { logits: raw[..row.marker_pos.len()].to_vec(), act_logits: NO_ACT_LOGITS.to_vec() });
         }
         Ok(out)
+    }
+}
+
+/// One row's raw `marker_slots` logits, or why the run failed.
+type RawResult = Result<Vec<f32>, BackendError>;
+
+impl RknnBackend {
+    /// Each row's raw logits, row `r` on graph `chosen[r]`: on this thread with one lane or one
+    /// row, else one thread per lane, each taking the next row not yet taken. After a failure no
+    /// lane takes another row; the first failure in row order is the call's.
+    fn run_lanes(&mut self, rows: &[&Row], chosen: &[usize]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let pad_id = self.pad_id;
+        if self.lanes.len() == 1 || rows.len() == 1 {
+            let lane = &mut self.lanes[0];
+            return rows.iter().zip(chosen).map(|(row, &g)| lane[g].run(row, pad_id).map(<[f32]>::to_vec)).collect();
+        }
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let results: Vec<Mutex<Option<RawResult>>> = rows.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|scope| {
+            for lane in self.lanes.iter_mut().take(rows.len()) {
+                let (next, stop, results) = (&next, &stop, &results);
+                scope.spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        let r = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(row) = rows.get(r) else { break };
+                        let result = lane[chosen[r]].run(row, pad_id).map(<[f32]>::to_vec);
+                        if result.is_err() {
+                            stop.store(true, Ordering::SeqCst);
+                        }
+                        *results[r].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    }
+                });
+            }
+        });
+        let mut out = Vec::with_capacity(rows.len());
+        for (r, slot) in results.into_iter().enumerate() {
+            match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(result) => out.push(result?),
+                // Only rows after a failure are left unrun, so an earlier row returned the error.
+                None => {
+                    return Err(BackendError::Fatal { code: None, message: format!("row {r} was not run") });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for RknnBackend {
+    fn drop(&mut self) {
+        // Duplicated contexts go before the contexts they were duplicated from.
+        while self.lanes.pop().is_some() {}
     }
 }

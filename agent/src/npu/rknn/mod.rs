@@ -16,8 +16,10 @@
 //! - `runtime.rs`: loading the library from an explicit path, the version allowlist;
 //! - `inputs.rs`: choosing the shape bucket and padding a row to it;
 //! - `guard.rs`: the constant-output guard;
-//! - `session.rs`: one loaded graph (context): attribute checks, core mask, one row per run;
-//! - `backend.rs`: [`RknnBackend`], the [`crate::engine::Backend`] over all loaded graphs.
+//! - `session.rs`: one loaded graph (context): attribute checks, core mask, one row per run,
+//!   duplicates through `rknn_dup_context`;
+//! - `backend.rs`: [`RknnBackend`], the [`crate::engine::Backend`] over all loaded graphs, with
+//!   up to three contexts per graph (one per NPU core) running a call's rows side by side.
 //!
 //! The decisions behind the loading rules are in `docs/decisions/0003-rknn-runtime-loading.md`.
 
@@ -40,6 +42,14 @@ pub use status::Status;
 /// RKNN-Toolkit2 2.3.2; runtime 2.4.2 returns a constant vector on NPU driver 0.9.8).
 pub const DEFAULT_RUNTIME_ALLOWLIST: &[&str] = &["2.3.2"];
 
+/// Contexts per graph by default: the RK3588 has three NPU cores, and one 512-token run of the
+/// Laya graph takes about as long on three cores as on one (the model card: attention stays on
+/// core 0), so three single-core contexts run three questions in about the time of one.
+pub const DEFAULT_CONTEXTS: usize = 3;
+
+/// The core mask of each context when there are several: core 0, core 1, core 2.
+pub const CONTEXT_CORE_MASKS: [u32; 3] = [abi::CORE_0, abi::CORE_1, abi::CORE_2];
+
 /// How to reach the runtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RknnConfig {
@@ -47,9 +57,13 @@ pub struct RknnConfig {
     /// There is no default: a board may carry several runtimes and only the operator knows which
     /// one this graph needs.
     pub library: PathBuf,
-    /// NPU cores for `rknn_set_core_mask`; default `0xFFFF`, all cores (the runtime's default
-    /// would pick one idle core).
+    /// NPU cores for `rknn_set_core_mask` with one context (`contexts` 1); default `0xFFFF`,
+    /// all cores (the runtime's default would pick one idle core).
     pub core_mask: u32,
+    /// Contexts per graph (1 to 3, default [`DEFAULT_CONTEXTS`]): the first from `rknn_init`,
+    /// the others from `rknn_dup_context` (shared weights); with more than one, context `i` is
+    /// pinned to core `i` alone ([`CONTEXT_CORE_MASKS`]) and a call's rows are spread over them.
+    pub contexts: usize,
     /// Runtime releases (`2.3.2`) this bundle's graphs may run on; any other is refused. Empty
     /// means [`DEFAULT_RUNTIME_ALLOWLIST`] (not "any"): a bundle manifest without an allowlist
     /// still gets the model card's constraint.
@@ -62,6 +76,7 @@ impl RknnConfig {
         RknnConfig {
             library: library.into(),
             core_mask: abi::CORE_ALL,
+            contexts: DEFAULT_CONTEXTS,
             runtime_allowlist: DEFAULT_RUNTIME_ALLOWLIST.iter().map(|s| (*s).to_owned()).collect(),
         }
     }
@@ -108,6 +123,12 @@ pub enum RknnError {
         "refusing RKNN runtime {api:?} (NPU driver {driver:?}): this bundle's graphs are only allowed on runtime {allowed:?}. librknnrt 2.4.2 loads the Laya RK3588 graph and then returns a constant vector on NPU driver 0.9.8; point the bundle's rknn library or RKNN_LIB at the librknnrt.so of an allowed release, loaded from its own file (do not replace the system library)"
     )]
     RuntimeRefused { api: String, driver: String, allowed: Vec<String> },
+    #[error(
+        "the RKNN runtime has no rknn_dup_context, which rknn.contexts > 1 needs: set rknn.contexts = 1 (one context per graph)"
+    )]
+    NoDupContext,
+    #[error("rknn.contexts is {0}: use 1, 2 or 3 (one context per NPU core of the RK3588)")]
+    BadContexts(usize),
     #[error("RKNN graph {path} does not match the bundle: {message}")]
     Graph { path: PathBuf, message: String },
 }

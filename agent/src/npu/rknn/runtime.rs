@@ -24,6 +24,8 @@ pub(crate) struct Runtime {
     pub destroy: abi::DestroyFn,
     pub query: abi::QueryFn,
     pub set_core_mask: abi::SetCoreMaskFn,
+    /// Absent from a library without it: only needed for more than one context per graph.
+    pub dup_context: Option<abi::DupContextFn>,
     pub inputs_set: abi::InputsSetFn,
     pub run: abi::RunFn,
     pub outputs_get: abi::OutputsGetFn,
@@ -43,6 +45,7 @@ impl Runtime {
             destroy: symbol(lib, path, "rknn_destroy")?,
             query: symbol(lib, path, "rknn_query")?,
             set_core_mask: symbol(lib, path, "rknn_set_core_mask")?,
+            dup_context: symbol(lib, path, "rknn_dup_context").ok(),
             inputs_set: symbol(lib, path, "rknn_inputs_set")?,
             run: symbol(lib, path, "rknn_run")?,
             outputs_get: symbol(lib, path, "rknn_outputs_get")?,

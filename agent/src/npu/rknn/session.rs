@@ -1,4 +1,5 @@
 //! One loaded graph: an RKNN context, checked against the bundle, running one row per call.
+//! Further contexts of the same graph come from `rknn_dup_context` (shared weights).
 //!
 //! Setup follows the documented call order: `rknn_init` from the graph file's bytes,
 //! `rknn_query` for the versions and the input/output attributes, `rknn_set_core_mask`. A run is
@@ -67,6 +68,26 @@ impl Session {
             output_index: 0,
             padded: Padded::new(graph.seq_len, graph.marker_slots),
             logits: vec![0.0; graph.marker_slots],
+        })
+    }
+
+    /// `rknn_dup_context`: another context of this graph sharing its weights in the runtime,
+    /// with its own inputs, outputs and core mask (to be set with [`Session::configure`]).
+    pub fn dup(&mut self) -> Result<Session, RknnError> {
+        let dup = self.rt.dup_context.ok_or(RknnError::NoDupContext)?;
+        let mut out: RknnContext = 0;
+        // SAFETY: both pointers are valid places for a handle; `self.ctx` is a live context from
+        // rknn_init; the runtime writes the new handle to `out`.
+        let code = unsafe { dup(&mut self.ctx, &mut out) };
+        Status::check(code).map_err(|status| call_error(&self.graph.file, "rknn_dup_context", status))?;
+        Ok(Session {
+            rt: self.rt,
+            ctx: out,
+            graph: self.graph.clone(),
+            inputs: [Slot::default(); 5],
+            output_index: 0,
+            padded: Padded::new(self.graph.seq_len, self.graph.marker_slots),
+            logits: vec![0.0; self.graph.marker_slots],
         })
     }
 

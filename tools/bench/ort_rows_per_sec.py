@@ -1,0 +1,105 @@
+"""laya 0.3.20's model through ONNX Runtime's CPU provider, rows/second on the benchmark requests
+(the set `cargo bench --bench cpu_rows` and laya_rows_per_sec.py use), issue #16 item 4b.
+
+laya.Agent answers each request once while its model's forward is recorded: the exact tensors
+laya feeds it (one batch per request, padded to the request's longest row). The model is then
+exported to ONNX at each recorded batch's exact shape (torch.onnx, opset 17), every
+recorded batch is checked against PyTorch's outputs, and the batches are timed through
+onnxruntime (CPU provider, 2 intra-op threads) and, for reference, through PyTorch. Only the
+model is timed: laya's tokenization, layout and decoding are not (laya-edge's cpu_rows times its
+whole pipeline, so this favours ORT).
+
+Needs torch, laya and onnxruntime in one interpreter, e.g. a venv with onnxruntime and the
+laya venv's site-packages on PYTHONPATH:
+
+    python -m venv /tmp/ort && /tmp/ort/bin/pip install onnxruntime
+    PYTHONPATH=/work/venv-demo/lib/python3.11/site-packages /tmp/ort/bin/python \
+        tools/bench/ort_rows_per_sec.py --model /tmp/laya-small --requests 40 --passes 2
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+import laya
+
+from laya_rows_per_sec import requests  # same directory
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    agent = laya.Agent(args.model, device="cpu")
+    model = agent.model.eval()
+    calls = []
+    forward = model.forward
+
+    def recording(*a, **kw):
+        calls.append(tuple(x.clone() for x in a[:5]))
+        return forward(*a, **kw)
+
+    model.forward = recording
+    reqs = requests(args.requests)
+    kw = lambda r: {k: r[k] for k in ("lang", "max_len", "head_max_len") if k in r}
+    for r in reqs:
+        agent.predict(r["state"], r["questions"], **kw(r))
+    model.forward = forward
+    rows = sum(c[0].shape[0] for c in calls)
+    names = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
+    tmp = tempfile.mkdtemp()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = args.threads
+    so.inter_op_num_threads = 1
+    # One export per distinct batch shape: with dynamic axes the export keeps shapes baked into
+    # its reshapes. With gradients enabled, as torch.onnx needs: PyTorch's fused encoder-layer
+    # fast path (taken under inference_mode) has no ONNX export.
+    sessions = {}
+    for c in calls:
+        key = tuple(tuple(t.shape) for t in c)
+        if key not in sessions:
+            path = os.path.join(tmp, "laya-%d.onnx" % len(sessions))
+            torch.onnx.export(model, c, path, input_names=names, output_names=["logits", "act_logits"],
+                              opset_version=17, dynamo=False)
+            sessions[key] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            os.remove(path)  # the session holds the graph; one export on disk at a time
+    os.rmdir(tmp)
+    sess_of = [sessions[tuple(tuple(t.shape) for t in c)] for c in calls]
+    feeds = [{n: t.numpy() for n, t in zip(names, c)} for c in calls]
+    worst = 0.0
+    with torch.inference_mode():
+        for c, f, sess in zip(calls, feeds, sess_of):
+            want = model(*c)[0].numpy()
+            got = sess.run(["logits"], f)[0]
+            worst = max(worst, float(np.abs(want - got).max()))
+
+    def timed(fn):
+        for f in range(len(calls)):
+            fn(f)
+        t = time.perf_counter()
+        for _ in range(args.passes):
+            for f in range(len(calls)):
+                fn(f)
+        return time.perf_counter() - t
+
+    ort_s = timed(lambda i: sess_of[i].run(None, feeds[i]))
+    with torch.inference_mode():
+        torch_s = timed(lambda i: model(*calls[i]))
+    print(json.dumps({"impl": "laya-0.3.20-onnxruntime-cpu", "onnxruntime": ort.__version__, "torch": torch.__version__,
+                      "threads": args.threads, "requests": len(reqs), "batches": len(calls), "exports": len(sessions),
+                      "rows": rows * args.passes, "max_abs_logit_diff_vs_torch": worst,
+                      "ort_rows_per_second": round(rows * args.passes / ort_s, 2),
+                      "torch_model_only_rows_per_second": round(rows * args.passes / torch_s, 2)}))
+
+
+if __name__ == "__main__":
+    main()

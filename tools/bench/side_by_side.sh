@@ -1,0 +1,62 @@
+#!/bin/sh
+# Issue #16's side-by-side benchmarks in one run, printing the machine, each figure and the
+# ratios (BENCHMARKS.md, "Side by side"). Not a test.
+#
+#   tools/bench/side_by_side.sh [SCRATCH]     # checkpoints and outputs go to SCRATCH (/tmp/laya-bench)
+#
+# LAYA_BENCH_PYTHON: a Python with torch and laya 0.3.20 (default /work/venv-demo/bin/python);
+# LAYA_BENCH_ORT_PYTHON: a Python with onnxruntime that sees the same torch/laya through
+# PYTHONPATH (default: none, the ONNX Runtime column is skipped); LAYA_BENCH_REQUESTS (12),
+# LAYA_BENCH_PASSES (2); LAYA_BENCH_PARTS: any of "head cpu npu" (default all).
+set -eu
+cd "$(dirname "$0")/../.."
+S=${1:-/tmp/laya-bench}
+PY=${LAYA_BENCH_PYTHON:-/work/venv-demo/bin/python}
+ORTPY=${LAYA_BENCH_ORT_PYTHON:-}
+REQ=${LAYA_BENCH_REQUESTS:-12}
+PASSES=${LAYA_BENCH_PASSES:-2}
+PARTS=${LAYA_BENCH_PARTS:-head cpu npu}
+SITE=$($PY -c 'import site; print(site.getsitepackages()[0])')
+mkdir -p "$S"
+echo "== machine: $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "== load at start: $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
+ckpt() { # name, make_checkpoint args...
+    n=$1; shift
+    [ -f "$S/$n/model.safetensors" ] || $PY tools/bench/make_checkpoint.py --out "$S/$n" "$@" >/dev/null
+}
+ckpt laya-1024 --hidden 1024 --layers 1 --heads 16 --intermediate 2624 --local-attention 128
+ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{a / b:.2f}x')" "$1" "$2"; }
+field() { python3 -c "import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+case " $PARTS " in *" head "*)
+    echo "== (a) decision head, d=1024, 2 layers, 16 heads, FFN 4096; one full row, 4 markers"
+    LAYA_BENCH_MODEL="$S/laya-1024" cargo bench -q -p laya-edge --features qnn,rknn --bench qnn_host_steps 2>/dev/null | tee "$S/head-rust.txt"
+    T=$($PY tools/bench/head_torch.py --model "$S/laya-1024" 2>/dev/null | tail -1); echo "$T"
+    for L in 128 256; do
+        R=$(awk -F'|' -v l=$L '$2 ~ "^ "l" $" {gsub(/ ms| /, "", $7); print $7}' "$S/head-rust.txt")
+        P=$(field "$T" head_ms_L$L)
+        echo "head L=$L: laya-edge $R ms, PyTorch $P ms: laya-edge takes $(ratio "$R" "$P") PyTorch's time (target <= 0.70x)"
+    done
+esac
+case " $PARTS " in *" cpu "*)
+    echo "== (b) whole CPU model, rows/s on the first $REQ benchmark requests, $PASSES passes, 2 threads"
+    ckpt laya-small --hidden 256 --layers 6 --heads 4 --intermediate 384 --local-attention 64
+    ckpt laya-1024x2 --hidden 1024 --layers 2 --heads 16 --intermediate 2624 --local-attention 128
+    for m in laya-small laya-1024x2; do
+        E=$(LAYA_BENCH_MODEL="$S/$m" LAYA_BENCH_REQUESTS=$REQ LAYA_BENCH_PASSES=$PASSES RAYON_NUM_THREADS=2 \
+            cargo bench -q -p laya-edge --features qnn,rknn --bench cpu_rows 2>/dev/null | tail -1)
+        P=$($PY tools/bench/laya_rows_per_sec.py --model "$S/$m" --requests $REQ --passes $PASSES 2>/dev/null | tail -1)
+        echo "$m laya-edge: $E"; echo "$m pytorch:   $P"
+        e=$(field "$E" rows_per_second); p=$(field "$P" rows_per_second)
+        echo "$m: laya-edge / laya on PyTorch = $(ratio "$e" "$p") (target >= 1.5x)"
+        if [ -n "$ORTPY" ]; then
+            O=$(PYTHONPATH="$SITE" $ORTPY tools/bench/ort_rows_per_sec.py --model "$S/$m" --requests $REQ --passes $PASSES 2>/dev/null | tail -1)
+            echo "$m ort:       $O"
+            echo "$m: laya-edge / ONNX Runtime = $(ratio "$e" "$(field "$O" ort_rows_per_second)") (target >= 1.0x)"
+        fi
+    done
+esac
+case " $PARTS " in *" npu "*)
+    echo "== keeping the NPU busy (fake runtimes' latency knobs)"
+    LAYA_BENCH_MODEL="$S/laya-1024" cargo bench -q -p laya-edge --features qnn,rknn --bench npu_overlap 2>/dev/null
+esac
+echo "== load at end: $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
