@@ -12,7 +12,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "936c0c1daf8728fb87f6512cad4271b4b99c5437"
+SRCREV = "e3ec1d68f7dee75fce79713e3a60bbae99078e9a"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
