@@ -13,7 +13,7 @@ pub mod probe;
 pub mod serve;
 pub mod worker;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use laya_edge::backends::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
@@ -21,6 +21,42 @@ use laya_edge::config::Config;
 use laya_edge::engine::process::{Engine, EngineError};
 use laya_edge::engine::{Backend, BackendError, RowResult};
 use laya_edge::prompt::Row;
+
+/// The flags of the commands that run a model themselves (`predict`, `probe`).
+#[derive(clap::Args)]
+pub struct BackendArgs {
+    /// The configuration file (TOML): its [model], [engine], [rknn], [qnn] and [limits]
+    /// max_request_tokens keys apply; the flags below override them.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A laya checkpoint directory or NPU bundle (overrides model.dir).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Which backend runs the model (overrides engine.backend; default cpu).
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Threads for the tensor math (overrides engine.threads; default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl BackendArgs {
+    /// The file's configuration with the flags applied.
+    pub fn config(&self) -> Result<Config, String> {
+        let mut config = load_config(self.config.as_deref())?;
+        if let Some(m) = &self.model {
+            config.model.dir = m.display().to_string();
+        }
+        if let Some(b) = self.backend {
+            config.engine.backend = b.name().into();
+        }
+        if let Some(t) = self.threads {
+            config.engine.threads = t;
+        }
+        config.check().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+}
 
 /// The configuration file, else every key's default.
 pub fn load_config(path: Option<&Path>) -> Result<Config, String> {

@@ -4,47 +4,15 @@
 //! `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config` (and `[limits]
 //! max_request_tokens` bounds each line as it bounds a request to `serve`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use laya_edge::backends::BackendKind;
 use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
 use laya_edge::lines;
 
-#[derive(clap::Args)]
-pub struct Args {
-    /// The configuration file (TOML): its [model], [engine], [rknn], [qnn] and [limits]
-    /// max_request_tokens keys apply; the flags below override them.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// A laya checkpoint directory or NPU bundle (overrides model.dir).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Which backend runs the model (overrides engine.backend; default cpu).
-    #[arg(long, value_enum)]
-    backend: Option<BackendKind>,
-    /// Threads for the tensor math (overrides engine.threads; default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-}
-
-impl Args {
-    /// The file's configuration with the flags applied.
-    pub fn config(&self) -> Result<Config, String> {
-        let mut config = super::load_config(self.config.as_deref())?;
-        if let Some(m) = &self.model {
-            config.model.dir = m.display().to_string();
-        }
-        if let Some(b) = self.backend {
-            config.engine.backend = b.name().into();
-        }
-        if let Some(t) = self.threads {
-            config.engine.threads = t;
-        }
-        config.check().map_err(|e| e.to_string())?;
-        Ok(config)
-    }
-}
+/// `predict`'s flags: the configuration file, the model, the backend, the threads.
+pub type Args = super::BackendArgs;
 
 pub fn run(config: Config) -> Result<(), String> {
     let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;

@@ -2,39 +2,14 @@
 //! how closely it answers like the float model (the figures the agent publishes in telemetry
 //! and in `probe_failed` events). Exits with failure when the bundle's thresholds are not met.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use laya_edge::backends::BackendKind;
 use laya_edge::bundle::{HostBundle, probe};
 use laya_edge::config::Config;
 use laya_edge::prompt::Row;
 
-#[derive(clap::Args)]
-pub struct Args {
-    /// The configuration file (TOML): its [model], [engine], [rknn] and [qnn] keys apply.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// The bundle (overrides model.dir).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// The backend to probe (overrides engine.backend; default cpu).
-    #[arg(long, value_enum)]
-    backend: Option<BackendKind>,
-}
-
-impl Args {
-    pub fn config(&self) -> Result<Config, String> {
-        let mut config = super::load_config(self.config.as_deref())?;
-        if let Some(m) = &self.model {
-            config.model.dir = m.display().to_string();
-        }
-        if let Some(b) = self.backend {
-            config.engine.backend = b.name().into();
-        }
-        config.check().map_err(|e| e.to_string())?;
-        Ok(config)
-    }
-}
+/// `probe`'s flags, as `predict`'s: the configuration file, the bundle, the backend, the threads.
+pub type Args = super::BackendArgs;
 
 pub fn run(config: Config) -> Result<(), String> {
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
