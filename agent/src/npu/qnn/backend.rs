@@ -152,19 +152,21 @@ impl QnnBackend {
 
     /// Runs the encoder graph on `ids` (already checked) and returns `[1, len, d]` hidden states.
     pub fn encode(&mut self, ids: &[u32]) -> Result<Tensor, BackendError> {
-        self.encoder_stage().encode(ids)
+        self.stages().0.encode(ids)
     }
 
-    /// The NPU side of the backend, borrowed apart from the head.
-    fn encoder_stage(&mut self) -> EncoderStage<'_> {
-        EncoderStage {
+    /// The NPU side of the backend and the host head, borrowed apart (the pipeline runs them
+    /// on two threads).
+    fn stages(&mut self) -> (EncoderStage<'_>, &crate::model::head::Head) {
+        let stage = EncoderStage {
             sessions: &mut self.sessions,
             shapes: &self.shapes,
             runtime: &self.runtime,
             encoder: &self.model.encoder,
             pad_id: self.pad_id,
             fault: self.fault,
-        }
+        };
+        (stage, &self.model.head)
     }
 }
 
@@ -287,15 +289,7 @@ impl Backend for QnnBackend {
             return Ok(vec![head_row(&self.model.head, &hidden, rows[0])?]);
         }
         // Two stages: encode here, the head on a second thread, one row queued between them.
-        let head = &self.model.head;
-        let mut stage = EncoderStage {
-            sessions: &mut self.sessions,
-            shapes: &self.shapes,
-            runtime: &self.runtime,
-            encoder: &self.model.encoder,
-            pad_id: self.pad_id,
-            fault: self.fault,
-        };
+        let (mut stage, head) = self.stages();
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::sync_channel::<(usize, Tensor)>(1);
             let heads = scope.spawn(move || -> Result<Vec<RowResult>, BackendError> {
