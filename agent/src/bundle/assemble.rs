@@ -45,10 +45,6 @@ pub struct Summary {
     pub warnings: Vec<String>,
 }
 
-fn err(message: impl Into<String>) -> String {
-    message.into()
-}
-
 /// Copies a directory tree (files and directories only; symlinks are followed).
 fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
     std::fs::create_dir_all(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
@@ -115,7 +111,7 @@ fn file_name(file: &Path) -> Result<String, String> {
     file.file_name()
         .and_then(|n| n.to_str())
         .map(str::to_owned)
-        .ok_or_else(|| err(format!("{}: not a file name", file.display())))
+        .ok_or_else(|| format!("{}: not a file name", file.display()))
 }
 
 /// A QNN graph's manifest entry, from the binary itself.
@@ -305,8 +301,8 @@ pub fn assemble(
     if !plan.qnn.is_empty() && !plan.rknn.is_empty() {
         return Err("a bundle holds graphs for one backend: give --qnn or --rknn, not both".into());
     }
-    let config = AgentConfig::load(&plan.checkpoint).map_err(|e| e.to_string())?;
-    let _ = config;
+    // A checkpoint laya can load, before anything is copied.
+    AgentConfig::load(&plan.checkpoint).map_err(|e| e.to_string())?;
     if plan.out.exists() && std::fs::read_dir(&plan.out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         return Err(format!("{} exists and is not empty: choose a new directory", plan.out.display()));
     }
