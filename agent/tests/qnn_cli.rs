@@ -537,24 +537,6 @@ async fn serve_on_a_binary_with_a_wrong_quantization_offset_publishes_probe_fail
     assert!(cosine.is_some_and(|c| c < 0.98), "{probe:?}");
     // Degraded after the second failed worker: the CPU fallback answers.
     wait_online(broker.port, "qcs-bad").await;
-    let mut c = Client::connect(broker.port, "qcs-bad-asker").await;
-    c.subscribe("laya/v1/qcs-bad-asker/reply/#").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        c.ask(
-            "laya/v1/qcs-bad/ask",
-            Encoding::Json.encode(&request("q")),
-            Some("laya/v1/qcs-bad-asker/reply/q"),
-            None,
-            Encoding::Json,
-        )
-        .await;
-        let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
-        if reply.get("answers").is_some() {
-            assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "a wrong binary answered: {reply:?}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the fallback never answered: {reply:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let reply = ask_until_answered(broker.port, "qcs-bad", "qcs-bad-asker", Duration::from_secs(120)).await;
+    assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "a wrong binary answered: {reply:?}");
 }

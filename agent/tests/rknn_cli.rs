@@ -433,27 +433,8 @@ async fn serve_on_a_constant_output_runtime_publishes_probe_failed_with_the_figu
     assert!(probe.get("rows").and_then(Value::as_i64).unwrap_or(0) >= 24, "{probe:?}");
     // The backend degrades and the CPU fallback answers (its own probe passed).
     wait_online(broker.port, "rk-probe").await;
-    let mut asker = Client::connect(broker.port, "rk-probe-asker").await;
-    asker.subscribe("laya/v1/rk-probe-asker/reply/#").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        asker
-            .ask(
-                "laya/v1/rk-probe/ask",
-                Encoding::Json.encode(&request("q")),
-                Some("laya/v1/rk-probe-asker/reply/q"),
-                None,
-                Encoding::Json,
-            )
-            .await;
-        let reply = decode(&asker.next(Duration::from_secs(30)).await.expect("a reply"));
-        if reply.get("answers").is_some() {
-            assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "{reply:?}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the fallback never answered: {reply:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let reply = ask_until_answered(broker.port, "rk-probe", "rk-probe-asker", Duration::from_secs(60)).await;
+    assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "{reply:?}");
     // Telemetry carries the last probe run: the fallback's, passed, with its figures.
     let mut t = Client::connect(broker.port, "rk-probe-telemetry").await;
     t.subscribe("laya/v1/rk-probe/telemetry").await;

@@ -292,6 +292,32 @@ pub async fn wait_online(port: u16, device: &str) {
         .unwrap_or_else(|e| panic!("{device} never came online: {e}"));
 }
 
+/// Asks `device` one question as client `asker` until it is answered rather than refused (a
+/// backend that is still restarting refuses with `backend_unavailable`), for up to `within`;
+/// returns the answered reply.
+pub async fn ask_until_answered(port: u16, device: &str, asker: &str, within: Duration) -> Value {
+    let mut c = Client::connect(port, asker).await;
+    c.subscribe(&format!("laya/v1/{asker}/reply/#")).await;
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let reply_to = format!("laya/v1/{asker}/reply/q");
+        c.ask(
+            &format!("laya/v1/{device}/ask"),
+            Encoding::Json.encode(&request("q")),
+            Some(&reply_to),
+            None,
+            Encoding::Json,
+        )
+        .await;
+        let reply = decode(&c.next(within).await.expect("a reply"));
+        if reply.get("answers").is_some() {
+            return reply;
+        }
+        assert!(std::time::Instant::now() < deadline, "{device} never answered: {reply:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 pub fn text(v: &Value) -> String {
     json::to_string(v, Style::COMPACT)
 }
