@@ -532,3 +532,41 @@ async fn what_happens_before_the_agent_listens_is_not_lost() {
     let restart = notices.try_recv().expect("the restart, from before the subscription");
     assert_eq!(restart.kind, NoticeKind::WorkerRestart);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_fails_its_probe_degrades_to_the_fallback_and_recovers_once_a_candidate_passes_it() {
+    // The first primary answers every row the same (its probe collapses); later primaries are
+    // sound. The probe runs in every worker's health call: the primary's, the fallback's and each
+    // candidate's.
+    let faults = format!("constant,once={}", marker("probe-recover"));
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.retry_primary_s = 1;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", None)),
+        probe: Some(std::sync::Arc::new(null_probe())),
+        ..with_health(policy, &faults)
+    });
+    let mut runs = engine.probe_runs();
+    let first = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(first.role, Role::Fallback, "a primary that failed its probe must not serve");
+    assert!(
+        wait_for(Duration::from_secs(15), || engine.status().state == BackendState::Ready).await,
+        "{:?}",
+        engine.status()
+    );
+    let again = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(again.role, Role::Primary);
+    let mut seen = Vec::new();
+    while let Ok(r) = runs.try_recv() {
+        seen.push((r.role, r.passed()));
+    }
+    // The failed primary, the fallback's pass, the candidate's pass (in the order they ran).
+    assert_eq!(seen.first(), Some(&(Role::Primary, false)), "{seen:?}");
+    assert!(seen.contains(&(Role::Fallback, true)), "{seen:?}");
+    assert_eq!(seen.last(), Some(&(Role::Primary, true)), "{seen:?}");
+}
