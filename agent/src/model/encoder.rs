@@ -8,10 +8,11 @@
 //! `a, g = Wi(norm(h)).chunk(2)`.
 
 use candle_core::{D, Device, Module, Tensor};
-use candle_nn::{LayerNorm, Linear};
+use candle_nn::LayerNorm;
 
 use super::ModelError;
 use super::config::{Activation, EncoderConfig, LayerType};
+use super::dense::Dense;
 use super::weights::{Expected, Weights};
 
 fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64, d: usize) -> Result<LayerNorm, ModelError> {
@@ -21,20 +22,20 @@ fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64, d: usize) -> Resu
     Ok(LayerNorm::new(weight, bias, eps))
 }
 
-fn linear(w: &Weights, prefix: &str, bias: bool) -> Result<Linear, ModelError> {
+fn linear(w: &Weights, prefix: &str, bias: bool) -> Result<Dense, ModelError> {
     let weight = w.get(&format!("{prefix}.weight"))?;
     let bias = if bias { Some(w.get(&format!("{prefix}.bias"))?) } else { None };
-    Ok(Linear::new(weight, bias))
+    Ok(Dense::new(&weight, bias.as_ref())?)
 }
 
 struct Layer {
     kind: LayerType,
     attn_norm: Option<LayerNorm>,
-    wqkv: Linear,
-    wo: Linear,
+    wqkv: Dense,
+    wo: Dense,
     mlp_norm: LayerNorm,
-    wi: Linear,
-    mlp_wo: Linear,
+    wi: Dense,
+    mlp_wo: Dense,
 }
 
 /// Cos/sin tables of one RoPE theta.
@@ -165,7 +166,7 @@ impl Encoder {
                 None => h.clone(),
             };
             let attn = self.attention(layer, &x, bias, cos, sin)?;
-            h = (h + layer.wo.forward(&attn)?)?;
+            h = layer.wo.forward_add(&attn, &h)?;
             let x = layer.mlp_norm.forward(&h)?;
             let wi = layer.wi.forward(&x)?;
             let i = self.config.intermediate_size;
@@ -177,7 +178,7 @@ impl Encoder {
                 Activation::Relu => input.relu()?,
                 Activation::Silu => input.silu()?,
             };
-            h = (h + layer.mlp_wo.forward(&(act * gate)?)?)?;
+            h = layer.mlp_wo.forward_add(&(act * gate)?, &h)?;
         }
         Ok(self.final_norm.forward(&h)?)
     }

@@ -11,9 +11,10 @@
 //! L=128 with 4 markers this removes about 40% of a 2-layer head's FLOPs.
 
 use candle_core::{D, DType, Device, Module, Tensor};
-use candle_nn::{LayerNorm, Linear};
+use candle_nn::LayerNorm;
 
 use super::ModelError;
+use super::dense::Dense;
 use super::weights::{Expected, Weights};
 
 /// PyTorch's default LayerNorm epsilon, used by the head and the scorer.
@@ -24,15 +25,15 @@ pub const MISSING_MARKER_LOGIT: f32 = -1e4;
 struct HeadLayer {
     norm1: LayerNorm,
     /// Queries, keys and values at once (`in_proj_weight`), for the layers before the last.
-    in_proj: Linear,
-    /// The same weights split (views, no copy): queries alone and keys with values, for the last
-    /// layer, which needs queries for a few rows only.
-    q_proj: Linear,
-    kv_proj: Linear,
-    out_proj: Linear,
+    in_proj: Dense,
+    /// The same weights split (shared, no copy): queries alone and keys with values, for the
+    /// last layer, which needs queries for a few rows only.
+    q_proj: Dense,
+    kv_proj: Dense,
+    out_proj: Dense,
     norm2: LayerNorm,
-    linear1: Linear,
-    linear2: Linear,
+    linear1: Dense,
+    linear2: Dense,
 }
 
 /// The decision head's weights.
@@ -41,10 +42,10 @@ pub struct Head {
     type_emb: Tensor,
     layers: Vec<HeadLayer>,
     scorer_norm: LayerNorm,
-    scorer1: Linear,
-    scorer2: Linear,
-    act1: Linear,
-    act2: Linear,
+    scorer1: Dense,
+    scorer2: Dense,
+    act1: Dense,
+    act2: Dense,
     /// Whether the last layer runs at the read rows only (always, but for the benchmark that
     /// measures what it saves: [`Head::set_last_layer_whole`]).
     reduce_last: bool,
@@ -58,8 +59,8 @@ pub struct HeadOutput {
     pub act_logits: Vec<f32>,
 }
 
-fn linear(w: &Weights, p: &str) -> Result<Linear, ModelError> {
-    Ok(Linear::new(w.get(&format!("{p}.weight"))?, Some(w.get(&format!("{p}.bias"))?)))
+fn linear(w: &Weights, p: &str) -> Result<Dense, ModelError> {
+    Ok(Dense::new(&w.get(&format!("{p}.weight"))?, Some(&w.get(&format!("{p}.bias"))?))?)
 }
 
 fn norm(w: &Weights, p: &str) -> Result<LayerNorm, ModelError> {
@@ -102,13 +103,15 @@ impl Head {
         let mut layers = Vec::with_capacity(head_layers);
         for l in 0..head_layers {
             let p = format!("head.layers.{l}");
-            let in_w = w.get(&format!("{p}.self_attn.in_proj_weight"))?;
-            let in_b = w.get(&format!("{p}.self_attn.in_proj_bias"))?;
+            let in_proj = Dense::new(
+                &w.get(&format!("{p}.self_attn.in_proj_weight"))?,
+                Some(&w.get(&format!("{p}.self_attn.in_proj_bias"))?),
+            )?;
             layers.push(HeadLayer {
                 norm1: norm(w, &format!("{p}.norm1"))?,
-                q_proj: Linear::new(in_w.narrow(0, 0, d)?, Some(in_b.narrow(0, 0, d)?)),
-                kv_proj: Linear::new(in_w.narrow(0, d, 2 * d)?, Some(in_b.narrow(0, d, 2 * d)?)),
-                in_proj: Linear::new(in_w, Some(in_b)),
+                q_proj: in_proj.narrow(0, d)?,
+                kv_proj: in_proj.narrow(d, 2 * d)?,
+                in_proj,
                 out_proj: linear(w, &format!("{p}.self_attn.out_proj"))?,
                 norm2: norm(w, &format!("{p}.norm2"))?,
                 linear1: linear(w, &format!("{p}.linear1"))?,
@@ -136,10 +139,11 @@ impl Head {
     }
 
     /// Multi-head attention of the queries `q` `[B, S, d]` over keys `k` and values `v`
-    /// `[B, L, d]`, through the output projection: `[B, S, d]`.
+    /// `[B, L, d]`, through the output projection, added to `residual`: `[B, S, d]`.
     fn attend(
         &self,
         layer: &HeadLayer,
+        residual: &Tensor,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
@@ -155,7 +159,13 @@ impl Head {
         let scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?.broadcast_add(key_bias)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
-        Ok(layer.out_proj.forward(&out)?)
+        Ok(layer.out_proj.forward_add(&out, residual)?)
+    }
+
+    /// The feed-forward block with its residual: `h + linear2(relu(linear1(norm2(h))))`.
+    fn feed_forward(&self, layer: &HeadLayer, h: &Tensor) -> Result<Tensor, ModelError> {
+        let inner = layer.linear1.forward(&layer.norm2.forward(h)?)?.relu()?;
+        Ok(layer.linear2.forward_add(&inner, h)?)
     }
 
     /// A whole layer: every position of `h` `[B, L, d]` in and out.
@@ -164,8 +174,8 @@ impl Head {
         let x = layer.norm1.forward(h)?;
         let qkv = layer.in_proj.forward(&x)?;
         let part = |i: usize| qkv.narrow(D::Minus1, i * d, d);
-        let h = (h + self.attend(layer, &part(0)?, &part(1)?, &part(2)?, key_bias)?)?;
-        Ok((&h + layer.linear2.forward(&layer.linear1.forward(&layer.norm2.forward(&h)?)?.relu()?)?)?)
+        let h = self.attend(layer, h, &part(0)?, &part(1)?, &part(2)?, key_bias)?;
+        self.feed_forward(layer, &h)
     }
 
     /// The last layer at the rows `picks` (`B * S` flat indices into `[B * L]`) only: keys and
@@ -187,8 +197,8 @@ impl Head {
         };
         let q = layer.q_proj.forward(&gather(&x)?)?;
         let (k, v) = (kv.narrow(D::Minus1, 0, d)?, kv.narrow(D::Minus1, d, d)?);
-        let h = (gather(h)? + self.attend(layer, &q, &k, &v, key_bias)?)?;
-        Ok((&h + layer.linear2.forward(&layer.linear1.forward(&layer.norm2.forward(&h)?)?.relu()?)?)?)
+        let h = self.attend(layer, &gather(h)?, &q, &k, &v, key_bias)?;
+        self.feed_forward(layer, &h)
     }
 
     /// Stage 3: `[B, L, d]` encoder states of rows with the given lengths, types and marker
@@ -273,8 +283,8 @@ mod tests {
         Tensor::randn(0f32, 0.3, shape, &Device::Cpu).unwrap()
     }
 
-    fn random_linear(o: usize, i: usize) -> Linear {
-        Linear::new(random(&[o, i]), Some(random(&[o])))
+    fn random_linear(o: usize, i: usize) -> Dense {
+        Dense::new(&random(&[o, i]), Some(&random(&[o]))).unwrap()
     }
 
     fn random_norm(d: usize) -> LayerNorm {
@@ -282,12 +292,12 @@ mod tests {
     }
 
     fn random_layer(d: usize) -> HeadLayer {
-        let (w, b) = (random(&[3 * d, d]), random(&[3 * d]));
+        let in_proj = random_linear(3 * d, d);
         HeadLayer {
             norm1: random_norm(d),
-            q_proj: Linear::new(w.narrow(0, 0, d).unwrap(), Some(b.narrow(0, 0, d).unwrap())),
-            kv_proj: Linear::new(w.narrow(0, d, 2 * d).unwrap(), Some(b.narrow(0, d, 2 * d).unwrap())),
-            in_proj: Linear::new(w, Some(b)),
+            q_proj: in_proj.narrow(0, d).unwrap(),
+            kv_proj: in_proj.narrow(d, 2 * d).unwrap(),
+            in_proj,
             out_proj: random_linear(d, d),
             norm2: random_norm(d),
             linear1: random_linear(4 * d, d),

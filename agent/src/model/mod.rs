@@ -6,6 +6,7 @@
 //! padded to its longest row, never to a fixed length.
 
 pub mod config;
+pub mod dense;
 pub mod encoder;
 pub mod head;
 pub mod masks;

@@ -1,0 +1,259 @@
+//! A linear layer, `y = x W^T + b (+ residual)`, as one call of the `gemm` crate (the kernel
+//! candle itself multiplies with), instead of candle_nn's `Linear`.
+//!
+//! Why not `Linear`: at the head's shapes it spends 20 to 30% of a layer outside the multiply.
+//! `Linear` multiplies, then adds the bias in a second pass over a fresh output, and the layer
+//! adds the residual in a third; gemm can read the destination and accumulate into it, so here
+//! the destination starts as the bias (or the residual plus the bias) and the product is added
+//! in the same pass. And the product is computed as `(W x^T)^T`, written straight into the
+//! row-major output through its strides: the weight rows are the long side, which is what
+//! gemm's kernel runs along (for the last head layer's 5 rows this is 2.5x faster than
+//! `x W^T`; for 128 rows it is on par or better). BENCHMARKS.md, "Side by side", has the
+//! figures. The float results are the same sums in a different order (fixture tolerances hold).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
+
+/// Up to this many rows, the product is computed feature-major and transposed (see `run`).
+const SKINNY_ROWS: usize = 16;
+
+/// `y = x W^T + b` over the last dimension of `x`, optionally `+ residual`.
+#[derive(Clone)]
+pub struct Dense {
+    /// `[out_all, inp]` row-major: the whole stored weight; this layer uses `rows` of it.
+    weight: Arc<[f32]>,
+    bias: Option<Arc<[f32]>>,
+    /// The output features (rows of the stored weight) this layer computes.
+    rows: Range<usize>,
+    inp: usize,
+}
+
+impl Dense {
+    /// A layer from a `[out, inp]` weight and an optional `[out]` bias (f32).
+    pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Dense> {
+        let (out, inp) = weight.dims2()?;
+        let weight: Arc<[f32]> = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into();
+        let bias = match bias {
+            Some(b) => {
+                if b.dims1()? != out {
+                    candle_core::bail!("bias of {} features for a weight of {out} outputs", b.dims1()?);
+                }
+                Some(b.to_dtype(DType::F32)?.to_vec1::<f32>()?.into())
+            }
+            None => None,
+        };
+        Ok(Dense { weight, bias, rows: 0..out, inp })
+    }
+
+    /// The outputs `start..start + len` of this layer alone (shares the weights, no copy).
+    pub fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Dense> {
+        let rows = self.rows.start + start..self.rows.start + start + len;
+        if rows.end > self.rows.end {
+            candle_core::bail!("outputs {start}..{} of a layer of {}", start + len, self.rows.len());
+        }
+        Ok(Dense { rows, ..self.clone() })
+    }
+
+    /// Output features.
+    pub fn out(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// `x W^T + b` for `x` `[.., inp]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.contiguous()?.apply_op1_no_bwd(self)
+    }
+
+    /// `residual + x W^T + b`, the residual shaped like the output.
+    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+        x.contiguous()?.apply_op2_no_bwd(&residual.contiguous()?, &Residual(self))
+    }
+
+    /// The output (`n` rows of `self.out()`): the residual if any, plus the bias if any, plus
+    /// the product of the `n` rows of `x`.
+    fn run(&self, x: &[f32], n: usize, residual: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
+        let (m, k) = (self.rows.len(), self.inp);
+        if x.len() != n * k || residual.is_some_and(|r| r.len() != n * m) {
+            candle_core::bail!("dense: {} inputs for {n} rows of {k}", x.len());
+        }
+        let bias = self.bias.as_ref().map(|b| &b[self.rows.clone()]);
+        // Few rows: the product is written feature-major ([m, n]) and transposed after, which
+        // gemm runs about 3x faster at these shapes; the transposes are of a few rows only.
+        let skinny = n <= SKINNY_ROWS;
+        // What the product is added to, in the layout gemm writes.
+        let mut dst = vec![0f32; n * m];
+        if skinny {
+            for (i, col) in dst.chunks_exact_mut(n).enumerate() {
+                let b = bias.map_or(0.0, |b| b[i]);
+                match residual {
+                    Some(r) => col.iter_mut().enumerate().for_each(|(row, y)| *y = r[row * m + i] + b),
+                    None => col.fill(b),
+                }
+            }
+        } else {
+            if let Some(r) = residual {
+                dst.copy_from_slice(r);
+            }
+            if let Some(b) = bias {
+                for row in dst.chunks_exact_mut(m) {
+                    row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+                }
+            }
+        }
+        let read_dst = residual.is_some() || bias.is_some();
+        // Element (i, r) of the m x n destination: output row r's feature i.
+        let (dst_cs, dst_rs) = if skinny { (1, n as isize) } else { (m as isize, 1) };
+        let weight = &self.weight[self.rows.start * k..self.rows.end * k];
+        let threads = candle_core::utils::get_num_threads();
+        let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+        if n > 0 && m > 0 {
+            // SAFETY: gemm reads an m x k lhs (the weight rows, `weight`: m * k floats,
+            // element (i, j) at i * k + j), a k x n rhs (x transposed: element (j, r) of x at
+            // r * k + j, inside `x`'s n * k floats, checked above) and writes an m x n
+            // destination whose element (i, r) is at r * m + i, or i * n + r when skinny:
+            // inside `dst`'s n * m floats either way. The three buffers are distinct
+            // allocations and outlive the call, which returns only when every thread is done.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst.as_mut_ptr(),
+                    dst_cs,
+                    dst_rs,
+                    read_dst,
+                    weight.as_ptr(),
+                    1,
+                    k as isize,
+                    x.as_ptr(),
+                    k as isize,
+                    1,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            };
+        }
+        if skinny {
+            let mut rows = vec![0f32; n * m];
+            for (r, row) in rows.chunks_exact_mut(m).enumerate() {
+                row.iter_mut().enumerate().for_each(|(i, y)| *y = dst[i * n + r]);
+            }
+            dst = rows;
+        }
+        Ok(dst)
+    }
+
+    /// Input checks shared by both ops: f32, contiguous, last dimension `inp`; the rows and the
+    /// output shape.
+    fn shape_of<'a>(&self, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<(&'a [f32], usize, Shape)> {
+        let CpuStorage::F32(data) = s else { candle_core::bail!("dense: input is not f32") };
+        let Some((start, end)) = l.contiguous_offsets() else { candle_core::bail!("dense: input not contiguous") };
+        let dims = l.dims();
+        let Some((&last, lead)) = dims.split_last() else { candle_core::bail!("dense: a scalar input") };
+        if last != self.inp {
+            candle_core::bail!("dense: input of {last} features for a layer of {}", self.inp);
+        }
+        let mut out_dims = lead.to_vec();
+        out_dims.push(self.rows.len());
+        Ok((&data[start..end], lead.iter().product(), Shape::from(out_dims)))
+    }
+}
+
+impl CustomOp1 for Dense {
+    fn name(&self) -> &'static str {
+        "dense"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, n, shape) = self.shape_of(s, l)?;
+        Ok((CpuStorage::F32(self.run(x, n, None)?), shape))
+    }
+}
+
+/// [`Dense`] with a residual added in the same pass.
+struct Residual<'a>(&'a Dense);
+
+impl CustomOp2 for Residual<'_> {
+    fn name(&self) -> &'static str {
+        "dense-residual"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, n, shape) = self.0.shape_of(s1, l1)?;
+        if l2.dims() != shape.dims() {
+            candle_core::bail!("dense: residual {:?} for an output {:?}", l2.dims(), shape.dims());
+        }
+        let CpuStorage::F32(r) = s2 else { candle_core::bail!("dense: residual is not f32") };
+        let Some((start, end)) = l2.contiguous_offsets() else { candle_core::bail!("dense: residual not contiguous") };
+        Ok((CpuStorage::F32(self.0.run(x, n, Some(&r[start..end]))?), shape))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Module};
+
+    use super::*;
+
+    fn random(shape: &[usize]) -> Tensor {
+        Tensor::randn(0f32, 0.5, shape, &Device::Cpu).unwrap()
+    }
+
+    fn worst(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    }
+
+    #[test]
+    fn a_dense_layer_equals_candles_linear_with_and_without_bias_at_every_row_count() {
+        for rows in [1, 5, 17, 128] {
+            let (w, b, x) = (random(&[96, 64]), random(&[96]), random(&[2, rows, 64]));
+            let want = candle_nn::Linear::new(w.clone(), Some(b.clone())).forward(&x).unwrap();
+            let got = Dense::new(&w, Some(&b)).unwrap().forward(&x).unwrap();
+            assert_eq!(got.dims(), want.dims());
+            assert!(worst(&got, &want) < 1e-4, "{rows} rows: {}", worst(&got, &want));
+            let want = candle_nn::Linear::new(w.clone(), None).forward(&x).unwrap();
+            let got = Dense::new(&w, None).unwrap().forward(&x).unwrap();
+            assert!(worst(&got, &want) < 1e-4, "{rows} rows without bias");
+        }
+    }
+
+    #[test]
+    fn the_residual_is_added_and_a_narrowed_layer_computes_its_outputs_alone() {
+        let (w, b) = (random(&[96, 64]), random(&[96]));
+        let narrowed = candle_nn::Linear::new(w.narrow(0, 32, 32).unwrap(), Some(b.narrow(0, 32, 32).unwrap()));
+        let dense = Dense::new(&w, Some(&b)).unwrap().narrow(32, 32).unwrap();
+        for rows in [3, 40] {
+            let (x, r) = (random(&[rows, 64]), random(&[rows, 32]));
+            let want = (narrowed.forward(&x).unwrap() + &r).unwrap();
+            let got = dense.forward_add(&x, &r).unwrap();
+            assert!(worst(&got, &want) < 1e-4, "{rows} rows: {}", worst(&got, &want));
+            let without_bias = Dense::new(&w, None).unwrap().narrow(32, 32).unwrap().forward_add(&x, &r).unwrap();
+            let want = (candle_nn::Linear::new(w.narrow(0, 32, 32).unwrap(), None).forward(&x).unwrap() + &r).unwrap();
+            assert!(worst(&without_bias, &want) < 1e-4, "{rows} rows without bias");
+        }
+        // A strided input (a transposed view) is read in its logical order.
+        let xt = random(&[64, 3]).t().unwrap();
+        let want = candle_nn::Linear::new(w.clone(), Some(b.clone())).forward(&xt).unwrap();
+        assert!(worst(&Dense::new(&w, Some(&b)).unwrap().forward(&xt).unwrap(), &want) < 1e-4);
+    }
+
+    #[test]
+    fn a_wrong_input_width_or_residual_shape_is_an_error_not_a_panic() {
+        let dense = Dense::new(&random(&[8, 4]), None).unwrap();
+        assert!(dense.forward(&random(&[2, 5])).is_err());
+        assert!(dense.forward_add(&random(&[2, 4]), &random(&[2, 7])).is_err());
+        assert!(dense.narrow(4, 5).is_err());
+    }
+}
