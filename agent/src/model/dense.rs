@@ -23,8 +23,8 @@ const SKINNY_ROWS: usize = 16;
 #[derive(Clone)]
 pub struct Dense {
     /// `[out_all, inp]` row-major: the whole stored weight; this layer uses `rows` of it.
-    weight: Arc<[f32]>,
-    bias: Option<Arc<[f32]>>,
+    weight: Arc<Vec<f32>>,
+    bias: Option<Arc<Vec<f32>>>,
     /// The output features (rows of the stored weight) this layer computes.
     rows: Range<usize>,
     inp: usize,
@@ -34,13 +34,14 @@ impl Dense {
     /// A layer from a `[out, inp]` weight and an optional `[out]` bias (f32).
     pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Dense> {
         let (out, inp) = weight.dims2()?;
-        let weight: Arc<[f32]> = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into();
+        // Arc<Vec<_>>, not Arc<[_]>: the conversion to a slice would copy the weights once more.
+        let weight = Arc::new(weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
         let bias = match bias {
             Some(b) => {
                 if b.dims1()? != out {
                     candle_core::bail!("bias of {} features for a weight of {out} outputs", b.dims1()?);
                 }
-                Some(b.to_dtype(DType::F32)?.to_vec1::<f32>()?.into())
+                Some(Arc::new(b.to_dtype(DType::F32)?.to_vec1::<f32>()?))
             }
             None => None,
         };
