@@ -138,8 +138,19 @@ impl Head {
         self.reduce_last = !whole;
     }
 
-    /// Multi-head attention of the queries `q` `[B, S, d]` over keys `k` and values `v`
-    /// `[B, L, d]`, through the output projection, added to `residual`: `[B, S, d]`.
+    /// Head `i` of the `parts` fused projections in `t` `[B, N, parts * d]` (queries, keys,
+    /// values side by side), as `[B, heads, N, head_dim]`. For one row a strided view of `t`
+    /// (the matmuls read it in place), for more a copy (candle's batched matmul needs the
+    /// rows of a batch evenly spaced).
+    fn split_heads(&self, t: &Tensor, parts: usize, i: usize) -> candle_core::Result<Tensor> {
+        let (b, n, width) = t.dims3()?;
+        let hd = width / parts / self.nhead;
+        let view = t.reshape((b, n, parts, self.nhead, hd))?.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?;
+        if b == 1 { Ok(view) } else { view.contiguous() }
+    }
+
+    /// Multi-head attention of the queries `q` `[B, H, S, hd]` over keys `k` and values `v`
+    /// `[B, H, L, hd]`, through the output projection, added to `residual`: `[B, S, d]`.
     fn attend(
         &self,
         layer: &HeadLayer,
@@ -149,16 +160,10 @@ impl Head {
         v: &Tensor,
         key_bias: &Tensor,
     ) -> Result<Tensor, ModelError> {
-        let (b, s, d) = q.dims3()?;
-        let l = k.dim(1)?;
-        let hd = d / self.nhead;
-        let heads = |t: &Tensor, n: usize| -> candle_core::Result<Tensor> {
-            t.reshape((b, n, self.nhead, hd))?.transpose(1, 2)?.contiguous()
-        };
-        let (q, k, v) = (heads(q, s)?, heads(k, l)?, heads(v, l)?);
+        let (b, _, s, hd) = q.dims4()?;
         let scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?.broadcast_add(key_bias)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
+        let out = probs.matmul(v)?.transpose(1, 2)?.reshape((b, s, self.nhead * hd))?;
         Ok(layer.out_proj.forward_add(&out, residual)?)
     }
 
@@ -170,10 +175,9 @@ impl Head {
 
     /// A whole layer: every position of `h` `[B, L, d]` in and out.
     fn layer(&self, layer: &HeadLayer, h: &Tensor, key_bias: &Tensor) -> Result<Tensor, ModelError> {
-        let d = h.dim(2)?;
         let x = layer.norm1.forward(h)?;
         let qkv = layer.in_proj.forward(&x)?;
-        let part = |i: usize| qkv.narrow(D::Minus1, i * d, d);
+        let part = |i: usize| self.split_heads(&qkv, 3, i);
         let h = self.attend(layer, h, &part(0)?, &part(1)?, &part(2)?, key_bias)?;
         self.feed_forward(layer, &h)
     }
@@ -195,8 +199,8 @@ impl Head {
         let gather = |t: &Tensor| -> candle_core::Result<Tensor> {
             t.reshape((b * l, d))?.index_select(picks, 0)?.reshape((b, s, d))
         };
-        let q = layer.q_proj.forward(&gather(&x)?)?;
-        let (k, v) = (kv.narrow(D::Minus1, 0, d)?, kv.narrow(D::Minus1, d, d)?);
+        let q = self.split_heads(&layer.q_proj.forward(&gather(&x)?)?, 1, 0)?;
+        let (k, v) = (self.split_heads(&kv, 2, 0)?, self.split_heads(&kv, 2, 1)?);
         let h = self.attend(layer, &gather(h)?, &q, &k, &v, key_bias)?;
         self.feed_forward(layer, &h)
     }
@@ -305,20 +309,46 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_last_layer_computed_at_the_read_rows_equals_the_whole_layer_gathered_there() {
-        let (d, l) = (128, 9);
-        let head = Head {
+    fn random_head(d: usize, layers: usize) -> Head {
+        Head {
             nhead: 2,
             type_emb: random(&[3, d]),
-            layers: vec![random_layer(d)],
+            layers: (0..layers).map(|_| random_layer(d)).collect(),
             scorer_norm: random_norm(d),
             scorer1: random_linear(d, d),
             scorer2: random_linear(1, d),
             act1: random_linear(256, d + 4),
             act2: random_linear(3, 256),
             reduce_last: true,
-        };
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_outputs_alone_as_in_a_padded_batch() {
+        // One row reads its heads in place, a batch copies them: both must agree, and with the
+        // padding masked, a short row must not see its batch's longer rows.
+        let (d, l) = (128, 11);
+        let head = random_head(d, 2);
+        let hidden = random(&[2, l, d]);
+        let (lengths, qtypes) = ([11, 7], [0u32, 2]);
+        let markers: [&[u32]; 2] = [&[3, 5, 9], &[2, 6]];
+        let batch = head.forward(&hidden, &lengths, &qtypes, &markers).unwrap();
+        for row in 0..2 {
+            let alone = hidden.narrow(0, row, 1).unwrap().narrow(1, 0, lengths[row]).unwrap();
+            let got = head.forward(&alone, &lengths[row..=row], &qtypes[row..=row], &markers[row..=row]).unwrap();
+            let (a, b) = (&got[0], &batch[row]);
+            assert_eq!(a.logits.len(), markers[row].len());
+            for (x, y) in a.logits.iter().chain(&a.act_logits).zip(b.logits.iter().chain(&b.act_logits)) {
+                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "row {row}: {x} alone, {y} in the batch");
+            }
+        }
+        assert_ne!(batch[0].act_logits, batch[1].act_logits);
+    }
+
+    #[test]
+    fn the_last_layer_computed_at_the_read_rows_equals_the_whole_layer_gathered_there() {
+        let (d, l) = (128, 9);
+        let head = random_head(d, 1);
         let layer = &head.layers[0];
         // Two rows, the second padded (6 real tokens): position 0, markers, a repeated slot.
         let lengths = [9, 6];
