@@ -89,7 +89,10 @@ impl CpuModel {
         Head::expected(enc_cfg.hidden_size, agent.head_layers, agent.n_act, &mut expected);
         weights.verify(&expected)?;
         let d = enc_cfg.hidden_size;
-        Ok(CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? })
+        let model =
+            CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? };
+        weights::release_freed_heap();
+        Ok(model)
     }
 
     /// Runs a batch of question rows (padded to the longest with `pad_id`) through all three
