@@ -80,7 +80,7 @@ pub struct CpuModel {
 
 impl CpuModel {
     /// Loads `dir/encoder/config.json` and `dir/model.safetensors` (f32, f16 or bf16,
-    /// memory-mapped), checking every tensor against the architecture first.
+    /// read tensor by tensor), checking every tensor against the architecture first.
     pub fn load(dir: &Path, agent: &AgentConfig) -> Result<CpuModel, ModelError> {
         let enc_cfg = EncoderConfig::load(&dir.join("encoder").join("config.json"))?;
         let weights = Weights::open(&dir.join("model.safetensors"))?;
