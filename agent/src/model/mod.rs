@@ -91,7 +91,8 @@ impl CpuModel {
         let d = enc_cfg.hidden_size;
         let model =
             CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? };
-        weights::release_freed_heap();
+        // The copies made on the way are garbage now: see `heap`.
+        crate::heap::release_freed();
         Ok(model)
     }
 

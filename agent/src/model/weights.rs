@@ -143,22 +143,6 @@ impl Weights {
     }
 }
 
-/// Hands the allocator's free memory back to the kernel once the model is loaded.
-///
-/// Loading copies each tensor more than once on its way to the layer that keeps it (the read
-/// buffer, then the layer's own copy), and glibc keeps what is freed: after the first large
-/// block is freed its mmap threshold rises (up to 32 MiB), so later tensor-sized blocks come
-/// from the heap and stay there as free holes in the process's RSS. Measured on the d=1024
-/// 2-layer checkpoint: 55 MiB of a worker's idle RSS (BENCHMARKS.md, "(d) Memory").
-pub fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointer; it only returns glibc's own free pages to the
-    // kernel, and is thread-safe (it takes each arena's lock).
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
