@@ -12,7 +12,11 @@ model.safetensors as f32 (what the worker holds); "load peak" is the worker's Vm
 first answer (loading the model plus one request).
 
     python3 tools/bench/memory.py --bin target/release/laya-edge \
-        tests/fixtures/laya-0.3.20/models/bpe-t5 /tmp/laya-small /tmp/laya-1024x2 /tmp/laya-mid
+        tests/fixtures/laya-0.3.20/models/bpe-t5 /tmp/laya-small /tmp/laya-small-tok50k /tmp/laya-1024x2 /tmp/laya-mid
+
+(checkpoints from tools/bench/make_checkpoint.py; laya-small-tok50k has a 50280-token tokenizer
+from tools/bench/make_tokenizer.py: the agent's memory grows with the vocabulary, and the
+fixture's is 1100 tokens; tools/bench/side_by_side.sh part "mem" makes them all.)
 
 Only the standard library: the load generator is laya-edge's own `ask` command.
 """

@@ -84,9 +84,12 @@ case " $PARTS " in *" mem "*)
     ckpt laya-small --hidden 256 --layers 6 --heads 4 --intermediate 384 --local-attention 64
     ckpt laya-1024x2 --hidden 1024 --layers 2 --heads 16 --intermediate 2624 --local-attention 128
     ckpt laya-mid --hidden 768 --layers 22 --heads 12 --intermediate 1152 --local-attention 128
+    [ -f "$S/tok50k/tokenizer/tokenizer.json" ] || $PY tools/bench/make_tokenizer.py --out "$S/tok50k" >/dev/null
+    ckpt laya-small-tok50k --hidden 256 --layers 6 --heads 4 --intermediate 384 --local-attention 64 \
+        --tokenizer "$S/tok50k/tokenizer"
     cargo build -q --profile bench -p laya-edge --bin laya-edge
     python3 tools/bench/memory.py --bin "${CARGO_TARGET_DIR:-target}/release/laya-edge" \
-        tests/fixtures/laya-0.3.20/models/bpe-t5 "$S/laya-small" "$S/laya-1024x2" "$S/laya-mid"
+        tests/fixtures/laya-0.3.20/models/bpe-t5 "$S/laya-small" "$S/laya-small-tok50k" "$S/laya-1024x2" "$S/laya-mid"
 esac
 case " $PARTS " in *" npu "*)
     echo "== keeping the NPU busy (fake runtimes' latency knobs)"
