@@ -8,6 +8,7 @@ pub mod bus;
 pub mod config;
 pub mod decide;
 pub mod engine;
+pub mod heap;
 pub mod lines;
 pub mod logging;
 pub mod model;

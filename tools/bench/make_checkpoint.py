@@ -1,8 +1,9 @@
 """Build a random laya checkpoint of a chosen size for benchmarks (never committed).
 
 Uses laya's own build_model, the fixture bpe-t5 tokenizer and rl_agent_config, and the encoder
-dimensions given on the command line. The vocabulary stays the tokenizer's (1100), which changes
-the embedding table's size but not the compute per token.
+dimensions given on the command line. The vocabulary stays the fixture tokenizer's (1100), which
+changes the embedding table's size but not the compute per token, unless --tokenizer gives another
+(tools/bench/memory.py uses a 50280-token one, ModernBERT's vocabulary size, trained locally).
 
     /work/venv/bin/python tools/bench/make_checkpoint.py --out /tmp/laya-mid \
         --hidden 768 --layers 22 --heads 12 --intermediate 1152 --local-attention 128
@@ -32,12 +33,19 @@ def main():
                     help="redraw every weight like the test fixtures (tools/fixtures/generate.py init_and_scale: "
                          "1/sqrt(fan_in), encoder x9/8, scorer x10) with this seed, so answers are well separated; "
                          "the default (transformers' 0.02 init) gives near-uniform answers")
+    ap.add_argument("--tokenizer",
+                    help="a tokenizer directory to use instead of the fixture's (1100 tokens), e.g. one of a real "
+                         "vocabulary's size; the embedding table takes its vocabulary size")
     args = ap.parse_args()
 
     os.makedirs(os.path.join(args.out, "encoder"), exist_ok=True)
-    shutil.copytree(os.path.join(FIXTURE, "tokenizer"), os.path.join(args.out, "tokenizer"), dirs_exist_ok=True)
+    tok_dir = args.tokenizer or os.path.join(FIXTURE, "tokenizer")
+    shutil.copytree(tok_dir, os.path.join(args.out, "tokenizer"), dirs_exist_ok=True)
     with open(os.path.join(FIXTURE, "encoder", "config.json")) as f:
         enc = json.load(f)
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+        enc["vocab_size"] = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json")).get_vocab_size()
     enc.update(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
                intermediate_size=args.intermediate, local_attention=args.local_attention,
                layer_types=["full_attention" if i % 3 == 0 else "sliding_attention" for i in range(args.layers)])

@@ -7,7 +7,11 @@
 # LAYA_BENCH_PYTHON: a Python with torch and laya 0.3.20 (default /work/venv-demo/bin/python);
 # LAYA_BENCH_ORT_PYTHON: a Python with onnxruntime that sees the same torch/laya through
 # PYTHONPATH (default: none, the ONNX Runtime column is skipped); LAYA_BENCH_REQUESTS (12),
-# LAYA_BENCH_PASSES (2); LAYA_BENCH_PARTS: any of "head cpu npu" (default all).
+# LAYA_BENCH_PASSES (2); LAYA_BENCH_PARTS: any of "head cpu mid host mem npu" (default
+# "head cpu host npu"; "mid", the ModernBERT-base-sized checkpoint in the whole-model comparison,
+# and "mem", memory and start-up over MQTT, are slow and only run when named);
+# LAYA_BENCH_MID_REQUESTS (4): the mid checkpoint's requests (each distinct batch shape is one
+# ~500 MB ONNX export that its ONNX Runtime session keeps in memory).
 set -eu
 cd "$(dirname "$0")/../.."
 S=${1:-/tmp/laya-bench}
@@ -15,7 +19,8 @@ PY=${LAYA_BENCH_PYTHON:-/work/venv-demo/bin/python}
 ORTPY=${LAYA_BENCH_ORT_PYTHON:-}
 REQ=${LAYA_BENCH_REQUESTS:-12}
 PASSES=${LAYA_BENCH_PASSES:-2}
-PARTS=${LAYA_BENCH_PARTS:-head cpu npu}
+PARTS=${LAYA_BENCH_PARTS:-head cpu host npu}
+MIDREQ=${LAYA_BENCH_MID_REQUESTS:-4}
 SITE=$($PY -c 'import site; print(site.getsitepackages()[0])')
 mkdir -p "$S"
 echo "== machine: $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
@@ -37,23 +42,54 @@ case " $PARTS " in *" head "*)
         echo "head L=$L: laya-edge $R ms, PyTorch $P ms: laya-edge takes $(ratio "$R" "$P") PyTorch's time (target <= 0.70x)"
     done
 esac
+whole() { # checkpoint name, requests
+    m=$1; req=$2
+    E=$(LAYA_BENCH_MODEL="$S/$m" LAYA_BENCH_REQUESTS=$req LAYA_BENCH_PASSES=$PASSES RAYON_NUM_THREADS=2 \
+        cargo bench -q -p laya-edge --features qnn,rknn --bench cpu_rows 2>/dev/null | tail -1)
+    P=$($PY tools/bench/laya_rows_per_sec.py --model "$S/$m" --requests $req --passes $PASSES 2>/dev/null | tail -1)
+    echo "$m laya-edge: $E"; echo "$m pytorch:   $P"
+    e=$(field "$E" rows_per_second); p=$(field "$P" rows_per_second)
+    echo "$m: laya-edge / laya on PyTorch = $(ratio "$e" "$p") (target >= 1.5x)"
+    if [ -n "$ORTPY" ]; then
+        O=$(PYTHONPATH="$SITE" $ORTPY tools/bench/ort_rows_per_sec.py --model "$S/$m" --requests $req --passes $PASSES 2>/dev/null | tail -1)
+        echo "$m ort:       $O"
+        echo "$m: laya-edge / ONNX Runtime = $(ratio "$e" "$(field "$O" ort_rows_per_second)") (target >= 1.0x)"
+    fi
+}
 case " $PARTS " in *" cpu "*)
     echo "== (b) whole CPU model, rows/s on the first $REQ benchmark requests, $PASSES passes, 2 threads"
     ckpt laya-small --hidden 256 --layers 6 --heads 4 --intermediate 384 --local-attention 64
     ckpt laya-1024x2 --hidden 1024 --layers 2 --heads 16 --intermediate 2624 --local-attention 128
-    for m in laya-small laya-1024x2; do
-        E=$(LAYA_BENCH_MODEL="$S/$m" LAYA_BENCH_REQUESTS=$REQ LAYA_BENCH_PASSES=$PASSES RAYON_NUM_THREADS=2 \
-            cargo bench -q -p laya-edge --features qnn,rknn --bench cpu_rows 2>/dev/null | tail -1)
-        P=$($PY tools/bench/laya_rows_per_sec.py --model "$S/$m" --requests $REQ --passes $PASSES 2>/dev/null | tail -1)
-        echo "$m laya-edge: $E"; echo "$m pytorch:   $P"
-        e=$(field "$E" rows_per_second); p=$(field "$P" rows_per_second)
-        echo "$m: laya-edge / laya on PyTorch = $(ratio "$e" "$p") (target >= 1.5x)"
-        if [ -n "$ORTPY" ]; then
-            O=$(PYTHONPATH="$SITE" $ORTPY tools/bench/ort_rows_per_sec.py --model "$S/$m" --requests $REQ --passes $PASSES 2>/dev/null | tail -1)
-            echo "$m ort:       $O"
-            echo "$m: laya-edge / ONNX Runtime = $(ratio "$e" "$(field "$O" ort_rows_per_second)") (target >= 1.0x)"
-        fi
-    done
+    for m in laya-small laya-1024x2; do whole $m $REQ; done
+esac
+case " $PARTS " in *" mid "*)
+    echo "== (b) whole CPU model, ModernBERT-base-sized (d=768, 22 layers, 12 heads, FFN 1152, local attention 128,"
+    echo "   global every 3rd layer): rows/s on the first $MIDREQ benchmark requests, $PASSES passes, 2 threads"
+    ckpt laya-mid --hidden 768 --layers 22 --heads 12 --intermediate 1152 --local-attention 128
+    whole laya-mid $MIDREQ
+esac
+case " $PARTS " in *" host "*)
+    echo "== (c) host pipeline per request (decode, validate, tokenize, layout, decide, encode; model call excluded)"
+    E=$(cargo bench -q -p laya-edge --bench host_pipeline 2>/dev/null | tail -1)
+    P=$($PY tools/bench/laya_host_pipeline.py 2>/dev/null | tail -1)
+    echo "laya-edge: $E"; echo "laya:      $P"
+    [ "$(field "$E" replies_sha256)" = "$(field "$P" replies_sha256)" ] && echo "same replies, byte for byte" \
+        || echo "THE REPLIES DIFFER"
+    echo "host pipeline: laya-edge is $(ratio "$(field "$P" us_per_request)" "$(field "$E" warm_us_per_request)") faster" \
+        "than laya's Python per request (warm tokenizer memo; target >= 5x)," \
+        "$(ratio "$(field "$P" first_pass_us_per_request)" "$(field "$E" fresh_us_per_request)") on a fresh tokenizer"
+esac
+case " $PARTS " in *" mem "*)
+    echo "== (d) memory and start-up over MQTT (backend cpu, bench-profile binary)"
+    ckpt laya-small --hidden 256 --layers 6 --heads 4 --intermediate 384 --local-attention 64
+    ckpt laya-1024x2 --hidden 1024 --layers 2 --heads 16 --intermediate 2624 --local-attention 128
+    ckpt laya-mid --hidden 768 --layers 22 --heads 12 --intermediate 1152 --local-attention 128
+    [ -f "$S/tok50k/tokenizer/tokenizer.json" ] || $PY tools/bench/make_tokenizer.py --out "$S/tok50k" >/dev/null
+    ckpt laya-small-tok50k --hidden 256 --layers 6 --heads 4 --intermediate 384 --local-attention 64 \
+        --tokenizer "$S/tok50k/tokenizer"
+    cargo build -q --profile bench -p laya-edge --bin laya-edge
+    python3 tools/bench/memory.py --bin "${CARGO_TARGET_DIR:-target}/release/laya-edge" \
+        tests/fixtures/laya-0.3.20/models/bpe-t5 "$S/laya-small" "$S/laya-small-tok50k" "$S/laya-1024x2" "$S/laya-mid"
 esac
 case " $PARTS " in *" npu "*)
     echo "== keeping the NPU busy (fake runtimes' latency knobs)"

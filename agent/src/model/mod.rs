@@ -80,7 +80,7 @@ pub struct CpuModel {
 
 impl CpuModel {
     /// Loads `dir/encoder/config.json` and `dir/model.safetensors` (f32, f16 or bf16,
-    /// memory-mapped), checking every tensor against the architecture first.
+    /// read tensor by tensor), checking every tensor against the architecture first.
     pub fn load(dir: &Path, agent: &AgentConfig) -> Result<CpuModel, ModelError> {
         let enc_cfg = EncoderConfig::load(&dir.join("encoder").join("config.json"))?;
         let weights = Weights::open(&dir.join("model.safetensors"))?;
@@ -89,7 +89,11 @@ impl CpuModel {
         Head::expected(enc_cfg.hidden_size, agent.head_layers, agent.n_act, &mut expected);
         weights.verify(&expected)?;
         let d = enc_cfg.hidden_size;
-        Ok(CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? })
+        let model =
+            CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? };
+        // The copies made on the way are garbage now: see `heap`.
+        crate::heap::release_freed();
+        Ok(model)
     }
 
     /// Runs a batch of question rows (padded to the longest with `pad_id`) through all three
