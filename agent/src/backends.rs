@@ -126,6 +126,12 @@ pub fn policy(config: &Config, has_fallback: bool) -> Policy {
         // Its contexts run a call's rows side by side: time it per round (supervisor).
         policy.primary_parallel = config.rknn.contexts.max(1);
     }
+    if config.engine.backend != "cpu" {
+        // Calls queued together run as one batch of at most what one request may hold. Not on
+        // the CPU: it pads a batch to its longest row and already uses every core on one call
+        // (BENCHMARKS.md, "Concurrent requests").
+        policy.merge_rows = config.limits.questions_per_request.max(1);
+    }
     policy
 }
 
