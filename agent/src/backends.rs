@@ -125,6 +125,8 @@ pub fn policy(config: &Config, has_fallback: bool) -> Policy {
     if config.engine.backend == "rknn" {
         // Its contexts run a call's rows side by side: time it per round (supervisor).
         policy.primary_parallel = config.rknn.contexts.max(1);
+        // Concurrent callers' next questions fill a round of the contexts (supervisor).
+        policy.gather = std::time::Duration::from_millis(50);
     }
     if config.engine.backend != "cpu" {
         // Calls queued together run as one batch of at most what one request may hold. Not on

@@ -144,6 +144,8 @@ pub enum TimerKind {
     Candidate,
     /// Time to try a degraded primary again.
     Retry,
+    /// Time to send what the idle primary gathered, a round of its contexts full or not.
+    Gather,
 }
 
 /// What happened.
@@ -301,6 +303,12 @@ pub struct Policy {
     /// what one call may hold anyway); 1: calls run one at a time. The fallback (the CPU, which
     /// pads a batch to its longest row) always runs one call at a time.
     pub merge_rows: usize,
+    /// How long an idle primary that runs rows side by side (`primary_parallel` > 1) may wait
+    /// for more calls to fill a round of its contexts, while calls have been queueing (at most a
+    /// tenth of the per-row estimate; zero: never waits). Without it, concurrent clients whose
+    /// answers come back together send their next questions into an idle worker one by one: the
+    /// first runs alone on one context and the others queue behind it.
+    pub gather: Duration,
 }
 
 impl Default for Policy {
@@ -322,6 +330,7 @@ impl Default for Policy {
             health_rows: 0,
             primary_parallel: 1,
             merge_rows: 1,
+            gather: Duration::ZERO,
         }
     }
 }
@@ -383,6 +392,17 @@ struct Call {
     alone: bool,
 }
 
+/// Whether the idle primary waits for more calls before sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gather {
+    /// Not waiting.
+    Off,
+    /// Waiting, until the round is full or the `Gather` timer fires.
+    Waiting,
+    /// The timer fired: send what is there.
+    Due,
+}
+
 #[derive(Debug, Clone)]
 struct Degraded {
     /// The failure that degraded the primary, or the last failed try.
@@ -402,6 +422,10 @@ pub struct Supervisor {
     calls: BTreeMap<CallId, Call>,
     /// The calls the serving worker runs now, in row order (empty unless it is `Busy`).
     running: Vec<CallId>,
+    /// Calls have been queueing behind a busy worker (concurrent callers), since the last
+    /// gathering window that found no second call.
+    contended: bool,
+    gather: Gather,
     serving: Option<Slot>,
     /// A degraded primary being tried beside the serving fallback.
     candidate: Option<Slot>,
@@ -432,6 +456,8 @@ impl Supervisor {
             queue: VecDeque::new(),
             calls: BTreeMap::new(),
             running: Vec::new(),
+            contended: false,
+            gather: Gather::Off,
             serving: None,
             candidate: None,
             degraded: None,
@@ -601,6 +627,9 @@ impl Supervisor {
         if slot.state != WorkerState::Idle {
             return;
         }
+        if self.wait_for_more(slot, now, actions) {
+            return;
+        }
         let cap = if slot.role == Role::Primary { self.policy.merge_rows.max(1) } else { 1 };
         let mut batch = Vec::new();
         let mut rows = 0;
@@ -626,11 +655,49 @@ impl Supervisor {
             }
         }
         let Some(&first) = batch.first() else { return };
+        if self.gather == Gather::Due && batch.len() == 1 {
+            self.contended = false; // nobody else came: stop waiting for company
+        }
+        self.gather = Gather::Off;
+        self.cancel_timer(TimerKind::Gather);
         let deadline = self.deadline(rows);
         self.serving = Some(Slot { state: WorkerState::Busy(first), since: now, deadline, ..slot });
         actions.push(Action::Send(slot.id, batch.clone()));
         self.running = batch;
         self.timer(TimerKind::Deadline, deadline, actions);
+    }
+
+    /// Whether the idle primary waits (up to `gather`) for more calls before sending: only
+    /// while callers are concurrent, and only until the queued rows fill a round of its contexts.
+    fn wait_for_more(&mut self, slot: Slot, now: Instant, actions: &mut Vec<Action>) -> bool {
+        let parallel = self.policy.primary_parallel;
+        let on = slot.role == Role::Primary && parallel > 1 && self.policy.merge_rows > 1 && self.contended;
+        let window = match self.per_row_estimate() {
+            Some(est) => self.policy.gather.min(est / 10),
+            None => self.policy.gather,
+        };
+        if !on || window.is_zero() || self.gather == Gather::Due {
+            return false;
+        }
+        let mut rows = 0;
+        for call in &self.queue {
+            match self.calls.get(call) {
+                Some(c) if c.alone => return false,
+                Some(c) if c.deadline.is_none_or(|d| d > now) => rows += c.rows,
+                _ => {}
+            }
+            if rows >= parallel {
+                return false;
+            }
+        }
+        if rows == 0 {
+            return false;
+        }
+        if self.gather == Gather::Off {
+            self.gather = Gather::Waiting;
+            self.timer(TimerKind::Gather, window, actions);
+        }
+        true
     }
 
     /// The running batch, which failed as a whole, goes back to the front of the queue in its
@@ -681,6 +748,8 @@ impl Supervisor {
             self.cancel_timer(TimerKind::Startup);
             self.cancel_timer(TimerKind::Backoff);
             self.cancel_timer(TimerKind::Retry);
+            self.cancel_timer(TimerKind::Gather);
+            self.gather = Gather::Off;
             self.in_backoff = false;
             self.degraded = None;
             self.restarts.clear();
@@ -721,6 +790,8 @@ impl Supervisor {
         }
         let Some(slot) = self.serving.filter(|s| s.id == id) else { return };
         self.serving = None;
+        self.gather = Gather::Off;
+        self.cancel_timer(TimerKind::Gather);
         self.cancel_timer(TimerKind::Deadline);
         self.cancel_timer(TimerKind::Startup);
         if kill {
@@ -832,6 +903,9 @@ impl Supervisor {
                 } else {
                     self.calls.insert(call, Call { rows, deadline, attempt: 0, alone });
                     self.queue.push_back(call);
+                    if matches!(self.state(), WorkerState::Busy(_)) {
+                        self.contended = true;
+                    }
                     self.dispatch(now, &mut actions);
                 }
             }
@@ -989,6 +1063,12 @@ impl Supervisor {
                     TimerKind::Backoff => {
                         if self.serving.is_none() && self.in_backoff {
                             self.spawn_serving(now, &mut actions);
+                        }
+                    }
+                    TimerKind::Gather => {
+                        if self.gather == Gather::Waiting {
+                            self.gather = Gather::Due;
+                            self.dispatch(now, &mut actions);
                         }
                     }
                     TimerKind::Retry => {
@@ -1475,6 +1555,10 @@ mod tests {
         assert!(s.sup.deadline(3) >= ms(2400));
     }
 
+    fn policy_of(s: &Sim) -> Policy {
+        s.sup.policy.clone()
+    }
+
     fn merging_policy() -> Policy {
         Policy { merge_rows: 4, fixed_deadline: Some(secs(2)), ..healthy_policy() }
     }
@@ -1688,6 +1772,53 @@ mod tests {
             assert!(a.starts_with(&[Action::Deliver(first + 1)]) && a.len() == 6, "{a:?}");
         }
         assert_eq!(s.sup.deadline(1), ms(2400));
+    }
+
+    #[test]
+    fn with_concurrent_callers_an_idle_primary_waits_briefly_to_fill_a_round_of_its_contexts() {
+        let policy = Policy { primary_parallel: 3, merge_rows: 64, gather: ms(50), ..healthy_policy() };
+        let mut s = Sim::new(policy);
+        let w = s.worker();
+        s.ready_and_healthy(600);
+        // One caller at a time: sent at once, never held back.
+        assert_eq!(sends(&s.submit(1, 1)), [vec![1]]);
+        s.feed(Event::Done(w, 1));
+        assert_eq!(sends(&s.submit(2, 1)), [vec![2]]);
+        // Calls queue behind a busy worker: callers are concurrent. When it is free with two
+        // rows queued (a round is three), it waits for a third...
+        s.submit(3, 1);
+        s.submit(4, 1);
+        let a = s.feed(Event::Done(w, 2));
+        assert!(
+            sends(&a).is_empty()
+                && a.iter().any(|x| matches!(x, Action::SetTimer(t, _) if t.kind == TimerKind::Gather))
+        );
+        assert_eq!(s.sup.state(), WorkerState::Idle);
+        // ... which comes: the round is full and goes at once.
+        assert_eq!(sends(&s.submit(5, 1)), [vec![3, 4, 5]]);
+        s.now += ms(600);
+        s.feed(Event::Done(w, 3));
+        // Next time nobody comes within the window: what is there goes, and a lone caller is
+        // not held back again.
+        assert!(sends(&s.submit(6, 1)).is_empty());
+        assert_eq!(sends(&s.advance(ms(49))), Vec::<Vec<CallId>>::new());
+        assert_eq!(sends(&s.advance(ms(1))), [vec![6]]);
+        s.feed(Event::Done(w, 6));
+        assert_eq!(sends(&s.submit(7, 1)), [vec![7]]);
+        // A probe (alone) waiting ends the wait: nothing is held back behind it.
+        s.submit(8, 1);
+        assert!(sends(&s.feed(Event::Done(w, 7))).is_empty());
+        let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, alone: true });
+        assert_eq!(sends(&a), [vec![8]]);
+        assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9]]);
+        // The window is at most a tenth of the per-row estimate.
+        let mut s = Sim::new(Policy { gather: ms(50), expected_per_row: Some(ms(100)), ..policy_of(&s) });
+        let w = s.worker();
+        s.ready_and_healthy(100);
+        s.submit(1, 1);
+        s.submit(2, 1);
+        s.feed(Event::Done(w, 1));
+        assert_eq!(sends(&s.advance(ms(10))), [vec![2]]);
     }
 
     #[test]
