@@ -761,7 +761,7 @@ impl Driver {
                     self.pending.remove(&call);
                     return Some(Event::Cancelled(call));
                 }
-                let Some(&first) = calls.first() else { return None };
+                let &first = calls.first()?;
                 let now = Instant::now();
                 let mut rows = Vec::new();
                 for c in &calls {
