@@ -20,6 +20,16 @@
 //!     LAYA_FAKE_LIB_DIR=target/debug LAYA_BENCH_MODEL=/tmp/laya-1024 \
 //!         cargo bench -p laya-edge --features qnn,rknn --bench npu_overlap
 //!
+//! - RK3588 through the Engine (`LAYA_BENCH_PART=engine`): N clients, each asking one question
+//!   at a time (the next when the answer is back), against `serve`'s engine for `backend =
+//!   "rknn"` (a worker process, `backends::engine_config`): one context, three contexts with
+//!   calls run one at a time (the supervisor before merging), three contexts with queued calls
+//!   merged into one batch. Questions per second over `LAYA_BENCH_ROUNDS` (default 4) questions
+//!   per client.
+//! - The CPU (`LAYA_BENCH_PART=cpu`), which the engine does not merge: the same one-question
+//!   rows run one call each, and merged four at a time in arrival order (padded to the longest
+//!   of the four), rows of equal and of mixed lengths, on `LAYA_BENCH_MODEL`.
+//!
 //! The fake runtimes are built by the bench itself (`cargo build -p fake-rknn -p fake-qnn`, in
 //! the bench's profile, cold with LTO), or taken from `LAYA_FAKE_LIB_DIR` (after
 //! `cargo build -p fake-rknn -p fake-qnn`). Without LAYA_BENCH_MODEL the QNN part runs on the fixture bpe-t5 (d=64).
@@ -29,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use laya_edge::bundle::HostBundle;
 use laya_edge::engine::Backend;
+use laya_edge::engine::process::Engine;
 use laya_edge::model::CpuModel;
 use laya_edge::npu::qnn::{QnnBackend, QnnConfig};
 use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
@@ -91,6 +102,114 @@ fn rknn(fixtures: &Path, scratch: &Path, latency_ms: u64) {
                 100.0 * busy
             );
         }
+    }
+}
+
+/// N concurrent one-question clients through the engine `serve` runs for `backend = "rknn"`.
+fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) {
+    let lib = test_kit::build_fake_library("fake-rknn", "fake_rknn");
+    let ckpt = std::path::absolute(fixtures.join("models/bpe-small")).expect("path");
+    let dir = scratch.join("rknn-bundle");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("g512.fake.rknn"),
+        format!(
+            r#"{{"fake_rknn_graph": 1, "checkpoint": {}, "seq_len": 512, "marker_slots": 64}}"#,
+            json_str(&ckpt.to_string_lossy())
+        ),
+    )
+    .expect("graph file");
+    std::fs::write(
+        dir.join("laya-bundle.json"),
+        format!(
+            r#"{{"backend": "rknn", "checkpoint": {}, "graphs": [{{"file": "g512.fake.rknn", "seq_len": 512, "marker_slots": 64}}]}}"#,
+            json_str(&ckpt.to_string_lossy())
+        ),
+    )
+    .expect("manifest");
+    let host = HostBundle::load(&dir).expect("bundle");
+    let program = Path::new(env!("CARGO_BIN_EXE_laya-edge"));
+    println!();
+    println!(
+        "## RKNN through the engine: N clients, one question each at a time, {rounds} questions per client, fake run latency {latency_ms} ms"
+    );
+    println!("| clients | design | wall | questions/s | NPU busy (of 3 cores) | vs 1 context |");
+    println!("|---|---|---|---|---|---|");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    for clients in [1usize, 3, 6, 12] {
+        let mut base = None;
+        for (design, contexts, merge) in [
+            ("1 context", 1, true),
+            ("3 contexts, one call at a time", 3, false),
+            ("3 contexts, calls merged", 3, true),
+        ] {
+            let mut config = laya_edge::config::Config::default();
+            config.model.dir = dir.display().to_string();
+            config.engine.backend = "rknn".into();
+            config.rknn.library = lib.display().to_string();
+            config.rknn.contexts = contexts;
+            let mut engine_config = laya_edge::backends::engine_config(program, &config, &host).expect("engine config");
+            if !merge {
+                engine_config.policy.merge_rows = 1;
+            }
+            let wall = rt.block_on(async {
+                let engine = Engine::start(engine_config);
+                engine.run(vec![row(30, 3, 1000, 999)], None).await.expect("warm-up");
+                let t = Instant::now();
+                let tasks: Vec<_> = (0..clients)
+                    .map(|c| {
+                        let engine = engine.clone();
+                        tokio::spawn(async move {
+                            for q in 0..rounds {
+                                let r = row(40 + 10 * ((c + q) % 6), 3, 1000, (c * 100 + q) as u32);
+                                engine.run(vec![r], None).await.expect("answered");
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.expect("client");
+                }
+                t.elapsed()
+            });
+            let n = clients * rounds;
+            let qps = n as f64 / wall.as_secs_f64();
+            let busy = n as f64 * latency_ms as f64 / 1e3 / (wall.as_secs_f64() * 3.0);
+            let ratio = base.map(|b: f64| format!("{:.2}x", qps / b)).unwrap_or_else(|| "1.00x".into());
+            base.get_or_insert(qps);
+            println!(
+                "| {clients} | {design} | {:.0} ms | {qps:.2} | {:.0}% | {ratio} |",
+                wall.as_secs_f64() * 1e3,
+                100.0 * busy
+            );
+        }
+    }
+}
+
+/// The CPU backend: one row per call against four rows per call, as merging would make them.
+fn cpu_merge(model: &Path) {
+    let host = HostBundle::load(model).expect("checkpoint");
+    let mut cpu = laya_edge::engine::cpu::CpuBackend::load(model, &host.config, host.tokenizer.pad.id).expect("model");
+    let vocab = CpuModel::load(model, &host.config).expect("model").encoder.config.vocab_size as u32;
+    println!();
+    println!("## CPU: one row per call vs four merged (padded to the longest), model {}", model.display());
+    println!("| rows | one per call | four per call | merged vs one |");
+    println!("|---|---|---|---|");
+    for (name, lengths) in [("all 128 tokens", [128usize; 4]), ("mixed 40/90/160/300", [40, 90, 160, 300])] {
+        let rows: Vec<Row> = (0..24).map(|i| row(lengths[i % 4], 3, vocab, i as u32)).collect();
+        let refs: Vec<&Row> = rows.iter().collect();
+        cpu.run(&refs[..4]).expect("warm-up");
+        let t = Instant::now();
+        for r in &refs {
+            cpu.run(&[r]).expect("one");
+        }
+        let one = rows.len() as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for chunk in refs.chunks(4) {
+            cpu.run(chunk).expect("four");
+        }
+        let four = rows.len() as f64 / t.elapsed().as_secs_f64();
+        println!("| {name} | {one:.1} rows/s | {four:.1} rows/s | {:.2}x |", four / one);
     }
 }
 
@@ -198,6 +317,12 @@ fn main() {
     }
     if part.is_empty() || part == "qnn" {
         qnn(&model, &scratch, qnn_ms, n_rows);
+    }
+    if part.is_empty() || part == "cpu" {
+        cpu_merge(&model);
+    }
+    if part.is_empty() || part == "engine" {
+        rknn_engine(&fixtures, &scratch, rknn_ms, env_num("LAYA_BENCH_ROUNDS", 4) as usize);
     }
     std::fs::remove_dir_all(&scratch).ok();
 }

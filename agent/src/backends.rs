@@ -125,6 +125,15 @@ pub fn policy(config: &Config, has_fallback: bool) -> Policy {
     if config.engine.backend == "rknn" {
         // Its contexts run a call's rows side by side: time it per round (supervisor).
         policy.primary_parallel = config.rknn.contexts.max(1);
+        // Concurrent callers' next questions fill a round of the contexts (supervisor).
+        policy.gather = std::time::Duration::from_millis(50);
+    }
+    if config.engine.backend != "cpu" {
+        // Calls queued together run as one batch of at most what one request may hold. Not on
+        // the CPU: it pads a batch to its longest row, and one-question rows of mixed lengths
+        // merged four at a time ran at 0.48x the rows/s of one per call (1.55x only when all
+        // four had the same length; BENCHMARKS.md, "Concurrent requests").
+        policy.merge_rows = config.limits.questions_per_request.max(1);
     }
     policy
 }

@@ -278,7 +278,9 @@ fn is_offline(p: &Publish) -> bool {
 async fn sigterm_mid_stream_answers_and_acknowledges_each_question_or_leaves_it_for_the_next_run() {
     let broker = Broker::start("term-stream", "log_type all\n");
     let (socket, path) = notify_socket("term-stream");
-    let extra = "shutdown_grace_s = 1\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n";
+    // 400 ms per worker call of at most two questions (calls queued together are merged up to
+    // `questions_per_request` rows), so answers come out two by two while the rest wait.
+    let extra = "shutdown_grace_s = 1\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n[limits]\nquestions_per_request = 2\n";
     let mut agent = agent_with_notify(&broker, "dev-ts", extra, &path);
     wait_online(broker.port, "dev-ts").await;
     let mut c = Persistent::connect(broker.port, "ts-asker").await;

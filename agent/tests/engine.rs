@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use laya_edge::engine::null::NullBackend;
-use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
+use laya_edge::engine::process::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
 use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
 use laya_edge::prompt::{QType, Row};
 
@@ -569,4 +569,129 @@ async fn a_primary_that_fails_its_probe_degrades_to_the_fallback_and_recovers_on
     assert_eq!(seen.first(), Some(&(Role::Primary, false)), "{seen:?}");
     assert!(seen.contains(&(Role::Fallback, true)), "{seen:?}");
     assert_eq!(seen.last(), Some(&(Role::Primary, true)), "{seen:?}");
+}
+
+/// The agent's defaults with calls merged up to 64 rows, as `serve` runs an NPU backend.
+fn merging(faults: &str) -> EngineConfig {
+    with_health(Policy { merge_rows: 64, ..defaults(|_| {}) }, faults)
+}
+
+/// Starts a call of `rows` rows and waits until the worker runs it (the calls started next queue
+/// behind it).
+async fn busy_with(engine: &Engine, rows: Vec<Row>) -> tokio::task::JoinHandle<Result<RunOutput, EngineError>> {
+    let e = engine.clone();
+    let call = tokio::spawn(async move { e.run(rows, None).await });
+    assert!(wait_for(Duration::from_secs(20), || matches!(engine.status().worker, WorkerState::Busy(_))).await);
+    call
+}
+
+/// Starts a one-row call per row, and waits until all of them are queued.
+async fn queue_behind(engine: &Engine, rows: &[Row]) -> Vec<tokio::task::JoinHandle<Result<RunOutput, EngineError>>> {
+    let queued = engine.status().queued;
+    let calls = rows
+        .iter()
+        .map(|r| {
+            let (e, r) = (engine.clone(), r.clone());
+            tokio::spawn(async move { e.run(vec![r], None).await })
+        })
+        .collect();
+    let all = wait_for(Duration::from_secs(5), || engine.status().queued == queued + rows.len()).await;
+    assert!(all, "not all queued behind the running call: {:?}", engine.status());
+    calls
+}
+
+/// A row holding the null backend's poison token.
+fn poison() -> Row {
+    Row { input_ids: vec![1, 4, 666, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_question_calls_queued_behind_a_busy_worker_run_as_one_batch_and_each_gets_its_own_rows() {
+    // 300 ms per row: a batch of four one-row calls takes 1.2 s, each alone 0.3 s.
+    let engine = Engine::start(merging("row-sleep=300"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let rows: Vec<Row> = (1..=4).map(row).collect();
+    let calls = queue_behind(&engine, &rows).await;
+    assert_eq!(engine.status().in_flight, 5);
+    assert_eq!(blocker.await.expect("task").expect("answered").rows.len(), 5);
+    for (call, r) in calls.into_iter().zip(&rows) {
+        let out = call.await.expect("task").expect("answered");
+        assert_eq!(out.rows, [NullBackend::logits_for(r)], "each call gets its own rows, in order");
+        // Sent together: each waited for the whole batch's four rows.
+        assert!(out.elapsed >= Duration::from_millis(1200), "{:?}: not run in one batch", out.elapsed);
+    }
+    assert_eq!((engine.status().in_flight, engine.status().queued), (0, 0));
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_question_merged_with_two_good_ones_hangs_is_isolated_through_a_crash_during_recovery_and_alone_refused()
+ {
+    // Every worker takes 400 ms to load; a row with token 666 hangs the runtime.
+    let engine = Engine::start(merging("row-sleep=300,load-sleep=400,hang-token=666"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let calls = queue_behind(&engine, &[row(1), poison(), row(3)]).await;
+    assert!(blocker.await.expect("task").is_ok());
+    // The merged batch hangs and is killed at its deadline; the next worker is killed while it
+    // loads (a crash during recovery).
+    assert!(wait_for(Duration::from_secs(20), || engine.restart_total() == 1).await, "{:?}", engine.restarts());
+    let starting = wait_for(Duration::from_secs(10), || {
+        let s = engine.status();
+        s.worker == WorkerState::Starting && s.worker_pid.is_some()
+    })
+    .await;
+    assert!(starting, "{:?}", engine.status());
+    kill_9(engine.status().worker_pid.expect("a loading worker"));
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(tokio::time::timeout(Duration::from_secs(60), call).await.expect("answered").expect("task"));
+    }
+    assert_eq!(results[0].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(1))]));
+    assert_eq!(results[2].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(3))]));
+    assert!(matches!(&results[1], Err(EngineError::Quarantined(m)) if m.contains("deadline")), "{:?}", results[1]);
+    let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+    // The merged hang, the crash while loading, the poison's two hangs alone.
+    assert_eq!(reasons, ["deadline", "crash", "deadline", "deadline"]);
+    assert!(!engine.status().degraded, "the poison counted once alone, the merged hang once");
+    assert!(engine.run(vec![row(7)], None).await.is_ok());
+    assert!(
+        wait_for(Duration::from_secs(5), || zombie_children().is_empty()).await,
+        "zombies: {:?}",
+        zombie_children()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_model_refuses_fails_only_its_own_call_of_a_merged_batch() {
+    // The worker refuses a call holding token 666 as a whole, as a backend does.
+    let engine = Engine::start(merging("row-sleep=300,input-token=666"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let calls = queue_behind(&engine, &[row(1), poison(), row(3)]).await;
+    assert!(blocker.await.expect("task").is_ok());
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(tokio::time::timeout(Duration::from_secs(30), call).await.expect("answered").expect("task"));
+    }
+    assert_eq!(results[0].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(1))]));
+    assert!(matches!(&results[1], Err(EngineError::Input(m)) if m.contains("666")), "{:?}", results[1]);
+    assert_eq!(results[2].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(3))]));
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_gives_up_leaves_the_queue_and_the_others_are_merged_without_it() {
+    let engine = Engine::start(merging("row-sleep=500"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let calls = queue_behind(&engine, &[row(1), row(2), row(3)]).await;
+    let mut calls = calls.into_iter();
+    let (a, gone, c) = (calls.next().expect("a"), calls.next().expect("b"), calls.next().expect("c"));
+    gone.abort();
+    assert!(blocker.await.expect("task").is_ok());
+    for (call, r) in [(a, row(1)), (c, row(3))] {
+        let out = call.await.expect("task").expect("answered");
+        assert_eq!(out.rows, [NullBackend::logits_for(&r)]);
+        // Two rows sent together (1 s), not three (1.5 s).
+        let elapsed = out.elapsed;
+        assert!(elapsed >= Duration::from_millis(1000) && elapsed < Duration::from_millis(1450), "{elapsed:?}");
+    }
 }

@@ -128,3 +128,39 @@ async fn a_reply_from_the_cpu_fallback_names_the_cpu_backend_and_the_fallback() 
     assert!(reply.get("answers").is_some(), "{reply:?}");
     assert_eq!((field(&reply, "backend"), field(&reply, "serving")), (Some("cpu"), Some("fallback")), "{reply:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_merged_into_a_batch_that_kills_the_worker_are_each_answered_after_one_restart() {
+    let broker = Broker::start("healing-merge", "");
+    // Each request lays out two rows; a worker call of three rows or more aborts the worker, and
+    // each row takes 500 ms, so the second and third requests queue behind the first.
+    let engine = "null_faults = \"row-sleep=500,abort-rows=3\"\n";
+    let mut watch = Client::connect(broker.port, "merge-watch").await;
+    watch.subscribe("laya/v1/dev-merge/events").await;
+    let _agent = Agent::with_config(config(&broker, "dev-merge", engine), Vec::new());
+    wait_online(broker.port, "dev-merge").await;
+    let mut c = Client::connect(broker.port, "merge-asker").await;
+    c.subscribe("laya/v1/merge-asker/reply/#").await;
+    for id in ["m0", "m1", "m2"] {
+        let reply_to = format!("laya/v1/merge-asker/reply/{id}");
+        c.ask("laya/v1/dev-merge/ask", Encoding::Json.encode(&request(id)), Some(&reply_to), None, Encoding::Json)
+            .await;
+    }
+    let mut ids = Vec::new();
+    while ids.len() < 3 {
+        let reply = decode(&c.next(Duration::from_secs(30)).await.expect("every request answered"));
+        assert!(reply.get("answers").is_some() && reply.get("error").is_none(), "{reply:?}");
+        ids.push(field(&reply, "id").unwrap_or_default().to_owned());
+    }
+    ids.sort();
+    assert_eq!(ids, ["m0", "m1", "m2"]);
+    // The merged batch of m1 and m2 (four rows) killed the worker once; each then ran alone.
+    let mut restarts = Vec::new();
+    while let Some(p) = watch.next(Duration::from_millis(500)).await {
+        let v = decode(&p);
+        if field(&v, "event") == Some("worker_restart") {
+            restarts.push(field(&v, "reason").unwrap_or_default().to_owned());
+        }
+    }
+    assert_eq!(restarts, ["crash"]);
+}

@@ -5,8 +5,9 @@
 //! Faults are given as a spec, e.g. `sleep=200`, `row-sleep=200` (per row of the call), `hang@3`,
 //! `abort@2`, `exit@2`, `error=fatal@1`, `error=transient@1`, `error=input`, `constant` (every
 //! row gets the same logits, like a broken runtime), `abort-rows=3` (abort on calls of 3 rows or
-//! more: an input that kills the runtime), `load-fail`, `load-sleep=5000` (a slow
-//! load); several are joined with commas. `@N` applies the fault to the N-th call only (counting
+//! more: an input that kills the runtime), `abort-token=N`, `hang-token=N`, `input-token=N`
+//! (abort, hang or refuse the input on a call with a row holding token id N: a poison question
+//! among others), `load-fail`, `load-sleep=5000` (a slow load); several are joined with commas. `@N` applies the fault to the N-th call only (counting
 //! from 1 in this process), no `@` applies it to every call. `once=PATH` makes the faults apply in one process only: the
 //! first worker that loads creates PATH, later workers (after a restart) find it and run clean.
 
@@ -26,6 +27,8 @@ pub enum Fault {
     Constant,
     /// `abort()` on a call of at least this many rows (an input that kills the runtime).
     AbortRows(usize),
+    /// On a call with a row holding this token id: abort, hang, or refuse the input.
+    Token(u32, TokenFault),
     /// Never answer.
     Hang,
     /// `abort()` the process.
@@ -40,6 +43,14 @@ pub enum Fault {
     LoadSleep(Duration),
     /// Apply the other faults only if this marker file does not exist yet (then create it).
     Once(std::path::PathBuf),
+}
+
+/// What a poison token does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenFault {
+    Abort,
+    Hang,
+    Input,
 }
 
 /// A fault and the call it applies to (`None`: every call).
@@ -63,6 +74,15 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
             }
             Some(("row-sleep", ms)) => {
                 Fault::RowSleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad row-sleep in {part:?}"))?))
+            }
+            Some((kind @ ("abort-token" | "hang-token" | "input-token"), n)) => {
+                let id = n.parse().map_err(|_| format!("bad token id in {part:?}"))?;
+                let what = match kind {
+                    "abort-token" => TokenFault::Abort,
+                    "hang-token" => TokenFault::Hang,
+                    _ => TokenFault::Input,
+                };
+                Fault::Token(id, what)
             }
             Some(("abort-rows", n)) => Fault::AbortRows(n.parse().map_err(|_| format!("bad abort-rows in {part:?}"))?),
             Some(("load-sleep", ms)) => {
@@ -149,6 +169,16 @@ impl Backend for NullBackend {
                 Fault::Constant => constant = true,
                 Fault::AbortRows(n) if rows.len() >= *n => std::process::abort(),
                 Fault::AbortRows(_) => {}
+                Fault::Token(id, what) if rows.iter().any(|r| r.input_ids.contains(id)) => match what {
+                    TokenFault::Abort => std::process::abort(),
+                    TokenFault::Hang => loop {
+                        std::thread::park();
+                    },
+                    TokenFault::Input => {
+                        return Err(BackendError::Input(format!("token id {id} is outside the vocabulary")));
+                    }
+                },
+                Fault::Token(..) => {}
                 Fault::Hang => loop {
                     std::thread::park();
                 },
@@ -191,6 +221,8 @@ mod tests {
         assert!(parse_faults("load-sleep=soon").is_err());
         assert!(parse_faults("explode").is_err());
         assert!(parse_faults("hang@x").is_err());
+        assert_eq!(parse_faults("hang-token=666").unwrap()[0].fault, Fault::Token(666, TokenFault::Hang));
+        assert!(parse_faults("input-token=x").is_err());
     }
 
     #[test]

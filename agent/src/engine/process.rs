@@ -271,6 +271,7 @@ impl Engine {
             evidence: Evidence::default(),
             health_rows,
             probe_calls: std::collections::HashSet::new(),
+            sent: HashMap::new(),
             probes: probes.clone(),
         };
         tokio::spawn(driver.run());
@@ -346,6 +347,9 @@ struct Driver {
     health_rows: Vec<Row>,
     /// The periodic probe calls in progress.
     probe_calls: std::collections::HashSet<CallId>,
+    /// The calls whose rows each frame on a worker carries, in order, by the frame's call id (its
+    /// first call's): one call, or several the supervisor merged.
+    sent: HashMap<CallId, Vec<CallId>>,
     probes: broadcast::Sender<ProbeRun>,
 }
 
@@ -430,7 +434,7 @@ impl Driver {
                         self.next_call += 1;
                         let n = rows.len();
                         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-                        self.apply(Event::Submit { call, rows: n, deadline }, &wtx);
+                        self.apply(Event::Submit { call, rows: n, deadline, alone: false }, &wtx);
                     }
                     None => break,
                 },
@@ -488,23 +492,22 @@ impl Driver {
             }
             WorkerMsg::Frame(FromWorker::LoadFailed { message }) => Event::LoadFailed(id, message),
             WorkerMsg::Frame(FromWorker::Done { call, rows, .. }) => {
-                let sent_len = if call == HEALTH_CALL {
-                    Some(self.health_rows.len())
+                let batch = if call == HEALTH_CALL { Vec::new() } else { self.sent.remove(&call).unwrap_or_default() };
+                let sent: Vec<Row> = if call == HEALTH_CALL {
+                    self.health_rows.clone()
                 } else {
-                    self.pending.get(&call).map(|p| p.rows.len())
+                    let calls: Option<Vec<&Pending>> = batch.iter().map(|c| self.pending.get(c)).collect();
+                    match calls {
+                        Some(calls) if !calls.is_empty() => calls.iter().flat_map(|p| p.rows.iter().cloned()).collect(),
+                        _ => return Event::Done(id, call),
+                    }
                 };
-                let Some(sent_len) = sent_len else { return Event::Done(id, call) };
-                let check = if rows.len() != sent_len {
-                    Err(format!("the worker answered {} rows for {sent_len}", rows.len()))
+                let check = if rows.len() != sent.len() {
+                    Err(format!("the worker answered {} rows for {}", rows.len(), sent.len()))
                 } else {
                     // The probe first: its report (a collapse included) is published either way.
                     let probe = self.probe_check(id, call, &rows);
-                    let sent: &[Row] = if call == HEALTH_CALL {
-                        &self.health_rows
-                    } else {
-                        self.pending.get(&call).map(|p| p.rows.as_slice()).unwrap_or_default()
-                    };
-                    let evidence = self.evidence.check(sent, &rows);
+                    let evidence = self.evidence.check(&sent, &rows);
                     match (probe, evidence) {
                         (Err(p), Err(e)) => Err(format!("{e}; {p}")),
                         (Err(m), Ok(())) | (Ok(()), Err(m)) => Err(m),
@@ -514,8 +517,13 @@ impl Driver {
                 match check {
                     Ok(()) => {
                         let backend = self.workers.get(&id).and_then(|w| w.backend.clone()).unwrap_or_default();
-                        if let Some(p) = self.pending.get_mut(&call) {
-                            p.result = Some((rows, role, backend));
+                        // Each call of the batch gets its own rows, in the order they were sent.
+                        let mut rows = rows.into_iter();
+                        for c in &batch {
+                            if let Some(p) = self.pending.get_mut(c) {
+                                let mine: Vec<RowResult> = rows.by_ref().take(p.rows.len()).collect();
+                                p.result = Some((mine, role, backend.clone()));
+                            }
                         }
                         Event::Done(id, call)
                     }
@@ -606,7 +614,8 @@ impl Driver {
         let rows = probe.rows.clone();
         let n = rows.len();
         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-        self.apply(Event::Submit { call, rows: n, deadline: None }, wtx);
+        // Alone: the probe's judgement reads this call's rows only.
+        self.apply(Event::Submit { call, rows: n, deadline: None, alone: true }, wtx);
     }
 
     fn kill(&mut self, id: WorkerId) {
@@ -744,14 +753,25 @@ impl Driver {
         match action {
             Action::Spawn(id, role) => return self.spawn(id, role, wtx),
             Action::Kill(id) => self.kill(id),
-            Action::Send(id, call) => {
-                let Some(p) = self.pending.get_mut(&call) else { return Some(Event::Cancelled(call)) };
-                if p.reply.is_closed() {
+            Action::Send(id, calls) => {
+                // A caller that stopped waiting: nothing is sent; the supervisor sends the rest of
+                // the batch again without its call.
+                let gone = calls.iter().find(|c| self.pending.get(c).is_none_or(|p| p.reply.is_closed()));
+                if let Some(&call) = gone {
                     self.pending.remove(&call);
                     return Some(Event::Cancelled(call));
                 }
-                p.sent_at = Some(Instant::now());
-                let frame = ToWorker::Run { call, rows: p.rows.clone() }.encode();
+                let &first = calls.first()?;
+                let now = Instant::now();
+                let mut rows = Vec::new();
+                for c in &calls {
+                    if let Some(p) = self.pending.get_mut(c) {
+                        p.sent_at = Some(now);
+                        rows.extend(p.rows.iter().cloned());
+                    }
+                }
+                let frame = ToWorker::Run { call: first, rows }.encode();
+                self.sent.insert(first, calls);
                 self.send(id, frame);
             }
             Action::Health(id) => {
@@ -763,6 +783,7 @@ impl Driver {
             }
             Action::Deliver(call) => {
                 self.probe_calls.remove(&call);
+                self.sent.remove(&call);
                 if let Some(p) = self.pending.remove(&call) {
                     let elapsed = p.sent_at.map(|t| t.elapsed()).unwrap_or_default();
                     let (rows, role, backend) = p.result.unwrap_or((Vec::new(), Role::Primary, String::new()));
@@ -771,6 +792,7 @@ impl Driver {
             }
             Action::Reject(call, error) => {
                 self.probe_calls.remove(&call);
+                self.sent.remove(&call);
                 if let Some(p) = self.pending.remove(&call) {
                     let _ = p.reply.send(Err(match error {
                         CallError::Input(m) => EngineError::Input(m),

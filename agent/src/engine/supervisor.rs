@@ -21,6 +21,15 @@
 //!   schedules the next try. Degraded is never forever.
 //! ```
 //!
+//! Calls queued together run together: when the serving primary is idle and several calls wait,
+//! they go to the worker as one batch (their rows concatenated in queue order, at most
+//! `merge_rows` rows, the most one request may hold), so concurrent one-question requests fill
+//! the NPU's contexts or pipeline as a multi-question request does. A failure of a merged batch
+//! (crash, deadline, fatal, transient or input error) is nobody's in particular: its calls run
+//! again *alone*, their attempts unchanged, so only a failure of a call alone counts against it
+//! (a poison call is isolated and quarantined, its neighbours answered), and a row the model
+//! refuses fails only its own call. Health and probe calls are never merged with questions.
+//!
 //! Deadlines are per row (one NPU job per question): `max(min_deadline, 4 x per-row estimate x
 //! rows)`, the estimate being the p99 of recent per-row times, seeded by the health call's
 //! measured time and `expected_ms` until enough samples exist. The health call (two different
@@ -135,6 +144,8 @@ pub enum TimerKind {
     Candidate,
     /// Time to try a degraded primary again.
     Retry,
+    /// Time to send what the idle primary gathered, a round of its contexts full or not.
+    Gather,
 }
 
 /// What happened.
@@ -142,8 +153,9 @@ pub enum TimerKind {
 pub enum Event {
     /// Start the first worker.
     Start,
-    /// A call was queued: its rows, and the caller's deadline.
-    Submit { call: CallId, rows: usize, deadline: Option<Instant> },
+    /// A call was queued: its rows, the caller's deadline, and whether it must run alone (the
+    /// periodic probe: never merged with questions).
+    Submit { call: CallId, rows: usize, deadline: Option<Instant>, alone: bool },
     /// The caller of a call went away (or the driver found it gone before sending it).
     Cancelled(CallId),
     /// A worker loaded its backend.
@@ -216,8 +228,9 @@ pub enum Action {
     Spawn(WorkerId, Role),
     /// SIGKILL this worker and reap it.
     Kill(WorkerId),
-    /// Send this call's rows to the worker.
-    Send(WorkerId, CallId),
+    /// Send these calls' rows to the worker as one batch, in this order (one call, or several
+    /// merged); the frame carries the first call's id.
+    Send(WorkerId, Vec<CallId>),
     /// Send the health rows to the worker (as call [`HEALTH_CALL`]).
     Health(WorkerId),
     /// Arm a timer.
@@ -286,6 +299,16 @@ pub struct Policy {
     /// another). Its calls are timed per round of that many rows, so the per-row estimate stays
     /// the time of one NPU job and a one-row call's deadline is not cut by the parallelism.
     pub primary_parallel: usize,
+    /// The most rows one batch of merged calls may hold on the primary (`limits.questions_per_request`,
+    /// what one call may hold anyway); 1: calls run one at a time. The fallback (the CPU, which
+    /// pads a batch to its longest row) always runs one call at a time.
+    pub merge_rows: usize,
+    /// How long an idle primary that runs rows side by side (`primary_parallel` > 1) may wait
+    /// for more calls to fill a round of its contexts, while calls have been queueing (at most a
+    /// tenth of the per-row estimate; zero: never waits). Without it, concurrent clients whose
+    /// answers come back together send their next questions into an idle worker one by one: the
+    /// first runs alone on one context and the others queue behind it.
+    pub gather: Duration,
 }
 
 impl Default for Policy {
@@ -306,6 +329,8 @@ impl Default for Policy {
             queue_limit: 64,
             health_rows: 0,
             primary_parallel: 1,
+            merge_rows: 1,
+            gather: Duration::ZERO,
         }
     }
 }
@@ -339,7 +364,7 @@ pub enum WorkerState {
     Health,
     /// Ready and idle.
     Idle,
-    /// Running a call.
+    /// Running a call, or a batch of merged calls (the id of its first call).
     Busy(CallId),
     /// Waiting to start again.
     Backoff,
@@ -360,8 +385,22 @@ struct Slot {
 struct Call {
     rows: usize,
     deadline: Option<Instant>,
-    /// 0 the first time, 1 on the re-run after a fatal failure.
+    /// 0 the first time, 1 on the re-run after a fatal failure of this call alone.
     attempt: u8,
+    /// Runs alone, never merged: a probe call, or a call whose merged batch failed (so a failure
+    /// is its own, and never a neighbour's).
+    alone: bool,
+}
+
+/// Whether the idle primary waits for more calls before sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gather {
+    /// Not waiting.
+    Off,
+    /// Waiting, until the round is full or the `Gather` timer fires.
+    Waiting,
+    /// The timer fired: send what is there.
+    Due,
 }
 
 #[derive(Debug, Clone)]
@@ -381,6 +420,12 @@ pub struct Supervisor {
     policy: Policy,
     queue: VecDeque<CallId>,
     calls: BTreeMap<CallId, Call>,
+    /// The calls the serving worker runs now, in row order (empty unless it is `Busy`).
+    running: Vec<CallId>,
+    /// Calls have been queueing behind a busy worker (concurrent callers), since the last
+    /// gathering window that found no second call.
+    contended: bool,
+    gather: Gather,
     serving: Option<Slot>,
     /// A degraded primary being tried beside the serving fallback.
     candidate: Option<Slot>,
@@ -410,6 +455,9 @@ impl Supervisor {
             policy,
             queue: VecDeque::new(),
             calls: BTreeMap::new(),
+            running: Vec::new(),
+            contended: false,
+            gather: Gather::Off,
             serving: None,
             candidate: None,
             degraded: None,
@@ -572,24 +620,96 @@ impl Supervisor {
         self.timer(TimerKind::Candidate, self.policy.startup_timeout, actions);
     }
 
-    /// Sends the next live queued call to the idle serving worker.
+    /// Sends the next live queued call to the idle serving worker, with the calls queued behind
+    /// it while they fit in `merge_rows` (on the primary) and none of them must run alone.
     fn dispatch(&mut self, now: Instant, actions: &mut Vec<Action>) {
         let Some(slot) = self.serving else { return };
         if slot.state != WorkerState::Idle {
             return;
         }
-        while let Some(call) = self.queue.pop_front() {
-            let Some(c) = self.calls.get(&call).copied() else { continue };
+        if self.wait_for_more(slot, now, actions) {
+            return;
+        }
+        let cap = if slot.role == Role::Primary { self.policy.merge_rows.max(1) } else { 1 };
+        let mut batch = Vec::new();
+        let mut rows = 0;
+        while let Some(&call) = self.queue.front() {
+            let Some(c) = self.calls.get(&call).copied() else {
+                self.queue.pop_front();
+                continue;
+            };
             if c.deadline.is_some_and(|d| d <= now) {
+                self.queue.pop_front();
                 self.calls.remove(&call);
                 actions.push(Action::Reject(call, CallError::Expired));
                 continue;
             }
-            let deadline = self.deadline(c.rows);
-            self.serving = Some(Slot { state: WorkerState::Busy(call), since: now, deadline, ..slot });
-            actions.push(Action::Send(slot.id, call));
-            self.timer(TimerKind::Deadline, deadline, actions);
-            return;
+            if !batch.is_empty() && (c.alone || rows + c.rows > cap) {
+                break;
+            }
+            self.queue.pop_front();
+            batch.push(call);
+            rows += c.rows;
+            if c.alone {
+                break;
+            }
+        }
+        let Some(&first) = batch.first() else { return };
+        if self.gather == Gather::Due && batch.len() == 1 {
+            self.contended = false; // nobody else came: stop waiting for company
+        }
+        self.gather = Gather::Off;
+        self.cancel_timer(TimerKind::Gather);
+        let deadline = self.deadline(rows);
+        self.serving = Some(Slot { state: WorkerState::Busy(first), since: now, deadline, ..slot });
+        actions.push(Action::Send(slot.id, batch.clone()));
+        self.running = batch;
+        self.timer(TimerKind::Deadline, deadline, actions);
+    }
+
+    /// Whether the idle primary waits (up to `gather`) for more calls before sending: only
+    /// while callers are concurrent, and only until the queued rows fill a round of its contexts.
+    fn wait_for_more(&mut self, slot: Slot, now: Instant, actions: &mut Vec<Action>) -> bool {
+        let parallel = self.policy.primary_parallel;
+        let on = slot.role == Role::Primary && parallel > 1 && self.policy.merge_rows > 1 && self.contended;
+        let window = match self.per_row_estimate() {
+            Some(est) => self.policy.gather.min(est / 10),
+            None => self.policy.gather,
+        };
+        if !on || window.is_zero() || self.gather == Gather::Due {
+            return false;
+        }
+        let mut rows = 0;
+        for call in &self.queue {
+            match self.calls.get(call) {
+                Some(c) if c.alone => return false,
+                Some(c) if c.deadline.is_none_or(|d| d > now) => rows += c.rows,
+                _ => {}
+            }
+            if rows >= parallel {
+                return false;
+            }
+        }
+        if rows == 0 {
+            return false;
+        }
+        if self.gather == Gather::Off {
+            self.gather = Gather::Waiting;
+            self.timer(TimerKind::Gather, window, actions);
+        }
+        true
+    }
+
+    /// The running batch, which failed as a whole, goes back to the front of the queue in its
+    /// order, each call to run alone with its attempts unchanged: the failure is not yet any
+    /// one call's.
+    fn split_running(&mut self) {
+        let batch = std::mem::take(&mut self.running);
+        for call in batch.into_iter().rev() {
+            if let Some(c) = self.calls.get_mut(&call) {
+                c.alone = true;
+                self.queue.push_front(call);
+            }
         }
     }
 
@@ -619,14 +739,17 @@ impl Supervisor {
             self.cancel_timer(TimerKind::Candidate);
             if let Some(old) = self.serving.take() {
                 actions.push(Action::Kill(old.id));
-                if let WorkerState::Busy(call) = old.state {
-                    self.queue.push_front(call); // not the call's fault: it runs again, same attempt
+                // Not the calls' fault: they run again, same attempt, in their order.
+                for call in std::mem::take(&mut self.running).into_iter().rev() {
+                    self.queue.push_front(call);
                 }
             }
             self.cancel_timer(TimerKind::Deadline);
             self.cancel_timer(TimerKind::Startup);
             self.cancel_timer(TimerKind::Backoff);
             self.cancel_timer(TimerKind::Retry);
+            self.cancel_timer(TimerKind::Gather);
+            self.gather = Gather::Off;
             self.in_backoff = false;
             self.degraded = None;
             self.restarts.clear();
@@ -667,6 +790,8 @@ impl Supervisor {
         }
         let Some(slot) = self.serving.filter(|s| s.id == id) else { return };
         self.serving = None;
+        self.gather = Gather::Off;
+        self.cancel_timer(TimerKind::Gather);
         self.cancel_timer(TimerKind::Deadline);
         self.cancel_timer(TimerKind::Startup);
         if kill {
@@ -682,12 +807,17 @@ impl Supervisor {
         }));
         // The call in flight runs once more on the next worker; a second failure quarantines it
         // (answered with an error) and that failure is the request's, not the budget's.
+        // A merged batch runs again call by call, attempts unchanged (see `split_running`).
         let mut counts = true;
-        if let WorkerState::Busy(call) = slot.state
+        if self.running.len() > 1 {
+            self.split_running();
+        } else if let WorkerState::Busy(_) = slot.state
+            && let Some(call) = self.running.pop()
             && let Some(c) = self.calls.get_mut(&call)
         {
             if c.attempt == 0 {
                 c.attempt = 1;
+                c.alone = true;
                 self.queue.push_front(call);
             } else {
                 self.calls.remove(&call);
@@ -698,6 +828,7 @@ impl Supervisor {
                 ));
             }
         }
+        self.running.clear();
         if counts && slot.role == Role::Primary && self.degraded.is_none() {
             self.restarts.push_back(now);
             while self.restarts.front().is_some_and(|t| now.duration_since(*t) > self.policy.restart_window) {
@@ -761,7 +892,7 @@ impl Supervisor {
                     self.spawn_serving(now, &mut actions);
                 }
             }
-            Event::Submit { call, rows, deadline } => {
+            Event::Submit { call, rows, deadline, alone } => {
                 if deadline.is_some_and(|d| d <= now) {
                     actions.push(Action::Reject(call, CallError::Expired));
                 } else if self.degraded.is_some() && self.serving.is_none() {
@@ -770,18 +901,27 @@ impl Supervisor {
                     let why = format!("the engine has {} calls queued or running, its limit", self.calls.len());
                     actions.push(Action::Reject(call, CallError::Overloaded(why)));
                 } else {
-                    self.calls.insert(call, Call { rows, deadline, attempt: 0 });
+                    self.calls.insert(call, Call { rows, deadline, attempt: 0, alone });
                     self.queue.push_back(call);
+                    if matches!(self.state(), WorkerState::Busy(_)) {
+                        self.contended = true;
+                    }
                     self.dispatch(now, &mut actions);
                 }
             }
             Event::Cancelled(call) => {
                 if self.calls.remove(&call).is_some() {
                     self.queue.retain(|c| *c != call);
-                    // Sent nowhere yet (the driver cancels before writing): the worker is free.
-                    if let Some(s) = self.serving.filter(|s| s.state == WorkerState::Busy(call)) {
+                    // Sent nowhere yet (the driver cancels before writing): the worker is free,
+                    // and the rest of the batch goes back to the front, to be sent without it.
+                    if self.running.contains(&call)
+                        && let Some(s) = self.serving.filter(|s| matches!(s.state, WorkerState::Busy(_)))
+                    {
                         self.cancel_timer(TimerKind::Deadline);
                         self.serving = Some(Slot { state: WorkerState::Idle, ..s });
+                        for c in std::mem::take(&mut self.running).into_iter().rev().filter(|c| *c != call) {
+                            self.queue.push_front(c);
+                        }
                         self.dispatch(now, &mut actions);
                     }
                 }
@@ -818,8 +958,10 @@ impl Supervisor {
                     WorkerState::Health if call == HEALTH_CALL => self.healthy(now, slot, &mut actions),
                     WorkerState::Busy(c) if c == call => {
                         let elapsed = now.duration_since(slot.since);
-                        if let Some(info) = self.calls.remove(&call) {
-                            self.per_row.push_back(elapsed / self.rounds(info.rows, slot.role));
+                        let batch = std::mem::take(&mut self.running);
+                        let rows: usize = batch.iter().filter_map(|c| self.calls.remove(c)).map(|c| c.rows).sum();
+                        if rows > 0 {
+                            self.per_row.push_back(elapsed / self.rounds(rows, slot.role));
                             if self.per_row.len() > RECENT {
                                 self.per_row.pop_front();
                             }
@@ -827,7 +969,7 @@ impl Supervisor {
                         self.cancel_timer(TimerKind::Deadline);
                         self.backoff = self.policy.backoff_min;
                         self.serving = Some(Slot { state: WorkerState::Idle, since: now, ..slot });
-                        actions.push(Action::Deliver(call));
+                        actions.extend(batch.into_iter().map(Action::Deliver));
                         self.dispatch(now, &mut actions);
                     }
                     _ => {}
@@ -848,19 +990,30 @@ impl Supervisor {
                         let why = format!("the health call failed: {msg}");
                         self.failed(now, id, RestartReason::LoadFailed(why), true, &mut actions);
                     }
+                    // A merged batch failed as a whole: its calls run again alone, each for its
+                    // own answer or its own error (the worker reports errors per batch).
+                    BackendError::Input(_) | BackendError::Transient(_) if self.running.len() > 1 => {
+                        self.cancel_timer(TimerKind::Deadline);
+                        self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
+                        self.split_running();
+                        self.dispatch(now, &mut actions);
+                    }
                     BackendError::Input(msg) => {
                         self.cancel_timer(TimerKind::Deadline);
                         self.calls.remove(&call);
+                        self.running.clear();
                         self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
                         actions.push(Action::Reject(call, CallError::Input(msg)));
                         self.dispatch(now, &mut actions);
                     }
                     BackendError::Transient(msg) => {
                         self.cancel_timer(TimerKind::Deadline);
+                        self.running.clear();
                         self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
                         match self.calls.get_mut(&call) {
                             Some(c) if c.attempt == 0 => {
                                 c.attempt = 1;
+                                c.alone = true;
                                 self.queue.push_front(call);
                             }
                             _ => {
@@ -910,6 +1063,12 @@ impl Supervisor {
                     TimerKind::Backoff => {
                         if self.serving.is_none() && self.in_backoff {
                             self.spawn_serving(now, &mut actions);
+                        }
+                    }
+                    TimerKind::Gather => {
+                        if self.gather == Gather::Waiting {
+                            self.gather = Gather::Due;
+                            self.dispatch(now, &mut actions);
                         }
                     }
                     TimerKind::Retry => {
@@ -995,7 +1154,7 @@ mod tests {
         }
 
         fn submit(&mut self, call: CallId, rows: usize) -> Vec<Action> {
-            self.feed(Event::Submit { call, rows, deadline: None })
+            self.feed(Event::Submit { call, rows, deadline: None, alone: false })
         }
 
         /// One-row calls `calls` on worker `w`, each answered `took` after it was submitted.
@@ -1041,7 +1200,7 @@ mod tests {
         assert_eq!(s.feed(Event::Ready(w))[0], Action::Health(w));
         assert_eq!(s.sup.backend_state(), BackendState::Starting);
         let a = s.feed(Event::Done(w, HEALTH_CALL));
-        assert_eq!(a[0], Action::Send(w, 1));
+        assert_eq!(a[0], Action::Send(w, vec![1]));
         assert_eq!(s.sup.backend_state(), BackendState::Ready);
         assert_eq!(s.feed(Event::Done(w, 1)), [Action::Deliver(1)]);
         assert_eq!(s.sup.state(), WorkerState::Idle);
@@ -1060,7 +1219,7 @@ mod tests {
         s.advance(ms(100));
         assert_eq!(s.spawns(), 2);
         let a = s.ready_and_healthy(1);
-        assert_eq!(a[0], Action::Send(s.worker(), 7));
+        assert_eq!(a[0], Action::Send(s.worker(), vec![7]));
         let a = s.advance(secs(3));
         let quarantined = a.iter().any(|x| {
             matches!(x, Action::Reject(7, CallError::Quarantined(m)) if m.contains("missed its deadline (2000 ms)"))
@@ -1084,7 +1243,7 @@ mod tests {
         // The health call comes first, the re-run right after it passes.
         assert_eq!(s.feed(Event::Ready(w2))[0], Action::Health(w2));
         let a = s.feed(Event::Done(w2, HEALTH_CALL));
-        assert!(matches!(a.as_slice(), [Action::Send(x, 3), Action::SetTimer(..)] if *x == w2), "{a:?}");
+        assert!(matches!(a.as_slice(), [Action::Send(x, c), Action::SetTimer(..)] if *x == w2 && *c == [3]), "{a:?}");
         assert_eq!(s.feed(Event::Done(w2, 3)), [Action::Deliver(3)]);
     }
 
@@ -1112,7 +1271,7 @@ mod tests {
         s.ready_and_healthy(1);
         let w = s.worker();
         s.submit(1, 1);
-        assert_eq!(s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0], Action::Send(w, 1));
+        assert_eq!(s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0], Action::Send(w, vec![1]));
         assert_eq!(
             s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0],
             Action::Reject(1, CallError::Unavailable("ssr".into()))
@@ -1228,7 +1387,7 @@ mod tests {
         s.submit(7, 1);
         s.feed(Event::Ready(candidate));
         let a = s.feed(Event::Done(candidate, HEALTH_CALL));
-        assert!(a.contains(&Action::Kill(fallback)) && a.contains(&Action::Send(candidate, 7)), "{a:?}");
+        assert!(a.contains(&Action::Kill(fallback)) && a.contains(&Action::Send(candidate, vec![7])), "{a:?}");
         assert_eq!(s.sup.role(), Role::Primary);
         assert!(!s.sup.degraded());
     }
@@ -1286,8 +1445,8 @@ mod tests {
         let w = s.worker();
         s.submit(1, 1);
         let soon = Some(s.now + ms(100));
-        s.feed(Event::Submit { call: 2, rows: 1, deadline: soon });
-        s.feed(Event::Submit { call: 3, rows: 1, deadline: soon });
+        s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, alone: false });
+        s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, alone: false });
         assert_eq!(s.sup.in_flight(), 3);
         assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, CallError::Overloaded(_))));
         s.now += ms(200);
@@ -1295,18 +1454,18 @@ mod tests {
         let a = s.feed(Event::Tick);
         assert_eq!(a, [Action::Reject(2, CallError::Expired), Action::Reject(3, CallError::Expired)]);
         assert_eq!(s.sup.in_flight(), 1);
-        s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)) });
+        s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), alone: false });
         s.submit(6, 1);
         s.now += ms(50);
         // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
         let a = s.feed(Event::Done(w, 1));
-        assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(5, CallError::Expired), Action::Send(w, 6)]);
+        assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(5, CallError::Expired), Action::Send(w, vec![6])]);
         // A caller that went away: its queued call is dropped too.
         s.submit(7, 1);
         s.feed(Event::Cancelled(7));
         assert_eq!(s.sup.in_flight(), 1);
         assert!(matches!(
-            s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now) })[0],
+            s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), alone: false })[0],
             Action::Reject(8, CallError::Expired)
         ));
     }
@@ -1394,6 +1553,272 @@ mod tests {
         // margin; per round, it gets 4 x 600 ms.
         assert_eq!(s.sup.deadline(1), ms(2400));
         assert!(s.sup.deadline(3) >= ms(2400));
+    }
+
+    fn policy_of(s: &Sim) -> Policy {
+        s.sup.policy.clone()
+    }
+
+    fn merging_policy() -> Policy {
+        Policy { merge_rows: 4, fixed_deadline: Some(secs(2)), ..healthy_policy() }
+    }
+
+    /// The calls of the batches sent, in order.
+    fn sends(actions: &[Action]) -> Vec<Vec<CallId>> {
+        actions.iter().filter_map(|a| if let Action::Send(_, c) = a { Some(c.clone()) } else { None }).collect()
+    }
+
+    /// Answers every batch the worker `w` gets until none is left; returns the batches.
+    fn answer_all(s: &mut Sim, w: WorkerId, first: Vec<Action>) -> Vec<Vec<CallId>> {
+        let mut batches = sends(&first);
+        let mut i = 0;
+        while i < batches.len() {
+            let a = s.feed(Event::Done(w, batches[i][0]));
+            batches.extend(sends(&a));
+            i += 1;
+        }
+        batches
+    }
+
+    #[test]
+    fn calls_queued_behind_a_busy_worker_go_together_in_queue_order_up_to_the_row_cap() {
+        let mut s = Sim::new(merging_policy());
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        assert_eq!(sends(&s.submit(1, 1)), [vec![1]]);
+        for (call, rows) in [(2, 1), (3, 2), (4, 1), (5, 1)] {
+            assert_eq!(sends(&s.submit(call, rows)), Vec::<Vec<CallId>>::new());
+        }
+        assert_eq!((s.sup.in_flight(), s.sup.queued()), (5, 4));
+        // Call 1 answered: calls 2, 3 and 4 (four rows, the cap) go as one batch, under the
+        // deadline of four rows; call 5 waits.
+        let a = s.feed(Event::Done(w, 1));
+        assert_eq!(a[..2], [Action::Deliver(1), Action::Send(w, vec![2, 3, 4])]);
+        assert!(
+            a.iter().any(|x| matches!(x, Action::SetTimer(t, d) if t.kind == TimerKind::Deadline && *d == secs(8)))
+        );
+        assert_eq!((s.sup.in_flight(), s.sup.queued(), s.sup.state()), (4, 1, WorkerState::Busy(2)));
+        // The batch's answer is each call's, in order; then call 5.
+        s.now += ms(300);
+        let a = s.feed(Event::Done(w, 2));
+        assert_eq!(a[..4], [Action::Deliver(2), Action::Deliver(3), Action::Deliver(4), Action::Send(w, vec![5])]);
+        assert_eq!(s.sup.in_flight(), 1);
+        // One call's answer for another call's id is not the batch's.
+        assert_eq!(s.feed(Event::Done(w, 3)), []);
+        assert_eq!(s.feed(Event::Done(w, 5)), [Action::Deliver(5)]);
+        // A call larger than the cap still runs (alone, as any call may).
+        s.submit(6, 1);
+        s.submit(7, 9);
+        s.submit(8, 1);
+        assert_eq!(answer_all(&mut s, w, Vec::new()), Vec::<Vec<CallId>>::new());
+        let a = s.feed(Event::Done(w, 6));
+        assert_eq!(sends(&a), [vec![7]]);
+        assert_eq!(answer_all(&mut s, w, a), [vec![7], vec![8]]);
+    }
+
+    #[test]
+    fn the_fallback_and_a_policy_without_merging_run_one_call_at_a_time() {
+        for policy in [Policy { merge_rows: 1, ..merging_policy() }, Policy { fallback: true, ..merging_policy() }] {
+            let fallback = policy.fallback;
+            let mut s = Sim::new(policy);
+            if fallback {
+                s.sup.degraded = Some(Degraded { cause: "test".into(), next_try: s.now + secs(300) });
+                let w = s.worker();
+                s.feed(Event::Exited(w, "signal 9".into()));
+                s.advance(secs(1));
+                assert_eq!(s.sup.role(), Role::Fallback);
+            }
+            s.ready_and_healthy(1);
+            let w = s.worker();
+            let first = s.submit(1, 1);
+            s.submit(2, 1);
+            s.submit(3, 1);
+            assert_eq!(answer_all(&mut s, w, first), [vec![1], vec![2], vec![3]], "fallback {fallback}");
+        }
+    }
+
+    #[test]
+    fn a_poison_call_merged_with_two_good_ones_is_isolated_through_a_hang_and_a_crash_during_recovery() {
+        let mut s = Sim::new(Policy { max_restarts: 4, ..merging_policy() });
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        s.submit(1, 1);
+        // Poison 2 queued with the good calls 3 and 4: they go as one batch, which hangs.
+        for call in 2..=4 {
+            s.submit(call, 1);
+        }
+        assert_eq!(sends(&s.feed(Event::Done(w, 1))), [vec![2, 3, 4]]);
+        let a = s.advance(secs(6) + ms(1));
+        assert!(a.contains(&Action::Kill(w)), "{a:?}");
+        assert!(!a.iter().any(|x| matches!(x, Action::Reject(..))), "nobody is refused for a merged failure: {a:?}");
+        assert_eq!((s.sup.in_flight(), s.sup.queued()), (3, 3));
+        // A crash during recovery: the new worker dies before it is ready. Nobody is blamed.
+        s.advance(ms(100));
+        let a = s.feed(Event::Exited(s.worker(), "signal 11".into()));
+        assert!(!a.iter().any(|x| matches!(x, Action::Reject(..) | Action::Send(..))), "{a:?}");
+        s.advance(ms(200));
+        // The next worker runs the calls alone, in their order: the poison hangs again, alone.
+        let a = s.ready_and_healthy(1);
+        assert_eq!(sends(&a), [vec![2]]);
+        let a = s.advance(secs(2) + ms(1));
+        assert!(a.iter().any(|x| matches!(x, Action::Kill(_))), "{a:?}");
+        s.advance(secs(1));
+        // Its second failure alone quarantines it (a crash this time); the others are answered.
+        assert_eq!(sends(&s.ready_and_healthy(1)), [vec![2]]);
+        let a = s.feed(Event::Exited(s.worker(), "signal 9".into()));
+        assert!(a.iter().any(|x| matches!(x, Action::Reject(2, CallError::Quarantined(_)))), "{a:?}");
+        // A crash of call 3 alone (the runtime's, say) is its first failure, not its second: the
+        // merged hang was not counted against it.
+        s.advance(secs(2));
+        assert_eq!(sends(&s.ready_and_healthy(1)), [vec![3]]);
+        let a = s.feed(Event::Exited(s.worker(), "signal 11".into()));
+        assert!(!a.iter().any(|x| matches!(x, Action::Reject(..))), "{a:?}");
+        s.advance(secs(2));
+        let w = s.worker();
+        let first = s.ready_and_healthy(1);
+        assert_eq!(answer_all(&mut s, w, first), [vec![3], vec![4]]);
+        assert!(s.log.contains(&Action::Deliver(3)) && s.log.contains(&Action::Deliver(4)));
+        // Four restarts counted (the merged hang, the crash while starting, the poison's first
+        // hang alone, call 3's crash); the poison's second failure is its own. Not degraded.
+        assert!(!s.sup.degraded());
+        assert_eq!(s.sup.in_flight(), 0);
+        assert!(!s.log.iter().any(|x| matches!(x, Action::Reject(3 | 4, _))), "{:?}", s.log);
+    }
+
+    #[test]
+    fn a_row_the_model_refuses_fails_only_its_own_call_of_a_merged_batch() {
+        let mut s = Sim::new(merging_policy());
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        s.submit(1, 1);
+        for call in 2..=4 {
+            s.submit(call, 1);
+        }
+        assert_eq!(sends(&s.feed(Event::Done(w, 1))), [vec![2, 3, 4]]);
+        // The worker reports one error for the whole batch: each call runs again alone.
+        let a = s.feed(Event::Failed(w, 2, BackendError::Input("token 99999 out of range".into())));
+        assert_eq!(sends(&a), [vec![2]]);
+        assert!(!a.iter().any(|x| matches!(x, Action::Reject(..))), "{a:?}");
+        assert_eq!(s.feed(Event::Done(w, 2))[..2], [Action::Deliver(2), Action::Send(w, vec![3])]);
+        let a = s.feed(Event::Failed(w, 3, BackendError::Input("token 99999 out of range".into())));
+        assert_eq!(
+            a[..2],
+            [Action::Reject(3, CallError::Input("token 99999 out of range".into())), Action::Send(w, vec![4])]
+        );
+        assert_eq!(s.feed(Event::Done(w, 4)), [Action::Deliver(4)]);
+        // A transient error of a merged batch: the same, and no call loses its retry to it.
+        for call in 5..=7 {
+            s.submit(call, 1);
+        }
+        s.submit(8, 1);
+        assert_eq!(sends(&s.feed(Event::Done(w, 5))), [vec![6, 7, 8]]);
+        assert_eq!(sends(&s.feed(Event::Failed(w, 6, BackendError::Transient("ssr".into())))), [vec![6]]);
+        assert_eq!(sends(&s.feed(Event::Failed(w, 6, BackendError::Transient("ssr".into())))), [vec![6]]);
+        assert_eq!(sends(&s.feed(Event::Done(w, 6))), [vec![7]]);
+        assert!(s.sup.restart_counts().is_empty());
+        assert_eq!(s.sup.state(), WorkerState::Busy(7));
+    }
+
+    #[test]
+    fn cancelled_expired_and_probe_calls_are_never_merged() {
+        let mut s = Sim::new(merging_policy());
+        s.ready_and_healthy(1);
+        let w = s.worker();
+        s.submit(1, 1);
+        s.submit(2, 1);
+        s.submit(3, 1);
+        s.feed(Event::Submit { call: 4, rows: 1, deadline: Some(s.now + ms(50)), alone: false });
+        s.submit(5, 1);
+        s.feed(Event::Submit { call: 6, rows: 1, deadline: None, alone: true }); // the probe
+        s.submit(7, 1);
+        // The caller of call 3 went away; call 4's deadline passes while call 1 runs.
+        s.feed(Event::Cancelled(3));
+        s.now += ms(100);
+        let a = s.feed(Event::Done(w, 1));
+        assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(4, CallError::Expired), Action::Send(w, vec![2, 5])]);
+        // The probe runs alone, and what follows it after it.
+        let a = s.feed(Event::Done(w, 2));
+        assert_eq!(answer_all(&mut s, w, a), [vec![6], vec![7]]);
+        // The driver finds a caller gone as it is about to send a batch: the batch is sent
+        // again without it, and the worker is not left waiting for a frame never sent.
+        s.submit(8, 1);
+        s.submit(9, 1);
+        s.submit(10, 1);
+        s.submit(11, 1);
+        assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9, 10, 11]]);
+        let a = s.feed(Event::Cancelled(10));
+        assert_eq!(sends(&a), [vec![9, 11]]);
+        assert_eq!(s.sup.in_flight(), 2);
+        assert_eq!(s.feed(Event::Done(w, 9)), [Action::Deliver(9), Action::Deliver(11)]);
+    }
+
+    #[test]
+    fn a_merged_batch_on_three_contexts_is_timed_per_round() {
+        let mut s = Sim::new(Policy { primary_parallel: 3, merge_rows: 64, ..healthy_policy() });
+        let w = s.worker();
+        s.ready_and_healthy(600);
+        // Six one-row calls at a time, answered together in two rounds of 600 ms.
+        let mut call = 0;
+        for _ in 0..5 {
+            let first = call + 1;
+            for _ in 0..7 {
+                call += 1;
+                s.submit(call, 1);
+            }
+            s.now += ms(600);
+            s.feed(Event::Done(w, first));
+            s.now += ms(1200);
+            let a = s.feed(Event::Done(w, first + 1));
+            assert!(a.starts_with(&[Action::Deliver(first + 1)]) && a.len() == 6, "{a:?}");
+        }
+        assert_eq!(s.sup.deadline(1), ms(2400));
+    }
+
+    #[test]
+    fn with_concurrent_callers_an_idle_primary_waits_briefly_to_fill_a_round_of_its_contexts() {
+        let policy = Policy { primary_parallel: 3, merge_rows: 64, gather: ms(50), ..healthy_policy() };
+        let mut s = Sim::new(policy);
+        let w = s.worker();
+        s.ready_and_healthy(600);
+        // One caller at a time: sent at once, never held back.
+        assert_eq!(sends(&s.submit(1, 1)), [vec![1]]);
+        s.feed(Event::Done(w, 1));
+        assert_eq!(sends(&s.submit(2, 1)), [vec![2]]);
+        // Calls queue behind a busy worker: callers are concurrent. When it is free with two
+        // rows queued (a round is three), it waits for a third...
+        s.submit(3, 1);
+        s.submit(4, 1);
+        let a = s.feed(Event::Done(w, 2));
+        assert!(
+            sends(&a).is_empty()
+                && a.iter().any(|x| matches!(x, Action::SetTimer(t, _) if t.kind == TimerKind::Gather))
+        );
+        assert_eq!(s.sup.state(), WorkerState::Idle);
+        // ... which comes: the round is full and goes at once.
+        assert_eq!(sends(&s.submit(5, 1)), [vec![3, 4, 5]]);
+        s.now += ms(600);
+        s.feed(Event::Done(w, 3));
+        // Next time nobody comes within the window: what is there goes, and a lone caller is
+        // not held back again.
+        assert!(sends(&s.submit(6, 1)).is_empty());
+        assert_eq!(sends(&s.advance(ms(49))), Vec::<Vec<CallId>>::new());
+        assert_eq!(sends(&s.advance(ms(1))), [vec![6]]);
+        s.feed(Event::Done(w, 6));
+        assert_eq!(sends(&s.submit(7, 1)), [vec![7]]);
+        // A probe (alone) waiting ends the wait: nothing is held back behind it.
+        s.submit(8, 1);
+        assert!(sends(&s.feed(Event::Done(w, 7))).is_empty());
+        let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, alone: true });
+        assert_eq!(sends(&a), [vec![8]]);
+        assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9]]);
+        // The window is at most a tenth of the per-row estimate.
+        let mut s = Sim::new(Policy { gather: ms(50), expected_per_row: Some(ms(100)), ..policy_of(&s) });
+        let w = s.worker();
+        s.ready_and_healthy(100);
+        s.submit(1, 1);
+        s.submit(2, 1);
+        s.feed(Event::Done(w, 1));
+        assert_eq!(sends(&s.advance(ms(10))), [vec![2]]);
     }
 
     #[test]
