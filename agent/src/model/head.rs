@@ -326,7 +326,9 @@ mod tests {
     #[test]
     fn a_row_gets_the_same_outputs_alone_as_in_a_padded_batch() {
         // One row reads its heads in place, a batch copies them: both must agree, and with the
-        // padding masked, a short row must not see its batch's longer rows.
+        // padding masked, a short row must not see its batch's longer rows. (Alone, a row's 11
+        // positions take dense.rs's few-rows path, the batch's 22 the other: the sums differ in
+        // order, hence a relative tolerance; reading a wrong head differs by whole units.)
         let (d, l) = (128, 11);
         let head = random_head(d, 2);
         let hidden = random(&[2, l, d]);
@@ -339,7 +341,7 @@ mod tests {
             let (a, b) = (&got[0], &batch[row]);
             assert_eq!(a.logits.len(), markers[row].len());
             for (x, y) in a.logits.iter().chain(&a.act_logits).zip(b.logits.iter().chain(&b.act_logits)) {
-                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "row {row}: {x} alone, {y} in the batch");
+                assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "row {row}: {x} alone, {y} in the batch");
             }
         }
         assert_ne!(batch[0].act_logits, batch[1].act_logits);
