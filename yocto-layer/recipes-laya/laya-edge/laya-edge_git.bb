@@ -12,7 +12,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "e3ec1d68f7dee75fce79713e3a60bbae99078e9a"
+SRCREV = "cd482b7a9f21dbab7bc56956f735b0ad0320aeca"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
