@@ -84,8 +84,9 @@ impl Dense {
         // gemm runs about 3x faster at these shapes; the transposes are of a few rows only.
         let skinny = n <= SKINNY_ROWS;
         // What the product is added to, in the layout gemm writes.
-        let mut dst = vec![0f32; n * m];
+        let mut dst;
         if skinny {
+            dst = vec![0f32; n * m];
             for (i, col) in dst.chunks_exact_mut(n).enumerate() {
                 let b = bias.map_or(0.0, |b| b[i]);
                 match residual {
@@ -94,9 +95,9 @@ impl Dense {
                 }
             }
         } else {
-            if let Some(r) = residual {
-                dst.copy_from_slice(r);
-            }
+            // The residual is copied as it is (not zeroed first, then copied: a whole pass over
+            // the output, which for the feed-forward is the largest buffer of the layer).
+            dst = residual.map_or_else(|| vec![0f32; n * m], <[f32]>::to_vec);
             if let Some(b) = bias {
                 for row in dst.chunks_exact_mut(m) {
                     row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
