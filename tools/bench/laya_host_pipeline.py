@@ -22,22 +22,14 @@ import torch
 
 import laya
 
-from laya_rows_per_sec import CASES  # same directory
+from laya_rows_per_sec import CASES, requests  # same directory
 
 MODEL = os.path.join(os.path.dirname(CASES), "models", "bpe-t5")
 
 
 def payloads():
-    out = []
-    with open(CASES) as f:
-        for line in f:
-            case = json.loads(line)
-            if case["model"] != "bpe-t5" or "error" in case["predict_all"]:
-                continue
-            if not case["request"]["questions"]:
-                continue
-            out.append(json.dumps(case["request"], ensure_ascii=False, separators=(",", ":")).encode())
-    return out
+    # The same requests as laya_rows_per_sec.py (bpe-t5, answered, with questions), as JSON bytes.
+    return [json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode() for r in requests(None)]
 
 
 def main():
