@@ -124,6 +124,10 @@ pub struct Limits {
     /// Receive Maximum, such as mosquitto before 2.0.13) that may wait, unacknowledged, for a
     /// place; beyond this they get `overloaded`. `0`: no waiting.
     pub waiting_bytes: usize,
+    /// Seconds the service loop may go without a turn (and the broker connection task without
+    /// one, beyond its own longest wait) before `serve` exits with status 70 for its supervisor
+    /// to restart it; under systemd the watchdog pings stop as well. `0`: no watch.
+    pub loop_stall_s: u64,
 }
 
 impl Default for Limits {
@@ -136,6 +140,7 @@ impl Default for Limits {
             remember_replies: 1024,
             max_request_tokens: 16_384,
             waiting_bytes: 16 << 20,
+            loop_stall_s: 60,
         }
     }
 }

@@ -624,3 +624,87 @@ fn the_connect_announces_a_receive_maximum_of_limits_queue_or_of_mqtt_receive_ma
     );
     assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&5), "{props:?}");
 }
+
+/// Questions `range` for the rogue broker: a request each, with its own reply topic and
+/// correlation data.
+fn rogue_questions(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, String, Vec<u8>)> {
+    range
+        .map(|i| (request_with(&format!("q{i}"), BUG), format!("laya/v1/rogue/reply/q{i}"), format!("c{i}").into_bytes()))
+        .collect()
+}
+
+/// How many replies each reply topic got, from what the rogue broker saw.
+fn rogue_replies(seen: &test_kit::rogue_broker::Seen) -> HashMap<String, usize> {
+    let mut by_topic = HashMap::new();
+    for p in seen.sent.iter().filter(|p| p.topic.starts_with("laya/v1/rogue/reply/")) {
+        *by_topic.entry(p.topic.clone()).or_default() += 1;
+    }
+    by_topic
+}
+
+/// Issue #31, defect 1: mosquitto 2.0.11 (Debian 12's) ignores the client's Receive Maximum; a
+/// flood through it wedged the agent for good when its loop met a full MQTT client. Here a broker
+/// that pushes past the Receive Maximum and holds its acknowledgements makes that state certain:
+/// the agent's window of unacknowledged publishes full, its client's request channel full, its
+/// loop wanting to publish telemetry, and then 2,700 more questions.
+#[test]
+fn a_broker_that_floods_past_the_receive_maximum_while_holding_its_acks_never_wedges_the_agent() {
+    use test_kit::rogue_broker::RogueBroker;
+    let broker = RogueBroker::start(10);
+    let _agent = Agent::start_at(&broker.url(), "dev-rogue", "keep_alive_s = 5\n[engine]\nbackend = \"null\"\n");
+    let ask = "laya/v1/dev-rogue/ask";
+    assert!(
+        broker.wait_for(Duration::from_secs(60), |s| s.subscriptions.iter().any(|t| t == ask)),
+        "the agent subscribes"
+    );
+    broker.hold_acks(true);
+    broker.ask(ask, &rogue_questions(0..300)).expect("the agent reads the first questions");
+    // Ten replies unacknowledged fill the agent's window (the broker's Receive Maximum of 10);
+    // the rest of its replies and acknowledgements pile up in its MQTT client...
+    assert!(
+        broker.wait_for(Duration::from_secs(60), |s| rogue_replies(s).len() >= 10),
+        "the agent answers the first questions"
+    );
+    // ... while its loop, which publishes telemetry every second, meets the full client (the
+    // state in which the agent once stopped reading its socket for good).
+    std::thread::sleep(Duration::from_millis(2500));
+    broker.ask(ask, &rogue_questions(300..3000)).expect("the agent keeps reading its socket");
+    broker.hold_acks(false);
+    let n = 3000;
+    let all = broker.wait_for(Duration::from_secs(240), |s| rogue_replies(s).len() >= n);
+    let (replies, most_unacked, answers) = broker.seen(|s| {
+        let answers = s
+            .sent
+            .iter()
+            .filter(|p| p.topic.starts_with("laya/v1/rogue/reply/"))
+            .filter(|p| String::from_utf8_lossy(&p.payload).contains("\"answers\""))
+            .count();
+        (rogue_replies(s), s.most_unacked, answers)
+    });
+    assert!(
+        most_unacked > 64,
+        "the broker pushed past the agent's Receive Maximum of 64 ({most_unacked} unacknowledged at once)"
+    );
+    assert!(all, "every question of the flood answered: {} of {n} (the agent wedged)", replies.len());
+    assert!(replies.values().all(|&k| k == 1), "no question answered twice");
+    assert_eq!(answers, n, "each reply an answer, none refused");
+    // The loop lives on: telemetry after the flood.
+    let mark = broker.seen(|s| s.sent.len());
+    assert!(
+        broker.wait_for(Duration::from_secs(30), |s| s.sent[mark..].iter().any(|p| p.topic.ends_with("/telemetry"))),
+        "telemetry goes on after the flood"
+    );
+    // Then the broker goes silent, as behind a dead link: the agent gives the connection up,
+    // connects again, subscribes and answers.
+    broker.go_silent();
+    assert!(
+        broker.wait_for(Duration::from_secs(90), |s| s.connects >= 2 && s.subscriptions.len() >= 2),
+        "the agent reconnects to a broker that went silent"
+    );
+    broker.ask(ask, &rogue_questions(n..n + 10)).expect("questions on the new connection");
+    assert!(
+        broker.wait_for(Duration::from_secs(60), |s| (n..n + 10)
+            .all(|i| rogue_replies(s).contains_key(&format!("laya/v1/rogue/reply/q{i}")))),
+        "the questions on the new connection are answered"
+    );
+}

@@ -1161,3 +1161,37 @@ async fn watchdog_pings_stop_while_the_agent_is_stopped_and_resume_after() {
     // systemd would have killed it after WatchdogSec; resumed, it pings again at once.
     assert!(pings(&notifications(&socket, Duration::from_secs(2))) >= 2, "the pings resume");
 }
+
+/// Issue #31, defect 7: a cloned SD card, two agents with one client id. Each connection takes
+/// the other's session (DISCONNECT 0x8E); the agent names it (an event, the status's
+/// `takeovers`) and waits at least 5 s, doubling, before it connects again, so the pair costs
+/// the broker at most one takeover every few seconds (without the backoff the clones took over
+/// 3.4 times a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_with_one_client_id_name_the_takeover_and_back_off_to_one_every_few_seconds() {
+    let broker = Broker::start("clones", "");
+    let mut c = Persistent::connect(broker.port, "clone-watcher").await;
+    c.subscribe("laya/v1/dev-clone/events").await;
+    c.subscribe("laya/v1/dev-clone/status").await;
+    let _a = Agent::start(&broker, "dev-clone", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "dev-clone").await;
+    let _b = Agent::start(&broker, "dev-clone", "[engine]\nbackend = \"null\"\n");
+    let watch = Duration::from_secs(20);
+    let until = Instant::now() + watch;
+    let (mut takeovers, mut named, mut most_in_status) = (0, false, 0);
+    while let Some(p) = c.next(until.saturating_duration_since(Instant::now())).await {
+        let v = decode(&p);
+        let topic = String::from_utf8_lossy(&p.topic).into_owned();
+        if topic.ends_with("/events") && v.get("event").and_then(Value::as_str) == Some("session_taken_over") {
+            takeovers += 1;
+            named |= v.get("message").and_then(Value::as_str).is_some_and(|m| m.contains("laya-edge-dev-clone"));
+        }
+        if topic.ends_with("/status") {
+            most_in_status = most_in_status.max(v.get("takeovers").and_then(Value::as_i64).unwrap_or(0));
+        }
+    }
+    assert!(takeovers >= 1, "a takeover is published as a session_taken_over event");
+    assert!(named, "the event names the shared client id");
+    assert!(most_in_status >= 1, "the status counts the takeovers");
+    assert!(takeovers <= 8, "{takeovers} takeovers in {watch:?}: the clones do not back off");
+}

@@ -249,6 +249,9 @@ pub struct Status {
     pub bundle_sha256: Option<String>,
     /// The fleet the device serves (`mqtt.fleet`; empty: none).
     pub fleet: String,
+    /// How often in this run another client connected with this device's client id and took its
+    /// session (DISCONNECT 0x8E): above zero, two devices share one client id (a cloned image).
+    pub takeovers: u64,
 }
 
 impl Status {
@@ -266,6 +269,7 @@ impl Status {
         m.insert("model_name".into(), self.model_name.as_str().into());
         m.insert("bundle_sha256".into(), self.bundle_sha256.as_deref().map_or(Value::Null, Value::from));
         m.insert("fleet".into(), self.fleet.as_str().into());
+        m.insert("takeovers".into(), Value::Int(self.takeovers.into()));
         Value::Object(m)
     }
 
@@ -287,6 +291,7 @@ impl Status {
             model_name: s("model_name"),
             bundle_sha256: v.get("bundle_sha256").and_then(Value::as_str).map(str::to_owned),
             fleet: s("fleet"),
+            takeovers: u("takeovers"),
         })
     }
 }
@@ -553,6 +558,7 @@ mod tests {
             model_name: "tickets-v3".into(),
             bundle_sha256: Some("ab".repeat(32)),
             fleet: "line-3".into(),
+            takeovers: 3,
         };
         assert_eq!(Status::from_value(&s.to_value()), Some(s));
         let old = json::parse_str(r#"{"state":"offline","backend":"cpu"}"#, Default::default()).unwrap();

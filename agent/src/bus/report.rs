@@ -58,6 +58,7 @@ pub async fn config_error(config: &Config, message: &str) -> Result<(), String> 
         model_name: String::new(),
         bundle_sha256: None,
         fleet: config.mqtt.fleet.clone(),
+        takeovers: 0,
     };
     let mut own = config.clone();
     own.mqtt.client_id = format!("{}-report", config.client_id());

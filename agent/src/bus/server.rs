@@ -35,6 +35,9 @@ use laya_topics::wire::{
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
 use super::connection;
 use super::latency::StageLatencies;
+use super::link::{Link, Loss};
+use super::liveness::{self, Liveness, Part};
+use super::outbox::{self, Item, Outbox};
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::decide::{self, RowOutput};
@@ -58,6 +61,13 @@ pub enum ServeError {
 /// eighth of this.
 pub const INLINE_TOKENIZE_BYTES: usize = 2048;
 
+/// Requests larger than the inline limit decoded and laid out at once, at most. Decoding and
+/// tokenizing a large request costs many times its bytes (a legal 220 KB state of 11,000 keys:
+/// its document, its serialized text and the tokenizer's encoding of all of it before the cut),
+/// so the rest wait for a slot as their raw bytes (issue #31: 64 of them at once took the agent
+/// to 1.9 GB). Two keep both cores busy.
+pub const PREPARING_AT_ONCE: usize = 2;
+
 /// Counters for telemetry.
 #[derive(Debug, Default)]
 struct Counters {
@@ -67,27 +77,58 @@ struct Counters {
     resent: AtomicU64,
 }
 
+/// What answers questions: a model bundle and the engine running it. A reload (SIGHUP) replaces
+/// it whole once the new engine passed its health call; a question keeps the one it started
+/// with, so the old engine lives until its last question is answered.
+pub struct Serving {
+    pub bundle: Arc<HostBundle>,
+    pub engine: Engine,
+    /// The configured backend's name (`engine.backend`).
+    pub backend: String,
+    /// This model's part of the status document (`model_name`, `bundle_sha256`).
+    identity: Identity,
+}
+
+impl Serving {
+    pub fn new(bundle: Arc<HostBundle>, engine: Engine, backend: &str) -> Serving {
+        let identity = Identity::new(&bundle);
+        Serving { bundle, engine, backend: backend.to_owned(), identity }
+    }
+}
+
+/// A reload's candidate, made by the command line from the re-read configuration: the new
+/// configuration, its bundle and the engine to start for it; or why none could be made.
+pub enum Reload {
+    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: crate::engine::process::EngineConfig },
+    Failed(String),
+}
+
 struct Shared {
     client: AsyncClient,
     admission: Admission,
-    bundle: Arc<HostBundle>,
-    engine: Engine,
+    /// What answers questions now (see [`Serving`]).
+    serving: std::sync::RwLock<Arc<Serving>>,
     replies: Mutex<ReplyCache>,
     /// Questions being answered, by key: a redelivered copy waits on its original's reply
     /// (`None` until then; the sender dropped without one means the original failed).
     in_progress: Mutex<std::collections::HashMap<RequestKey, watch::Receiver<Option<Vec<u8>>>>>,
     permits: Arc<Semaphore>,
+    /// Slots for decoding and laying out large requests ([`PREPARING_AT_ONCE`]).
+    preparing: Arc<Semaphore>,
+    /// Set when a question is answered; the 1 s heartbeat hands freed heap back to the kernel
+    /// once nothing is in progress (after a burst, not per question).
+    trim_due: AtomicBool,
     /// Payload bytes of questions waiting for a place (`limits.waiting_bytes`).
     waiting: AtomicUsize,
     waiting_limit: usize,
     device: String,
-    backend: String,
     /// `{prefix}/{device}/errors`, where undeliverable questions are reported.
     errors_to: ReplyTo,
     counters: Counters,
     stopping: AtomicBool,
-    /// This run's identity in the status document (`Status::birth`, `model_name`, `bundle_sha256`).
-    identity: Identity,
+    /// This run's start, in the status document (`Status::birth`: milliseconds since the epoch).
+    birth: u64,
+    fleet: String,
     /// The current telemetry interval: latencies of its answers and where it started.
     interval: Mutex<Interval>,
     /// Questions in the waiting room (beyond `limits.queue`).
@@ -98,20 +139,18 @@ struct Shared {
     /// and acknowledging its question happen under the read lock, so the two are both sent
     /// before the DISCONNECT, or neither is.
     closed: RwLock<bool>,
+    /// Sessions another client with our client id took over in this run (`Status::takeovers`).
+    takeovers: AtomicU64,
 }
 
-/// What the status document says about this run and its model, fixed at start.
+/// What the status document says about the model being served.
 struct Identity {
-    /// The start time in milliseconds since the Unix epoch (see `Status::birth`).
-    birth: u64,
     model_name: String,
     bundle_sha256: Option<String>,
-    fleet: String,
 }
 
 impl Identity {
-    fn new(bundle: &HostBundle, fleet: &str, started: SystemTime) -> Identity {
-        let birth = started.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    fn new(bundle: &HostBundle) -> Identity {
         let manifest = bundle.dir.join(crate::bundle::MANIFEST);
         let bundle_sha256 = if manifest.is_file() {
             match crate::bundle::digest::sha256_file(&manifest) {
@@ -128,7 +167,7 @@ impl Identity {
         let model_name = named
             .map(str::to_owned)
             .unwrap_or_else(|| bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-        Identity { birth, model_name, bundle_sha256, fleet: fleet.to_owned() }
+        Identity { model_name, bundle_sha256 }
     }
 }
 
@@ -175,6 +214,11 @@ fn reply_properties(to: &ReplyTo) -> PublishProperties {
 }
 
 impl Shared {
+    /// What answers questions now.
+    fn serving(&self) -> Arc<Serving> {
+        self.serving.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     async fn publish(&self, to: &ReplyTo, payload: Vec<u8>) -> Result<(), rumqttc::v5::ClientError> {
         self.client
             .publish_with_properties(to.topic.clone(), QoS::AtLeastOnce, false, payload, reply_properties(to))
@@ -216,6 +260,7 @@ impl Shared {
             if out.answered {
                 self.counters.answered.fetch_add(1, Ordering::Relaxed);
             }
+            self.trim_due.store(true, Ordering::Relaxed);
         }
         drop(permit);
         let _ = self.client.ack(publish).await;
@@ -235,6 +280,10 @@ impl Shared {
     /// Handles one question end to end, up to what to send back; the caller delivers it.
     async fn handle(self: &Arc<Self>, publish: &Publish, received: Instant) -> Option<Outbound> {
         let incoming = incoming(publish);
+        // A large request waits for a slot before it is decoded, and keeps it until laid out.
+        let encoding = Encoding::detect(incoming.content_type, incoming.payload);
+        let inline = publish.payload.len() <= inline_limit(encoding);
+        let slot = if inline { None } else { self.preparing.clone().acquire_owned().await.ok() };
         let decision = self.admission.decide_with(&incoming, received, |key| {
             self.replies.lock().unwrap_or_else(|e| e.into_inner()).get(key).map(<[u8]>::to_vec)
         });
@@ -278,11 +327,6 @@ impl Shared {
                         Err(_) => None,
                     },
                 };
-                let limit = match reply_to.encoding {
-                    Encoding::Json => INLINE_TOKENIZE_BYTES,
-                    Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
-                };
-                let inline = publish.payload.len() <= limit;
                 // Everything logged while answering names the question.
                 let span = tracing::info_span!(
                     "question",
@@ -290,7 +334,7 @@ impl Shared {
                     device = %self.device,
                     questions = request.questions.len(),
                 );
-                let answer = self.answer(*request, &reply_to, deadline, received, inline);
+                let answer = self.answer(*request, &reply_to, deadline, received, slot);
                 match tracing::Instrument::instrument(answer, span).await {
                     Ok(payload) => {
                         if let Some(g) = guard {
@@ -317,21 +361,29 @@ impl Shared {
         to: &ReplyTo,
         deadline: Option<Instant>,
         received: Instant,
-        inline: bool,
+        slot: Option<OwnedSemaphorePermit>,
     ) -> Result<Vec<u8>, ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
-        let bundle = self.bundle.clone();
+        // The bundle and engine this question started with, whatever a reload does meanwhile.
+        let serving = self.serving();
+        let bundle = serving.bundle.clone();
         let t0 = Instant::now();
-        let request = Arc::new(request);
-        let req = request.clone();
+        // Only the language is read after layout: the request itself (its state document, the
+        // larger part of its memory) is dropped with the layout's work.
+        let lang = request.lang.clone();
         let max_tokens = self.admission.limits.max_request_tokens;
-        let prepare = move || pipeline::prepare(&bundle, &req, max_tokens);
+        let prepare = move || pipeline::prepare(&bundle, &request, max_tokens);
         // A panic must not lose the question: it gets an error reply like any other failure.
-        let prepared = if inline {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare)).map_err(|_| "it panicked".to_owned())
-        } else {
-            tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string())
+        let prepared = match slot {
+            None => {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare)).map_err(|_| "it panicked".to_owned())
+            }
+            Some(slot) => {
+                let prepared = tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string());
+                drop(slot);
+                prepared
+            }
         };
         let prepared = match prepared {
             Ok(Ok(p)) => p,
@@ -343,11 +395,11 @@ impl Shared {
             return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into()));
         }
         let rows: Vec<Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r.clone())).collect();
-        let mut answered_by = (self.backend.clone(), crate::engine::supervisor::Role::Primary);
+        let mut answered_by = (serving.backend.clone(), crate::engine::supervisor::Role::Primary);
         let (outputs, infer_ms) = if rows.is_empty() {
             (Vec::new(), 0.0)
         } else {
-            let run = self.engine.run(rows, deadline);
+            let run = serving.engine.run(rows, deadline);
             let result = match deadline {
                 Some(d) => match tokio::time::timeout_at(d.into(), run).await {
                     Ok(r) => r,
@@ -378,7 +430,7 @@ impl Shared {
             .into_iter()
             .map(|r| RowOutput { act_probs: decide::act_probabilities(&r.act_logits), logits: r.logits })
             .collect();
-        let result = decide::assemble(&prepared, &outputs, &self.bundle.config.temperatures, request.lang.as_deref())
+        let result = decide::assemble(&prepared, &outputs, &serving.bundle.config.temperatures, lang.as_deref())
             .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
         let done = Instant::now();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -394,34 +446,37 @@ impl Shared {
         }
         tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
         let (backend, role) = answered_by;
-        let backend = if backend.is_empty() { self.backend.clone() } else { backend };
+        let backend = if backend.is_empty() { serving.backend.clone() } else { backend };
         let serving = role.as_str().to_owned();
         let reply = Reply { id, device: self.device.clone(), backend, serving, result, timing };
         Ok(to.encoding.encode(&reply.to_value()))
     }
 
     fn status(&self, online: bool, started_at: u64) -> Vec<u8> {
+        let serving = self.serving();
+        let es = serving.engine.status();
         let s = Status {
             online,
             version: env!("CARGO_PKG_VERSION").into(),
-            backend: self.backend.clone(),
-            model: self.bundle.dir.display().to_string(),
+            backend: serving.backend.clone(),
+            model: serving.bundle.dir.display().to_string(),
             started_at,
-            degraded: self.engine.status().degraded,
-            backend_state: self.engine.status().state.as_str().into(),
-            birth: self.identity.birth,
-            runtime: self.engine.status().runtime,
-            model_name: self.identity.model_name.clone(),
-            bundle_sha256: self.identity.bundle_sha256.clone(),
-            fleet: self.identity.fleet.clone(),
+            degraded: es.degraded,
+            backend_state: es.state.as_str().into(),
+            birth: self.birth,
+            runtime: es.runtime,
+            model_name: serving.identity.model_name.clone(),
+            bundle_sha256: serving.identity.bundle_sha256.clone(),
+            fleet: self.fleet.clone(),
+            takeovers: self.takeovers.load(Ordering::Relaxed),
         };
         Encoding::Json.encode(&s.to_value())
     }
 
     /// The load figures of the interval that ends now, and the start of the next.
-    fn load(&self, es: &crate::engine::process::EngineStatus) -> Load {
+    fn load(&self, engine: &Engine, es: &crate::engine::process::EngineStatus) -> Load {
         let now = Instant::now();
-        let busy = self.engine.busy_time();
+        let busy = engine.busy_time();
         let (questions, latency_ms, span, busy_in) = match self.interval.lock() {
             Ok(mut i) => {
                 let (n, p) = i.latencies.take();
@@ -449,9 +504,10 @@ impl Shared {
     }
 
     fn telemetry(&self, started: Instant) -> Vec<u8> {
-        let es = self.engine.status();
-        let load = self.load(&es);
-        let memo = self.bundle.tokenizer.memo_stats();
+        let serving = self.serving();
+        let es = serving.engine.status();
+        let load = self.load(&serving.engine, &es);
+        let memo = serving.bundle.tokenizer.memo_stats();
         let t = Telemetry {
             device: self.device.clone(),
             uptime_s: started.elapsed().as_secs(),
@@ -465,7 +521,7 @@ impl Shared {
                 .map(|r| r.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect())
                 .unwrap_or_default(),
             in_flight: es.in_flight as u64,
-            backend: self.backend.clone(),
+            backend: serving.backend.clone(),
             backend_state: es.state.as_str().into(),
             primary: es.role == crate::engine::supervisor::Role::Primary,
             degraded: es.degraded,
@@ -479,12 +535,14 @@ impl Shared {
 }
 
 /// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
-/// flight, publishes `offline` and disconnects.
+/// flight, publishes `offline` and disconnects. Each [`Reload`] from `reloads` is started beside
+/// the serving engine and replaces it once its health call passes.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     engine: Engine,
     bundle: Arc<HostBundle>,
     shutdown: impl Future,
+    mut reloads: mpsc::UnboundedReceiver<Reload>,
 ) -> Result<(), ServeError> {
     let schema = Schema::new(&config.mqtt.prefix)?;
     let device = config.device();
@@ -500,24 +558,25 @@ pub async fn run(
     };
     let started_at = now_unix();
     let started = Instant::now();
-    let identity = Identity::new(&bundle, &config.mqtt.fleet, SystemTime::now());
+    let birth = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let telemetry_encoding = if config.mqtt.telemetry_encoding == "cbor" { Encoding::Cbor } else { Encoding::Json };
     let busy_at_start = engine.busy_time();
-    let backend = config.engine.backend.clone();
+    let serving = Serving::new(bundle, engine, &config.engine.backend);
     let offline = Encoding::Json.encode(
         &Status {
             online: false,
             version: env!("CARGO_PKG_VERSION").into(),
-            backend: backend.clone(),
-            model: bundle.dir.display().to_string(),
+            backend: serving.backend.clone(),
+            model: serving.bundle.dir.display().to_string(),
             started_at,
             degraded: false,
             backend_state: "starting".into(),
-            birth: identity.birth,
+            birth,
             runtime: String::new(),
-            model_name: identity.model_name.clone(),
-            bundle_sha256: identity.bundle_sha256.clone(),
-            fleet: identity.fleet.clone(),
+            model_name: serving.identity.model_name.clone(),
+            bundle_sha256: serving.identity.bundle_sha256.clone(),
+            fleet: config.mqtt.fleet.clone(),
+            takeovers: 0,
         }
         .to_value(),
     );
@@ -526,23 +585,25 @@ pub async fn run(
     let shared = Arc::new(Shared {
         client: client.clone(),
         admission: Admission::new(schema.clone(), device.clone(), &config),
-        bundle,
-        engine,
+        serving: std::sync::RwLock::new(Arc::new(serving)),
         replies: Mutex::new(ReplyCache::new(config.limits.remember_replies)),
         in_progress: Mutex::default(),
         permits: Arc::new(Semaphore::new(config.limits.queue)),
+        preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
+        trim_due: AtomicBool::new(false),
         waiting: AtomicUsize::new(0),
         waiting_limit: config.limits.waiting_bytes,
         device: device.clone(),
-        backend,
         errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
         counters: Counters::default(),
         stopping: AtomicBool::new(false),
-        identity,
+        birth,
+        fleet: config.mqtt.fleet.clone(),
         interval: Mutex::new(Interval { latencies: StageLatencies::default(), started, busy_at_start }),
         waiting_questions: AtomicUsize::new(0),
         telemetry_encoding,
         closed: RwLock::new(false),
+        takeovers: AtomicU64::new(0),
     });
 
     // The waiting room: one task hands places to waiting questions in arrival order.
@@ -567,49 +628,127 @@ pub async fn run(
         });
     }
 
-    // The event loop's own task: poll, forward, reconnect with backoff and jitter.
+    // What the loop publishes for itself goes through the outbox: the loop never waits on the
+    // client (whose connection task may be waiting for the loop).
+    let outbox = Arc::new(Outbox::default());
+    {
+        let outbox = outbox.clone();
+        let client = client.clone();
+        let topics =
+            outbox::Topics { status: status_topic.clone(), events: events_topic.clone(), telemetry: telemetry_topic.clone() };
+        tokio::spawn(async move { outbox.run(client, topics).await });
+    }
+    let publish_event = |event: &EngineEvent| outbox.push(Item::Event(Encoding::Json.encode(&event.to_value())));
+
+    // The loop and the connection task watch each other from a thread (`bus::liveness`).
+    let alive = Arc::new(Liveness::new(Instant::now()));
+    let connect_timeout = Duration::from_secs(5);
+    let mut link = Link::new(
+        Duration::from_secs(config.mqtt.keep_alive_s.max(5)),
+        Duration::from_millis(config.mqtt.reconnect_min_ms.max(1)),
+        Duration::from_millis(config.mqtt.reconnect_max_ms.max(1)),
+        super::link::process_jitter(Duration::from_millis(250)),
+        Instant::now(),
+    );
+    let stall_bound = Duration::from_secs(config.limits.loop_stall_s);
+    let link_turn = link.longest_turn(connect_timeout);
+    if config.limits.loop_stall_s > 0 {
+        let bounds = liveness::Bounds { service_loop: stall_bound, link: stall_bound + link_turn };
+        if let Err(e) = liveness::watch(alive.clone(), bounds, Duration::from_secs(1), liveness::exit_on_stall) {
+            tracing::warn!(error = %e, "cannot start the liveness watch");
+        }
+    }
+
+    // The connection task: poll, forward, reconnect with backoff and jitter. It waits on nothing
+    // but the connection (the channel to the loop is unbounded: every question it carries is
+    // taken at once by the loop, which never waits either), and no poll may take longer than the
+    // link allows (`Link::poll_bound`): a broker that stopped talking or reading is dropped.
     enum Net {
         Connected { session_present: bool },
         Question(Box<Publish>),
+        TakenOver,
         Closed,
     }
-    let (net_tx, mut net_rx) = mpsc::channel::<Net>(1024);
-    let (min_backoff, max_backoff) = (
-        Duration::from_millis(config.mqtt.reconnect_min_ms.max(1)),
-        Duration::from_millis(config.mqtt.reconnect_max_ms.max(1)),
-    );
+    let (net_tx, mut net_rx) = mpsc::unbounded_channel::<Net>();
+    let link_alive = alive.clone();
     let poller = tokio::spawn(async move {
-        let mut backoff = min_backoff;
         loop {
-            match eventloop.poll().await {
-                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                    backoff = min_backoff;
-                    if net_tx.send(Net::Connected { session_present: ack.session_present }).await.is_err() {
-                        break;
+            link_alive.beat(Part::Link);
+            let bound = link.poll_bound(Instant::now(), connect_timeout);
+            let loss = match tokio::time::timeout(bound, eventloop.poll()).await {
+                Ok(Ok(event)) => {
+                    match event {
+                        Event::Incoming(packet) => {
+                            link.incoming(Instant::now());
+                            let sent = match packet {
+                                Packet::ConnAck(ack) => {
+                                    link.connected(Instant::now());
+                                    net_tx.send(Net::Connected { session_present: ack.session_present })
+                                }
+                                Packet::Publish(p) => net_tx.send(Net::Question(Box::new(p))),
+                                _ => Ok(()),
+                            };
+                            if sent.is_err() {
+                                break;
+                            }
+                        }
+                        Event::Outgoing(rumqttc::Outgoing::Disconnect) => {
+                            // Read on until the broker closes the connection: closing a socket with
+                            // unread bytes (a PUBACK for `offline`) sends a TCP reset, which can
+                            // discard the DISCONNECT before the broker reads it, and then the Last
+                            // Will fires.
+                            let drain = async { while eventloop.poll().await.is_ok() {} };
+                            let _ = tokio::time::timeout(Duration::from_secs(3), drain).await;
+                            let _ = net_tx.send(Net::Closed);
+                            break;
+                        }
+                        Event::Outgoing(_) => {}
                     }
+                    continue;
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    if net_tx.send(Net::Question(Box::new(p))).await.is_err() {
-                        break;
+                Ok(Err(rumqttc::v5::ConnectionError::MqttState(rumqttc::v5::StateError::ServerDisconnect {
+                    reason_code: rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::SessionTakenOver,
+                    ..
+                }))) => Loss::TakenOver,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "broker connection lost");
+                    Loss::Error
+                }
+                Err(_) => {
+                    // The poll was cut short: drop the connection, keep what is unacknowledged
+                    // for the next one.
+                    let loss = link.poll_timed_out(Instant::now());
+                    eventloop.clean();
+                    match loss {
+                        Loss::Silent => tracing::warn!(
+                            silent_s = bound.as_secs_f64(),
+                            "the broker said nothing for one and a half keep-alives: the connection is taken for lost"
+                        ),
+                        _ => tracing::warn!(
+                            stuck_s = bound.as_secs_f64(),
+                            "the broker connection made no progress (a write the broker does not read): reconnecting"
+                        ),
                     }
+                    loss
                 }
-                Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => {
-                    // Read on until the broker closes the connection: closing a socket with
-                    // unread bytes (a PUBACK for `offline`) sends a TCP reset, which can discard
-                    // the DISCONNECT before the broker reads it, and then the Last Will fires.
-                    let drain = async { while eventloop.poll().await.is_ok() {} };
-                    let _ = tokio::time::timeout(Duration::from_secs(3), drain).await;
-                    let _ = net_tx.try_send(Net::Closed);
+            };
+            let wait = link.lost(&loss, Instant::now());
+            if loss == Loss::TakenOver {
+                tracing::warn!(
+                    client_id = %eventloop.options.client_id(),
+                    takeovers = link.takeovers,
+                    retry_in = ?wait,
+                    "another client connected with this agent's client id and took its session \
+                     (two devices with one client id, e.g. a cloned image?): reconnecting later"
+                );
+                if net_tx.send(Net::TakenOver).is_err() {
                     break;
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "broker connection lost");
-                    let jitter = Duration::from_millis(u64::from(std::process::id() ^ now_unix() as u32) % 250);
-                    tokio::time::sleep(backoff + jitter).await;
-                    backoff = (backoff * 2).min(max_backoff);
-                }
+            } else {
+                tracing::info!(retry_in = ?wait, "reconnecting to the broker");
             }
+            link_alive.beat(Part::Link);
+            tokio::time::sleep(wait).await;
         }
     });
 
@@ -618,30 +757,55 @@ pub async fn run(
     let telemetry_every = Duration::from_secs(config.mqtt.telemetry_interval_s.max(1));
     let mut telemetry = tokio::time::interval(telemetry_every);
     telemetry.tick().await;
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ready = false;
-    let mut notices = shared.engine.notices();
-    let mut probe_runs = shared.engine.probe_runs();
-    let mut backend_state = shared.engine.backend_state();
+    let (mut notices, mut probe_runs, mut backend_state) = {
+        let engine = &shared.serving().engine;
+        (engine.notices(), engine.probe_runs(), engine.backend_state())
+    };
+    // A reload's candidate being health-checked beside the serving engine, and its verdict.
+    let (verdict_tx, mut verdicts) = mpsc::unbounded_channel::<(Box<Config>, Arc<Serving>, Result<(), String>)>();
     tokio::pin!(shutdown);
     loop {
+        alive.beat(Part::Loop);
         tokio::select! {
             _ = &mut shutdown => break,
             msg = net_rx.recv() => match msg {
                 Some(Net::Connected { session_present }) => {
                     tracing::info!(broker = %config.mqtt.broker, session_present, "connected to the broker");
                     if !session_present {
-                        let _ = client.subscribe(ask_topic.clone(), QoS::AtLeastOnce).await;
+                        outbox.push(Item::Subscribe(ask_topic.clone()));
                         if let Some(f) = &fleet_filter {
-                            let _ = client.subscribe(f.clone(), QoS::AtLeastOnce).await;
+                            outbox.push(Item::Subscribe(f.clone()));
                         }
                     }
-                    let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
+                    outbox.push(Item::Status(shared.status(true, started_at)));
                     if !ready {
                         ready = true;
                         // READY once connected with the engine supervised; a failing backend does
                         // not hold it back (the status says `backend_state`).
                         notifier.ready(&format!("serving as {device}"));
                     }
+                }
+                Some(Net::TakenOver) => {
+                    let n = shared.takeovers.fetch_add(1, Ordering::Relaxed) + 1;
+                    publish_event(&EngineEvent {
+                        event: "session_taken_over".into(),
+                        reason: None,
+                        code: Some(0x8E),
+                        name: Some("SessionTakenOver".into()),
+                        message: format!(
+                            "another client connected with this agent's client id {:?} and took its session \
+                             ({n} times in this run): two devices share one client id (a cloned image?); \
+                             give each its own mqtt.device or mqtt.client_id",
+                            config.client_id()
+                        ),
+                        deadline_ms: None,
+                        role: String::new(),
+                        probe: None,
+                    });
+                    outbox.push(Item::Status(shared.status(true, started_at)));
                 }
                 Some(Net::Question(p)) => {
                     if shared.stopping.load(Ordering::Relaxed) {
@@ -662,23 +826,40 @@ pub async fn run(
                         let _ = waiting_tx.send((p, received, bytes));
                     } else {
                         // Over the queue and the waiting room: a retryable error, then the ack
-                        // (not redelivered for ever).
-                        tokio::spawn(async move {
-                            let out = refusal_when_full(&s, &p);
-                            s.deliver(&p, out, None).await;
-                        });
+                        // (not redelivered for ever). The refusal is made now and the question's
+                        // payload let go: what waits to be sent is the small refusal only.
+                        let out = refusal_when_full(&s, &p);
+                        let ack = ack_only(&p);
+                        drop(p);
+                        tokio::spawn(async move { s.deliver(&ack, out, None).await });
                     }
                 }
                 Some(Net::Closed) | None => break,
             },
-            _ = watchdog.tick() => notifier.watchdog(),
+            _ = heartbeat.tick() => {
+                // After a burst, once nothing is in progress: freed heap back to the kernel.
+                if shared.permits.available_permits() == config.limits.queue
+                    && shared.waiting_questions.load(Ordering::Relaxed) == 0
+                    && shared.trim_due.swap(false, Ordering::Relaxed)
+                {
+                    crate::heap::release_freed();
+                }
+            }
+            // Pings only while the connection task beats too: a stalled one stops them, and
+            // systemd restarts the service.
+            _ = watchdog.tick() => {
+                if alive.fresh(Instant::now(), stall_bound.max(Duration::from_secs(1)) + link_turn) {
+                    notifier.watchdog();
+                } else {
+                    tracing::error!("the broker connection task stopped making progress: no systemd watchdog ping");
+                }
+            }
             // Backend events go out when they happen, and the retained status follows the backend.
             notice = notices.recv() => match notice {
                 Ok(n) => {
-                    let event = engine_event(&n);
-                    let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
+                    publish_event(&engine_event(&n));
                     if let Some(rejected) = runtime_rejected_event(&n) {
-                        let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&rejected.to_value())).await;
+                        publish_event(&rejected);
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
@@ -688,33 +869,75 @@ pub async fn run(
             },
             // A failed probe is an event of its own, with the figures (a passed one is in telemetry).
             run = probe_runs.recv() => match run {
-                Ok(run) if !run.passed() => {
-                    let event = probe_event(&run);
-                    let _ = client.publish(events_topic.clone(), QoS::AtLeastOnce, false, Encoding::Json.encode(&event.to_value())).await;
-                }
+                Ok(run) if !run.passed() => publish_event(&probe_event(&run)),
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(missed, "probe results were not published (too many at once)");
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
             },
-            Ok(()) = backend_state.changed() => {
-                let _ = client.publish(status_topic.clone(), QoS::AtLeastOnce, true, shared.status(true, started_at)).await;
-            }
+            Ok(()) = backend_state.changed() => outbox.push(Item::Status(shared.status(true, started_at))),
+            Some(reload) = reloads.recv() => match reload {
+                Reload::Failed(why) => publish_event(&reload_event("reload_rejected", why)),
+                Reload::Candidate { config: new, bundle, engine } => match reload_refusal(&config, &new) {
+                    Some(why) => publish_event(&reload_event("reload_rejected", why)),
+                    None => {
+                        tracing::info!(model = %bundle.dir.display(), "reload: starting the new engine beside the serving one");
+                        let candidate = Arc::new(Serving::new(bundle, Engine::start(engine), &new.engine.backend));
+                        let verdicts = verdict_tx.clone();
+                        let within = reload_allowance(&new);
+                        tokio::spawn(async move {
+                            let verdict = until_ready(&candidate.engine, within).await;
+                            let _ = verdicts.send((new, candidate, verdict));
+                        });
+                    }
+                },
+            },
+            Some((new, candidate, verdict)) = verdicts.recv() => match verdict {
+                Ok(()) => {
+                    let message = format!(
+                        "now serving {} on the {} backend (the new engine passed its health call)",
+                        candidate.bundle.dir.display(),
+                        candidate.backend
+                    );
+                    tracing::info!(%message, "reload: taking over");
+                    notices = candidate.engine.notices();
+                    probe_runs = candidate.engine.probe_runs();
+                    backend_state = candidate.engine.backend_state();
+                    if let Ok(mut i) = shared.interval.lock() {
+                        i.busy_at_start = candidate.engine.busy_time();
+                    }
+                    // The old engine stops once its last question is answered (its last handle
+                    // is dropped then).
+                    *shared.serving.write().unwrap_or_else(|e| e.into_inner()) = candidate;
+                    config = *new;
+                    publish_event(&reload_event("reloaded", message));
+                    outbox.push(Item::Status(shared.status(true, started_at)));
+                }
+                Err(why) => {
+                    // Dropping the candidate stops its worker; the serving engine never paused.
+                    drop(candidate);
+                    publish_event(&reload_event("reload_rejected", format!("the new engine failed its health call: {why}")));
+                }
+            },
             _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {
                 let props = PublishProperties {
                     content_type: Some(shared.telemetry_encoding.content_type().to_owned()),
                     payload_format_indicator: Some(u8::from(shared.telemetry_encoding == Encoding::Json)),
                     ..PublishProperties::default()
                 };
-                let _ = client.publish_with_properties(telemetry_topic.clone(), QoS::AtMostOnce, false, shared.telemetry(started), props).await;
-                notifier.status(&format!("{} answered, backend {}{}", shared.counters.answered.load(Ordering::Relaxed), shared.backend, if shared.engine.status().degraded { " (degraded)" } else { "" }));
+                outbox.push(Item::Telemetry(shared.telemetry(started), props));
+                let serving = shared.serving();
+                notifier.status(&format!("{} answered, backend {}{}", shared.counters.answered.load(Ordering::Relaxed), serving.backend, if serving.engine.status().degraded { " (degraded)" } else { "" }));
             }
         }
     }
 
-    // Stop taking questions, let those in flight finish, say goodbye.
+    // Stop taking questions, let those in flight finish, say goodbye. Every wait below has its
+    // own bound, so the liveness watch ends here.
+    alive.stop();
     notifier.stopping();
+    let outbox_done = outbox.close();
     shared.stopping.store(true, Ordering::Relaxed);
     // Questions still arriving are left unacknowledged; the poller must never wait for room.
     tokio::spawn(async move { while net_rx.recv().await.is_some() {} });
@@ -730,11 +953,118 @@ pub async fn run(
         Ok(mut closed) => *closed = true,
         Err(_) => tracing::warn!("a reply was still being handed to the client at shutdown"),
     }
+    // What the outbox was sending goes before `offline`.
+    let _ = tokio::time::timeout(Duration::from_secs(5), outbox_done).await;
     // `offline`, then DISCONNECT with reason 0 (normal): the broker discards the Last Will.
     let _ = client.publish(status_topic, QoS::AtLeastOnce, true, shared.status(false, started_at)).await;
     let _ = client.disconnect().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
     Ok(())
+}
+
+/// Why a reload's configuration cannot be applied without a restart, if it cannot: the broker
+/// connection (`[mqtt]`), the queue and limits it announced and admits by (`[limits]`) and the
+/// log filter are set at start. What a reload applies: `[model]`, `[engine]`, `[rknn]`, `[qnn]`,
+/// `[probe]`.
+fn reload_refusal(serving: &Config, new: &Config) -> Option<String> {
+    let changed: Vec<&str> = [
+        ("[mqtt]", serving.mqtt != new.mqtt),
+        ("[limits]", serving.limits != new.limits),
+        ("[log]", serving.log != new.log),
+    ]
+    .into_iter()
+    .filter_map(|(section, differs)| differs.then_some(section))
+    .collect();
+    (!changed.is_empty()).then(|| {
+        format!(
+            "the new configuration changes {}, which only a restart applies; nothing was reloaded (a reload applies [model], [engine], [rknn], [qnn] and [probe])",
+            changed.join(", ")
+        )
+    })
+}
+
+/// How long a reload's engine may take to pass its first health call: loading
+/// (`startup_timeout_s`), the first inference's allowance, and a minute for the health rows and
+/// the probe.
+fn reload_allowance(config: &Config) -> Duration {
+    Duration::from_secs(config.engine.startup_timeout_s)
+        + Duration::from_millis(config.engine.load_allowance_ms)
+        + Duration::from_secs(60)
+}
+
+/// Waits for a new engine's verdict: `Ok` once it is ready (its worker loaded and passed its
+/// health call and probe), the reason of its first failure (a restart, or degradation), or a
+/// time-out after `within`.
+async fn until_ready(engine: &Engine, within: Duration) -> Result<(), String> {
+    use crate::engine::supervisor::{BackendState, NoticeKind};
+    use tokio::sync::broadcast::error::RecvError;
+    let mut state = engine.backend_state();
+    let mut notices = engine.notices();
+    let wait = async {
+        loop {
+            match *state.borrow_and_update() {
+                BackendState::Ready => return Ok(()),
+                BackendState::Degraded => return Err("the new backend is degraded".to_owned()),
+                BackendState::Starting => {}
+            }
+            tokio::select! {
+                changed = state.changed() => if changed.is_err() {
+                    return Err("the new engine stopped".to_owned());
+                },
+                notice = notices.recv() => match notice {
+                    Ok(n) if n.kind == NoticeKind::WorkerRestart => return Err(n.message),
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return Err("the new engine stopped".to_owned()),
+                },
+            }
+        }
+    };
+    match tokio::time::timeout(within, wait).await {
+        Ok(verdict) => verdict,
+        Err(_) => Err(format!("its worker did not pass a health call within {} s", within.as_secs())),
+    }
+}
+
+/// A reload's event: `reloaded` or `reload_rejected`, with what happened.
+fn reload_event(kind: &str, message: String) -> EngineEvent {
+    if kind == "reloaded" {
+        tracing::info!(%message, "reloaded");
+    } else {
+        tracing::warn!(%message, "reload rejected: the serving engine goes on");
+    }
+    EngineEvent {
+        event: kind.into(),
+        reason: None,
+        code: None,
+        name: None,
+        message,
+        deadline_ms: None,
+        role: String::new(),
+        probe: None,
+    }
+}
+
+/// The largest request tokenized on the runtime's thread, by encoding (see
+/// [`INLINE_TOKENIZE_BYTES`]).
+fn inline_limit(encoding: Encoding) -> usize {
+    match encoding {
+        Encoding::Json => INLINE_TOKENIZE_BYTES,
+        Encoding::Cbor => INLINE_TOKENIZE_BYTES / 8,
+    }
+}
+
+/// A publish that carries only what acknowledging `p` needs (its packet id and QoS), so that a
+/// question's payload is not held while its acknowledgement waits to be sent.
+fn ack_only(p: &Publish) -> Publish {
+    Publish {
+        dup: false,
+        qos: p.qos,
+        retain: false,
+        topic: Default::default(),
+        pkid: p.pkid,
+        payload: Default::default(),
+        properties: None,
+    }
 }
 
 /// The reply to a question that arrives with the queue full: what admission would refuse it

@@ -86,6 +86,9 @@ pub fn run(args: Args, config: Config) -> Result<(), String> {
 }
 
 async fn serve(args: Args, mut config: Config) -> Result<(), String> {
+    // From the start: SIGHUP's default action would end the agent (its Last Will firing).
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     if args.demo {
         // It waits (up to 2 s) for the broker to listen: not on the runtime's only thread.
         let port = tokio::task::spawn_blocking(bus::demo::start_broker).await.map_err(|e| e.to_string())??;
@@ -103,13 +106,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
         println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
     }
-    let setup = (|| {
-        let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
-        let program = backends::this_program().map_err(|e| e.to_string())?;
-        let engine_config = backends::engine_config(&program, &config, &bundle).map_err(|e| e.to_string())?;
-        Ok::<_, String>((Arc::new(bundle), engine_config))
-    })();
-    let (bundle, engine_config) = match setup {
+    let (bundle, engine_config) = match prepare(&config) {
         Ok(ready) => ready,
         Err(e) => {
             // Said on the device's events topic too, for operators who do not log in to boards.
@@ -130,7 +127,59 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
     };
-    bus::server::run(config, engine, bundle, shutdown).await.map_err(|e| e.to_string())
+    let reloads = reload_on_sighup(hup, args, config.clone());
+    bus::server::run(config, engine, bundle, shutdown, reloads).await.map_err(|e| e.to_string())
+}
+
+/// What serving `config` needs before it connects: its model bundle, loaded and verified, and
+/// its engine's configuration. Also what a reload prepares.
+fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::process::EngineConfig), String> {
+    let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+    let program = backends::this_program().map_err(|e| e.to_string())?;
+    let engine_config = backends::engine_config(&program, config, &bundle).map_err(|e| e.to_string())?;
+    Ok((Arc::new(bundle), engine_config))
+}
+
+/// SIGHUP (`systemctl reload`, an OTA tool that installed a new model) re-reads the configuration
+/// file and the model bundle, with the command line's flags applied again, and hands the result
+/// to the service, which starts it beside the serving engine (`bus::server::Reload`). Loading
+/// runs in the blocking pool: it reads and hashes the bundle's files.
+fn reload_on_sighup(
+    mut hup: tokio::signal::unix::Signal,
+    args: Args,
+    started_with: Config,
+) -> tokio::sync::mpsc::UnboundedReceiver<bus::server::Reload> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let args = Arc::new(args);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the configuration and the model");
+            let args = args.clone();
+            let started_with = started_with.clone();
+            let prepared = tokio::task::spawn_blocking(move || {
+                let mut config = args.config()?;
+                if args.demo {
+                    // --demo's settings, as at start.
+                    config.mqtt.broker = started_with.mqtt.broker.clone();
+                    config.mqtt.device = started_with.mqtt.device.clone();
+                    config.model.dir = started_with.model.dir.clone();
+                    config.engine.backend = started_with.engine.backend.clone();
+                }
+                let (bundle, engine) = prepare(&config)?;
+                Ok::<_, String>(bus::server::Reload::Candidate { config: Box::new(config), bundle, engine })
+            })
+            .await;
+            let reload = match prepared {
+                Ok(Ok(candidate)) => candidate,
+                Ok(Err(why)) => bus::server::Reload::Failed(format!("the new configuration or model cannot be used: {why}")),
+                Err(e) => bus::server::Reload::Failed(format!("loading the new configuration failed: {e}")),
+            };
+            if tx.send(reload).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Asks the example questions once the agent is online, and prints the answers.

@@ -140,11 +140,16 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(broker: &Broker, device: &str, extra: &str) -> Agent {
+        Agent::start_at(&broker.url(), device, extra)
+    }
+
+    /// An agent of `device` on the broker at `url` (a mosquitto of the test's, or a
+    /// `test_kit::rogue_broker`), with `extra` config lines after `[mqtt]`'s.
+    pub fn start_at(url: &str, device: &str, extra: &str) -> Agent {
         let dir = temp_dir(&format!("agent-{device}"));
         let config = dir.join("laya-edge.toml");
         let text = format!(
-            "[mqtt]\nbroker = \"{}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}",
-            broker.url()
+            "[mqtt]\nbroker = \"{url}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}"
         );
         let text = if text.contains("[model]") {
             text

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod rogue_broker;
+
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 

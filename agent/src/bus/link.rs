@@ -1,0 +1,222 @@
+//! The broker link's policy, without I/O: how long to wait before reconnecting, when a connection
+//! that says nothing is dead, and how long one poll of the connection may take.
+//!
+//! The connection task (`bus::server`) asks this state machine and does the I/O. It exists
+//! because a broker can fail us in ways rumqttc does not notice on its own:
+//! - a connection whose broker stopped answering (dropped us, or a half-open TCP link) is only
+//!   found by rumqttc at the keep-alive after an unanswered ping, two keep-alives on; here it is
+//!   declared lost once nothing came from the broker for one and a half keep-alives (MQTT 5
+//!   §3.1.2.10: the broker itself gives up on us after that long);
+//! - a poll stuck in a write to a broker that stopped reading never returns to send a ping, so
+//!   one poll is bounded too (`poll_bound`), and the connection dropped when it runs out;
+//! - two agents with one client id (a cloned SD card) take each other's session
+//!   (DISCONNECT 0x8E) as fast as they reconnect: after a takeover the next connection waits at
+//!   least `TAKEOVER_MIN` (doubling to `TAKEOVER_MAX`), so two clones cost the broker at most one
+//!   takeover every few seconds, and the cause is named (`takeovers`).
+//!
+//! Backoff after an ordinary loss doubles from `reconnect_min_ms` to `reconnect_max_ms` with a
+//! per-process jitter; it starts again from the minimum only once a connection has lasted
+//! `STABLE` (a connection that is accepted and dropped at once is a failure like any other).
+
+use std::time::{Duration, Instant};
+
+/// The least wait before reconnecting after our session was taken over.
+pub const TAKEOVER_MIN: Duration = Duration::from_secs(5);
+/// The most, after takeovers in a row.
+pub const TAKEOVER_MAX: Duration = Duration::from_secs(120);
+/// A connection that lasted this long resets the backoffs.
+pub const STABLE: Duration = Duration::from_secs(60);
+/// How long connecting (TCP, TLS, CONNECT/CONNACK) may take beyond rumqttc's own timeout.
+const CONNECT_SLACK: Duration = Duration::from_secs(10);
+
+/// Why a connection ended, as the link tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Loss {
+    /// The broker closed it, refused us, or the network failed (rumqttc's error).
+    Error,
+    /// Another client connected with our client id (DISCONNECT 0x8E, Session Taken Over).
+    TakenOver,
+    /// Nothing came from the broker for one and a half keep-alives.
+    Silent,
+    /// A poll of the connection made no progress within `poll_bound` (stuck writing).
+    Stuck,
+}
+
+/// The link's state: connected or not, since when, and the backoffs.
+#[derive(Debug)]
+pub struct Link {
+    keep_alive: Duration,
+    min_backoff: Duration,
+    max_backoff: Duration,
+    /// Jitter added to every wait, fixed per process so clones drift apart.
+    jitter: Duration,
+    backoff: Duration,
+    takeover_backoff: Duration,
+    connected_at: Option<Instant>,
+    last_incoming: Instant,
+    /// Sessions taken over from us in this run.
+    pub takeovers: u64,
+}
+
+impl Link {
+    /// `jitter` is added to every wait (a per-process value below a second).
+    pub fn new(keep_alive: Duration, min_backoff: Duration, max_backoff: Duration, jitter: Duration, now: Instant) -> Link {
+        let min_backoff = min_backoff.max(Duration::from_millis(1));
+        Link {
+            keep_alive: keep_alive.max(Duration::from_secs(1)),
+            min_backoff,
+            max_backoff: max_backoff.max(min_backoff),
+            jitter,
+            backoff: min_backoff,
+            takeover_backoff: TAKEOVER_MIN,
+            connected_at: None,
+            last_incoming: now,
+            takeovers: 0,
+        }
+    }
+
+    /// A CONNACK arrived.
+    pub fn connected(&mut self, now: Instant) {
+        self.connected_at = Some(now);
+        self.last_incoming = now;
+    }
+
+    /// Any packet from the broker.
+    pub fn incoming(&mut self, now: Instant) {
+        self.last_incoming = now;
+    }
+
+    /// Whether a CONNACK was seen and no loss since.
+    pub fn is_connected(&self) -> bool {
+        self.connected_at.is_some()
+    }
+
+    /// How long the next poll may take before the connection counts as lost: while connected,
+    /// until one and a half keep-alives after the last packet from the broker (a healthy link
+    /// hears a PINGRESP every keep-alive); while connecting, rumqttc's connection timeout plus
+    /// some slack.
+    pub fn poll_bound(&self, now: Instant, connect_timeout: Duration) -> Duration {
+        match self.connected_at {
+            Some(_) => {
+                let silent_at = self.last_incoming + self.keep_alive * 3 / 2;
+                silent_at.saturating_duration_since(now).max(Duration::from_millis(100))
+            }
+            None => connect_timeout + CONNECT_SLACK,
+        }
+    }
+
+    /// The poll ran out of `poll_bound`: why the connection is given up (`Silent` if the broker
+    /// has said nothing for too long, else `Stuck`).
+    pub fn poll_timed_out(&self, now: Instant) -> Loss {
+        if self.connected_at.is_some() && now.duration_since(self.last_incoming) >= self.keep_alive * 3 / 2 {
+            Loss::Silent
+        } else {
+            Loss::Stuck
+        }
+    }
+
+    /// The connection ended: how long to wait before the next attempt.
+    pub fn lost(&mut self, loss: &Loss, now: Instant) -> Duration {
+        if let Some(at) = self.connected_at.take()
+            && now.duration_since(at) >= STABLE
+        {
+            self.backoff = self.min_backoff;
+            self.takeover_backoff = TAKEOVER_MIN;
+        }
+        let wait = match loss {
+            Loss::TakenOver => {
+                self.takeovers += 1;
+                let wait = self.takeover_backoff.max(self.backoff);
+                self.takeover_backoff = (self.takeover_backoff * 2).min(TAKEOVER_MAX);
+                wait
+            }
+            Loss::Error | Loss::Silent | Loss::Stuck => self.backoff,
+        };
+        self.backoff = (self.backoff * 2).min(self.max_backoff);
+        wait + self.jitter
+    }
+
+    /// The longest one turn of the connection task can take: a poll's bound or a backoff.
+    pub fn longest_turn(&self, connect_timeout: Duration) -> Duration {
+        let poll = (self.keep_alive * 3 / 2).max(connect_timeout + CONNECT_SLACK);
+        poll.max(self.max_backoff.max(TAKEOVER_MAX) + self.jitter)
+    }
+}
+
+/// A per-process jitter below `bound`, so clones and a restarted fleet spread their reconnects.
+pub fn process_jitter(bound: Duration) -> Duration {
+    let seed = u64::from(std::process::id())
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
+    let ms = bound.as_millis().max(1) as u64;
+    Duration::from_millis((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn link(t0: Instant) -> Link {
+        Link::new(30 * S, Duration::from_millis(500), 30 * S, Duration::ZERO, t0)
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_maximum_and_restarts_only_after_a_stable_connection() {
+        let t0 = Instant::now();
+        let mut l = link(t0);
+        let waits: Vec<_> = (0..8).map(|_| l.lost(&Loss::Error, t0)).collect();
+        assert_eq!(waits[0], Duration::from_millis(500));
+        assert_eq!(waits[1], S);
+        assert_eq!(waits[7], 30 * S);
+        // Accepted and dropped at once: still backing off.
+        l.connected(t0);
+        assert_eq!(l.lost(&Loss::Error, t0 + S), 30 * S);
+        // A connection that lasted STABLE starts again from the minimum.
+        l.connected(t0);
+        assert_eq!(l.lost(&Loss::Error, t0 + STABLE), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn takeovers_in_a_row_wait_at_least_five_seconds_doubling_and_are_counted() {
+        let t0 = Instant::now();
+        let mut l = link(t0);
+        let mut at = t0;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            l.connected(at);
+            at += S; // the clone takes the session over a second later
+            let w = l.lost(&Loss::TakenOver, at);
+            waits.push(w);
+            at += w;
+        }
+        assert_eq!(waits[0], TAKEOVER_MIN);
+        assert_eq!(waits[1], 2 * TAKEOVER_MIN);
+        assert_eq!(*waits.last().unwrap(), TAKEOVER_MAX);
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(l.takeovers, 7);
+        // Two clones: the takeovers are each one's reconnects, at least TAKEOVER_MIN apart.
+        assert!(waits.iter().all(|w| *w >= TAKEOVER_MIN));
+    }
+
+    #[test]
+    fn a_connection_that_hears_nothing_for_one_and_a_half_keep_alives_is_silent() {
+        let t0 = Instant::now();
+        let mut l = link(t0);
+        assert_eq!(l.poll_bound(t0, 5 * S), 15 * S, "connecting: the connect timeout and slack");
+        l.connected(t0);
+        assert_eq!(l.poll_bound(t0, 5 * S), 45 * S);
+        l.incoming(t0 + 30 * S); // the PINGRESP
+        assert_eq!(l.poll_bound(t0 + 31 * S, 5 * S), 44 * S);
+        assert_eq!(l.poll_timed_out(t0 + 50 * S), Loss::Stuck);
+        assert_eq!(l.poll_timed_out(t0 + 75 * S), Loss::Silent);
+        assert_eq!(l.poll_bound(t0 + 80 * S, 5 * S), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn jitter_stays_below_its_bound() {
+        for _ in 0..100 {
+            assert!(process_jitter(Duration::from_millis(250)) < Duration::from_millis(250));
+        }
+    }
+}
