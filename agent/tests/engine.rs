@@ -316,7 +316,9 @@ async fn a_constant_output_runtime_is_caught_by_every_workers_health_call_and_th
     let result = engine.run(vec![row(1)], None).await;
     assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
     let restarts = engine.restarts();
-    assert_eq!(restarts.len(), 6);
+    // Every failure is a failed health call: the third in a row degrades (issue #31; it was the
+    // sixth restart within the window).
+    assert_eq!(restarts.len(), 3);
     assert!(
         restarts
             .iter()
