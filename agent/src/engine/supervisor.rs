@@ -32,9 +32,18 @@
 //!
 //! Deadlines are per row (one NPU job per question): `max(min_deadline, 4 x per-row estimate x
 //! rows)`, the estimate being the p99 of recent per-row times, seeded by the health call's
-//! measured time and `expected_ms` until enough samples exist. The health call (two different
-//! rows, after "loaded" and before any question) gets the same kind of deadline, or the load
-//! allowance while nothing is known yet (the first inference of a fresh runtime).
+//! measured time and `expected_ms` until enough samples exist, kept per role (the CPU fallback
+//! is not timed by the NPU). The health call (two different rows, after "loaded" and before
+//! any question) gets the load allowance for its first row (every worker's first inference)
+//! and a row's deadline for each other row (with nothing known, the allowance is the whole
+//! call's). Progress frames from the worker restart the running call's deadline for the work
+//! left, at the larger of the estimate and the call's own rate: a slow worker that is getting on
+//! is not killed, a hung one sends nothing and is caught as before.
+//!
+//! Nothing waits unbounded: `max_failed_health` failed health calls in a row degrade the primary
+//! whatever the window, and a question that waited `ready_wait` for a worker that is not
+//! serving gets the fallback (the primary going on beside it as the candidate) or, without
+//! one, a refusal with the cause.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
