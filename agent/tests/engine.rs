@@ -714,16 +714,16 @@ fn drain(
     out
 }
 
-/// Asks `row` until `done` holds for an answer (or `within` passes); returns the answers' roles.
+/// Asks questions until `done` holds for an answer (or `within` passes); returns that answer.
 async fn ask_until(engine: &Engine, within: Duration, mut done: impl FnMut(&RunOutput) -> bool) -> Option<RunOutput> {
     let t = Instant::now();
     let mut i = 0;
     while t.elapsed() < within {
         i += 1;
-        if let Ok(Ok(out)) = tokio::time::timeout(within, engine.run(vec![row(i)], None)).await {
-            if done(&out) {
-                return Some(out);
-            }
+        if let Ok(Ok(out)) = tokio::time::timeout(within, engine.run(vec![row(i)], None)).await
+            && done(&out)
+        {
+            return Some(out);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
