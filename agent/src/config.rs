@@ -173,6 +173,13 @@ pub struct Engine {
     /// Restarts within `restart_window_s` before the backend counts as degraded.
     pub max_restarts: usize,
     pub restart_window_s: u64,
+    /// Failed health calls in a row that degrade the backend at once, whatever the window
+    /// (0: only `max_restarts`).
+    pub max_failed_health: usize,
+    /// How long a question waits for a backend that is not serving (loading, health-checked,
+    /// restarting) before the fallback is started for it, or, without one, it is refused (0:
+    /// it waits).
+    pub ready_wait_s: u64,
     /// How often a degraded backend is tried again.
     pub retry_primary_s: u64,
     /// The health call's deadline while nothing is known about the backend's speed (the first
@@ -198,6 +205,8 @@ impl Default for Engine {
             fallback: String::new(),
             max_restarts: 5,
             restart_window_s: 300,
+            max_failed_health: 3,
+            ready_wait_s: 20,
             retry_primary_s: 300,
             load_allowance_ms: 60_000,
             expected_ms: 0,

@@ -316,7 +316,9 @@ async fn a_constant_output_runtime_is_caught_by_every_workers_health_call_and_th
     let result = engine.run(vec![row(1)], None).await;
     assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
     let restarts = engine.restarts();
-    assert_eq!(restarts.len(), 6);
+    // Every failure is a failed health call: the third in a row degrades (issue #31; it was the
+    // sixth restart within the window).
+    assert_eq!(restarts.len(), 3);
     assert!(
         restarts
             .iter()
@@ -461,8 +463,13 @@ async fn the_restart_log_keeps_the_last_64_records_and_counts_every_restart() {
 /// A probe of four rows (three options each) with the null backend's own answers as the "float
 /// model": the null backend is deterministic, so a healthy worker agrees exactly.
 fn null_probe() -> laya_edge::engine::probe::Probe {
+    null_probe_of(4)
+}
+
+/// [`null_probe`] with `n` rows (an RKNN bundle's probe has 34).
+fn null_probe_of(n: u32) -> laya_edge::engine::probe::Probe {
     use laya_edge::engine::Backend;
-    let rows: Vec<Row> = (0..4)
+    let rows: Vec<Row> = (0..n)
         .map(|i| Row { input_ids: vec![1, 4, 300 + i, 9, 5, 2], marker_pos: vec![1, 3, 4], qtype: QType::Choice })
         .collect();
     let refs: Vec<&Row> = rows.iter().collect();
@@ -694,4 +701,133 @@ async fn a_caller_that_gives_up_leaves_the_queue_and_the_others_are_merged_witho
         let elapsed = out.elapsed;
         assert!(elapsed >= Duration::from_millis(1000) && elapsed < Duration::from_millis(1450), "{elapsed:?}");
     }
+}
+
+/// The notices received so far.
+fn drain(
+    notices: &mut tokio::sync::broadcast::Receiver<laya_edge::engine::supervisor::Notice>,
+) -> Vec<laya_edge::engine::supervisor::Notice> {
+    let mut out = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        out.push(n);
+    }
+    out
+}
+
+/// Asks questions until `done` holds for an answer (or `within` passes); returns that answer.
+async fn ask_until(engine: &Engine, within: Duration, mut done: impl FnMut(&RunOutput) -> bool) -> Option<RunOutput> {
+    let t = Instant::now();
+    let mut i = 0;
+    while t.elapsed() < within {
+        i += 1;
+        if let Ok(Ok(out)) = tokio::time::timeout(within, engine.run(vec![row(i)], None)).await
+            && done(&out)
+        {
+            return Some(out);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_hanging_in_every_health_call_degrades_after_three_and_the_fallback_answers_until_a_candidate_passes()
+{
+    // Every primary worker hangs in its health call (its first call), the first four of them;
+    // the fifth is sound. The defaults but a 1 s load allowance and a 5 s window (five
+    // restarts 1 s apart never fit in it, as 60 s apart never fit in 300 s) and a 2 s retry.
+    let counter = marker("hang-health");
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.load_allowance_ms = 1000;
+            e.restart_window_s = 5;
+            e.retry_primary_s = 2;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", None)),
+        ..with_health(policy, &format!("hang@1,workers=4:{counter}"))
+    });
+    let mut notices = engine.notices();
+    let first = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(1)], None)).await;
+    let first = first.expect("answered within 30 s").expect("answered");
+    assert_eq!(first.role, Role::Fallback);
+    let seen = drain(&mut notices);
+    let kinds: Vec<&NoticeKind> = seen.iter().map(|n| &n.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            &NoticeKind::WorkerRestart,
+            &NoticeKind::WorkerRestart,
+            &NoticeKind::WorkerRestart,
+            &NoticeKind::BackendDegraded
+        ],
+        "{seen:#?}"
+    );
+    assert!(seen[3].message.contains("3 failed health calls in a row"), "{:?}", seen[3]);
+    assert!(seen[..3].iter().all(|n| matches!(n.reason, Some(RestartReason::Deadline(_)))), "{seen:#?}");
+    // The retry's candidate (the fourth worker) hangs too: the fallback answers meanwhile;
+    // the fifth passes and takes over.
+    let recovered = ask_until(&engine, Duration::from_secs(30), |out| out.role == Role::Primary).await;
+    assert!(recovered.is_some(), "the primary never took over: {:?}", engine.status());
+    let seen = drain(&mut notices);
+    let tries = seen.iter().filter(|n| n.message.contains("degraded primary failed its try")).count();
+    assert_eq!(tries, 1, "{seen:#?}");
+    assert_eq!(seen.last().map(|n| &n.kind), Some(&NoticeKind::BackendRecovered), "{seen:#?}");
+    assert!(engine.restarts().iter().all(|r| r.role == Role::Primary), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_fallback_a_question_waiting_on_a_primary_hanging_in_its_health_call_is_refused_with_the_cause() {
+    // The defaults (a 60 s load allowance) but questions wait 2 s for a backend not serving.
+    let engine = Engine::start(with_health(defaults(|e| e.ready_wait_s = 2), "hang@1"));
+    let result = tokio::time::timeout(Duration::from_secs(20), engine.run(vec![row(1)], None)).await;
+    let result = result.expect("answered or refused within 20 s, never silence");
+    assert!(
+        matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("not ready after 2 s") && m.contains("health call has been running")),
+        "{result:?}"
+    );
+    assert_eq!(engine.status().state, BackendState::Starting);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_whose_health_call_and_34_row_probe_outlast_the_load_allowance_serves_while_it_makes_progress() {
+    // The primary never loads (degraded at once); the fallback runs 100 ms a row with a sign of
+    // progress after each: its health call of 2 + 34 rows takes 3.6 s, the allowance is 1 s.
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.load_allowance_ms = 1000;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", Some("row-sleep=100"))),
+        probe: Some(std::sync::Arc::new(null_probe_of(34))),
+        ..with_health(policy, "load-fail")
+    });
+    let mut runs = engine.probe_runs();
+    let out = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(1)], None)).await;
+    let out = out.expect("answered within 30 s").expect("answered by the fallback");
+    assert_eq!(out.role, Role::Fallback);
+    let fallback_restarts: Vec<_> = engine.restarts().into_iter().filter(|r| r.role == Role::Fallback).collect();
+    assert!(fallback_restarts.is_empty(), "{fallback_restarts:?}");
+    let run = runs.try_recv().expect("the fallback's probe run");
+    assert!(run.passed() && run.role == Role::Fallback && run.rows == 34, "{run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_slowed_by_contention_that_shows_progress_is_never_killed_nor_the_backend_degraded() {
+    // The health call at full speed (a 1 s derived deadline: the floor), then every question
+    // takes 1.5 s, ten steps of 150 ms with a sign after each: six of them, which the 1 s
+    // deadline would kill twice each and degrade the backend for.
+    let engine = Engine::start(with_health(defaults(|_| {}), "step-sleep=150x10@2+"));
+    for i in 10..16 {
+        let out = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(i)], None)).await;
+        let out = out.expect("answered within 30 s").unwrap_or_else(|e| panic!("slow question {i}: {e}"));
+        assert_eq!(out.rows[0], NullBackend::logits_for(&row(i)));
+    }
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+    assert!(!engine.status().degraded);
 }

@@ -257,7 +257,8 @@ async fn a_constant_output_rknn_runtime_fails_every_workers_health_call_and_the_
     let result = engine.run(vec![row], None).await;
     assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
     let restarts = engine.restarts();
-    assert_eq!(restarts.len(), 6, "{restarts:?}");
+    // The third failed health call in a row degrades (issue #31; it was the sixth restart).
+    assert_eq!(restarts.len(), 3, "{restarts:?}");
     assert!(restarts.iter().all(|r| r.reason.describe().contains("constant output")), "{restarts:?}");
 }
 

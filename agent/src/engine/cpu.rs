@@ -26,7 +26,17 @@ impl Backend for CpuBackend {
     }
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
-        let out = self.model.forward(rows, self.pad_id).map_err(|e| {
+        self.run_with_progress(rows, &mut |_, _| {})
+    }
+
+    /// Progress after each encoder layer over the batch: a board's CPU, slowed by other work,
+    /// still shows it is getting on, within a row as across rows.
+    fn run_with_progress(
+        &mut self,
+        rows: &[&Row],
+        progress: &mut dyn FnMut(u32, u32),
+    ) -> Result<Vec<RowResult>, BackendError> {
+        let out = self.model.forward_with(rows, self.pad_id, progress).map_err(|e| {
             if e.is_input() {
                 BackendError::Input(e.to_string())
             } else {

@@ -48,6 +48,17 @@ pub trait Backend: Send {
     fn name(&self) -> &'static str;
     /// Runs one batch.
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError>;
+    /// Runs one batch, calling `progress(done, of)` as its work advances (`done` of `of` steps,
+    /// a step being a row or a part of one); the worker turns each call into a progress frame.
+    /// The default reports nothing before the answer (the NPU backends: one vendor call).
+    fn run_with_progress(
+        &mut self,
+        rows: &[&Row],
+        progress: &mut dyn FnMut(u32, u32),
+    ) -> Result<Vec<RowResult>, BackendError> {
+        let _ = progress;
+        self.run(rows)
+    }
     /// The vendor runtime's version (librknnrt's, QAIRT's build id), for the status document;
     /// empty for backends without one.
     fn runtime_version(&self) -> String {

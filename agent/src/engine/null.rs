@@ -2,14 +2,17 @@
 //! on demand. It exercises everything around a model (protocol, supervision, the MQTT service)
 //! without one, in tests and benchmarks.
 //!
-//! Faults are given as a spec, e.g. `sleep=200`, `row-sleep=200` (per row of the call), `hang@3`,
+//! Faults are given as a spec, e.g. `sleep=200`, `row-sleep=200` (per row of the call, with a
+//! progress frame after each row), `step-sleep=100x10` (each row is 10 steps of 100 ms, with a
+//! progress frame after each step: a CPU slowed by contention, getting on layer by layer), `hang@3`,
 //! `abort@2`, `exit@2`, `error=fatal@1`, `error=transient@1`, `error=input`, `constant` (every
 //! row gets the same logits, like a broken runtime), `abort-rows=3` (abort on calls of 3 rows or
 //! more: an input that kills the runtime), `abort-token=N`, `hang-token=N`, `input-token=N`
 //! (abort, hang or refuse the input on a call with a row holding token id N: a poison question
 //! among others), `load-fail`, `load-sleep=5000` (a slow load); several are joined with commas. `@N` applies the fault to the N-th call only (counting
-//! from 1 in this process), no `@` applies it to every call. `once=PATH` makes the faults apply in one process only: the
-//! first worker that loads creates PATH, later workers (after a restart) find it and run clean.
+//! from 1 in this process), `@N+` to the N-th call and every one after it, no `@` to every call. `once=PATH` makes the faults apply in one process only: the
+//! first worker that loads creates PATH, later workers (after a restart) find it and run clean;
+//! `workers=N:PATH` in the first N processes (PATH counts them).
 
 use std::time::Duration;
 
@@ -21,8 +24,10 @@ use crate::prompt::Row;
 pub enum Fault {
     /// Sleep this long before answering.
     Sleep(Duration),
-    /// Sleep this long per row before answering.
+    /// Sleep this long per row before answering, with a progress frame after each row.
     RowSleep(Duration),
+    /// Each row takes this many steps of this long, with a progress frame after each step.
+    StepSleep(Duration, u32),
     /// Answer every row with the same logits.
     Constant,
     /// `abort()` on a call of at least this many rows (an input that kills the runtime).
@@ -43,6 +48,8 @@ pub enum Fault {
     LoadSleep(Duration),
     /// Apply the other faults only if this marker file does not exist yet (then create it).
     Once(std::path::PathBuf),
+    /// Apply the other faults in the first this many processes only, counted in this file.
+    Workers(u64, std::path::PathBuf),
 }
 
 /// What a poison token does.
@@ -58,15 +65,33 @@ pub enum TokenFault {
 pub struct FaultRule {
     pub fault: Fault,
     pub on_call: Option<u64>,
+    /// With `on_call`: that call and every one after it (`@N+`).
+    pub onward: bool,
+}
+
+impl FaultRule {
+    fn applies_to(&self, call: u64) -> bool {
+        match self.on_call {
+            None => true,
+            Some(n) if self.onward => call >= n,
+            Some(n) => call == n,
+        }
+    }
 }
 
 /// Parses a fault spec (see the module docs).
 pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
     let mut rules = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (what, on_call) = match part.rsplit_once('@') {
-            Some((w, n)) => (w, Some(n.parse::<u64>().map_err(|_| format!("bad call number in {part:?}"))?)),
-            None => (part, None),
+        let (what, on_call, onward) = match part.rsplit_once('@') {
+            Some((w, n)) => {
+                let (n, onward) = match n.strip_suffix('+') {
+                    Some(n) => (n, true),
+                    None => (n, false),
+                };
+                (w, Some(n.parse::<u64>().map_err(|_| format!("bad call number in {part:?}"))?), onward)
+            }
+            None => (part, None, false),
         };
         let fault = match what.split_once('=') {
             Some(("sleep", ms)) => {
@@ -84,6 +109,12 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
                 };
                 Fault::Token(id, what)
             }
+            Some(("step-sleep", spec)) => {
+                let bad = || format!("bad step-sleep in {part:?} (MSxSTEPS, e.g. 100x10)");
+                let (ms, steps) = spec.split_once('x').ok_or_else(bad)?;
+                let steps: u32 = steps.parse().map_err(|_| bad())?;
+                Fault::StepSleep(Duration::from_millis(ms.parse().map_err(|_| bad())?), steps.max(1))
+            }
             Some(("abort-rows", n)) => Fault::AbortRows(n.parse().map_err(|_| format!("bad abort-rows in {part:?}"))?),
             Some(("load-sleep", ms)) => {
                 Fault::LoadSleep(Duration::from_millis(ms.parse().map_err(|_| format!("bad load-sleep in {part:?}"))?))
@@ -99,9 +130,14 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
             None if what == "exit" => Fault::Exit,
             None if what == "load-fail" => Fault::LoadFail,
             Some(("once", path)) => Fault::Once(path.into()),
+            Some(("workers", spec)) => {
+                let bad = || format!("bad workers in {part:?} (N:PATH)");
+                let (n, path) = spec.split_once(':').ok_or_else(bad)?;
+                Fault::Workers(n.parse().map_err(|_| bad())?, path.into())
+            }
             _ => return Err(format!("unknown fault {part:?}")),
         };
-        rules.push(FaultRule { fault, on_call });
+        rules.push(FaultRule { fault, on_call, onward });
     }
     Ok(rules)
 }
@@ -122,6 +158,18 @@ impl NullBackend {
         }) {
             // create_new: exactly one process wins the marker and gets the faults.
             if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_err() {
+                faults.clear();
+            }
+        }
+        if let Some((n, counter)) = faults.iter().find_map(|f| match &f.fault {
+            Fault::Workers(n, p) => Some((*n, p.clone())),
+            _ => None,
+        }) {
+            // Workers of one engine start one after another: a plain read and write is enough.
+            let before: u64 = std::fs::read_to_string(&counter).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+            std::fs::write(&counter, (before + 1).to_string())
+                .map_err(|e| format!("cannot count workers in {}: {e}", counter.display()))?;
+            if before >= n {
                 faults.clear();
             }
         }
@@ -159,13 +207,38 @@ impl Backend for NullBackend {
     }
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
+        self.run_with_progress(rows, &mut |_, _| {})
+    }
+
+    fn run_with_progress(
+        &mut self,
+        rows: &[&Row],
+        progress: &mut dyn FnMut(u32, u32),
+    ) -> Result<Vec<RowResult>, BackendError> {
         self.calls += 1;
         let call = self.calls;
         let mut constant = false;
-        for rule in self.faults.iter().filter(|r| r.on_call.is_none_or(|n| n == call)) {
+        let n = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        for rule in self.faults.iter().filter(|r| r.applies_to(call)) {
             match &rule.fault {
                 Fault::Sleep(d) => std::thread::sleep(*d),
-                Fault::RowSleep(d) => std::thread::sleep(d.saturating_mul(rows.len() as u32)),
+                Fault::RowSleep(d) => {
+                    for done in 1..=n {
+                        std::thread::sleep(*d);
+                        if done < n {
+                            progress(done, n);
+                        }
+                    }
+                }
+                Fault::StepSleep(d, steps) => {
+                    let of = n.saturating_mul(*steps);
+                    for done in 1..=of {
+                        std::thread::sleep(*d);
+                        if done < of {
+                            progress(done, of);
+                        }
+                    }
+                }
                 Fault::Constant => constant = true,
                 Fault::AbortRows(n) if rows.len() >= *n => std::process::abort(),
                 Fault::AbortRows(_) => {}
@@ -185,7 +258,7 @@ impl Backend for NullBackend {
                 Fault::Abort => std::process::abort(),
                 Fault::Exit => std::process::exit(3),
                 Fault::Error(e) => return Err(e.clone()),
-                Fault::LoadFail | Fault::LoadSleep(_) | Fault::Once(_) => {}
+                Fault::LoadFail | Fault::LoadSleep(_) | Fault::Once(_) | Fault::Workers(..) => {}
             }
         }
         if constant {
@@ -211,13 +284,22 @@ mod tests {
     #[test]
     fn fault_specs_parse() {
         let f = parse_faults("sleep=20, hang@3,error=fatal@1,row-sleep=5,constant@2").unwrap();
-        assert_eq!(f[3], FaultRule { fault: Fault::RowSleep(Duration::from_millis(5)), on_call: None });
-        assert_eq!(f[4], FaultRule { fault: Fault::Constant, on_call: Some(2) });
-        assert_eq!(f[0], FaultRule { fault: Fault::Sleep(Duration::from_millis(20)), on_call: None });
-        assert_eq!(f[1], FaultRule { fault: Fault::Hang, on_call: Some(3) });
+        assert_eq!(f[3], FaultRule { fault: Fault::RowSleep(Duration::from_millis(5)), on_call: None, onward: false });
+        assert_eq!(f[4], FaultRule { fault: Fault::Constant, on_call: Some(2), onward: false });
+        assert_eq!(f[0], FaultRule { fault: Fault::Sleep(Duration::from_millis(20)), on_call: None, onward: false });
+        assert_eq!(f[1], FaultRule { fault: Fault::Hang, on_call: Some(3), onward: false });
         assert!(matches!(f[2].fault, Fault::Error(BackendError::Fatal { .. })));
         let slow = parse_faults("load-sleep=1500").expect("load-sleep");
-        assert_eq!(slow, [FaultRule { fault: Fault::LoadSleep(Duration::from_millis(1500)), on_call: None }]);
+        assert_eq!(
+            slow,
+            [FaultRule { fault: Fault::LoadSleep(Duration::from_millis(1500)), on_call: None, onward: false }]
+        );
+        let steps = parse_faults("step-sleep=100x10@3+").expect("step-sleep");
+        assert_eq!(
+            steps,
+            [FaultRule { fault: Fault::StepSleep(Duration::from_millis(100), 10), on_call: Some(3), onward: true }]
+        );
+        assert!(parse_faults("step-sleep=100").is_err());
         assert!(parse_faults("load-sleep=soon").is_err());
         assert!(parse_faults("explode").is_err());
         assert!(parse_faults("hang@x").is_err());
@@ -241,5 +323,21 @@ mod tests {
         assert!(n.run(&[&row]).is_ok());
         assert!(matches!(n.run(&[&row]), Err(BackendError::Transient(_))));
         assert!(n.run(&[&row]).is_ok());
+        let mut n = NullBackend::new(parse_faults("error=transient@2+").unwrap()).unwrap();
+        assert!(n.run(&[&row]).is_ok());
+        assert!(n.run(&[&row]).is_err() && n.run(&[&row]).is_err());
+    }
+
+    #[test]
+    fn slow_rows_report_their_progress_before_the_answer() {
+        let mut n = NullBackend::new(parse_faults("row-sleep=1,step-sleep=1x2@2").unwrap()).unwrap();
+        let row = Row { input_ids: vec![1], marker_pos: vec![0], qtype: QType::Noul };
+        let mut seen = Vec::new();
+        n.run_with_progress(&[&row, &row, &row], &mut |d, of| seen.push((d, of))).unwrap();
+        assert_eq!(seen, [(1, 3), (2, 3)]);
+        seen.clear();
+        n.run_with_progress(&[&row, &row], &mut |d, of| seen.push((d, of))).unwrap();
+        // row-sleep's two rows, then step-sleep's four steps.
+        assert_eq!(seen, [(1, 2), (1, 4), (2, 4), (3, 4)]);
     }
 }

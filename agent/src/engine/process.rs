@@ -491,6 +491,7 @@ impl Driver {
                 Event::Ready(id)
             }
             WorkerMsg::Frame(FromWorker::LoadFailed { message }) => Event::LoadFailed(id, message),
+            WorkerMsg::Frame(FromWorker::Progress { call, done, of }) => Event::Progress(id, call, done, of),
             WorkerMsg::Frame(FromWorker::Done { call, rows, .. }) => {
                 let batch = if call == HEALTH_CALL { Vec::new() } else { self.sent.remove(&call).unwrap_or_default() };
                 let sent: Vec<Row> = if call == HEALTH_CALL {

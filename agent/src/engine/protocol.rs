@@ -32,6 +32,11 @@ pub enum FromWorker {
     Failed { call: u64, error: BackendError },
     /// The backend could not be loaded; the worker exits after sending this.
     LoadFailed { message: String },
+    /// A sign of progress on a batch: `done` of `of` steps of its work are finished (a step is
+    /// a row, or a layer of the CPU model over the batch). The supervisor measures the call's
+    /// rate from these and bounds the time *between* them, so a slow worker that is making
+    /// progress is not taken for a hung one.
+    Progress { call: u64, done: u32, of: u32 },
 }
 
 /// Why a frame could not be read.
@@ -152,6 +157,7 @@ const READY: u8 = 10;
 const DONE: u8 = 11;
 const FAILED: u8 = 12;
 const LOAD_FAILED: u8 = 13;
+const PROGRESS: u8 = 14;
 const NO_CODE: i64 = i64::MIN;
 
 impl ToWorker {
@@ -240,6 +246,13 @@ impl FromWorker {
                 w.str(message);
                 w.finish()
             }
+            FromWorker::Progress { call, done, of } => {
+                let mut w = Writer::new(PROGRESS);
+                w.u64(*call);
+                w.u32(*done);
+                w.u32(*of);
+                w.finish()
+            }
         }
     }
 
@@ -271,6 +284,7 @@ impl FromWorker {
                 FromWorker::Failed { call, error }
             }
             LOAD_FAILED => FromWorker::LoadFailed { message: r.str()? },
+            PROGRESS => FromWorker::Progress { call: r.u64()?, done: r.u32()?, of: r.u32()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
         r.end()?;
@@ -321,6 +335,8 @@ mod tests {
         assert_eq!(FromWorker::decode(payload(&done.encode())).unwrap(), done);
         let ready = FromWorker::Ready { backend: "rknn".into(), load_ms: 9, runtime: "2.3.2 (abc@2025)".into() };
         assert_eq!(FromWorker::decode(payload(&ready.encode())).unwrap(), ready);
+        let progress = FromWorker::Progress { call: 7, done: 3, of: 22 };
+        assert_eq!(FromWorker::decode(payload(&progress.encode())).unwrap(), progress);
         for error in [
             BackendError::Input("x".into()),
             BackendError::Transient("y".into()),

@@ -32,9 +32,18 @@
 //!
 //! Deadlines are per row (one NPU job per question): `max(min_deadline, 4 x per-row estimate x
 //! rows)`, the estimate being the p99 of recent per-row times, seeded by the health call's
-//! measured time and `expected_ms` until enough samples exist. The health call (two different
-//! rows, after "loaded" and before any question) gets the same kind of deadline, or the load
-//! allowance while nothing is known yet (the first inference of a fresh runtime).
+//! measured time and `expected_ms` until enough samples exist, kept per role (the CPU fallback
+//! is not timed by the NPU). The health call (two different rows, after "loaded" and before
+//! any question) gets the load allowance for its first row (every worker's first inference)
+//! and a row's deadline for each other row (with nothing known, the allowance is the whole
+//! call's). Progress frames from the worker restart the running call's deadline for the work
+//! left, at the larger of the estimate and the call's own rate: a slow worker that is getting on
+//! is not killed, a hung one sends nothing and is caught as before.
+//!
+//! Nothing waits unbounded: `max_failed_health` failed health calls in a row degrade the primary
+//! whatever the window, and a question that waited `ready_wait` for a worker that is not
+//! serving gets the fallback (the primary going on beside it as the candidate) or, without
+//! one, a refusal with the cause.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -146,6 +155,8 @@ pub enum TimerKind {
     Retry,
     /// Time to send what the idle primary gathered, a round of its contexts full or not.
     Gather,
+    /// The oldest queued question has waited `ready_wait` for a worker that is not serving.
+    Wait,
 }
 
 /// What happened.
@@ -166,6 +177,8 @@ pub enum Event {
     Done(WorkerId, CallId),
     /// A worker reported an error for a call.
     Failed(WorkerId, CallId, BackendError),
+    /// A worker reported progress on a call (or its health call): `done` of `of` steps.
+    Progress(WorkerId, CallId, u32, u32),
     /// A worker process ended (how).
     Exited(WorkerId, String),
     /// A timer fired.
@@ -287,6 +300,16 @@ pub struct Policy {
     /// More restarts than this within `restart_window` degrade the engine.
     pub max_restarts: usize,
     pub restart_window: Duration,
+    /// This many failed health calls of the primary in a row degrade it at once, whatever the
+    /// window (0: only `max_restarts` does). A primary that hangs in every health call is slow
+    /// to fail each time (its first row has the load allowance), so the window alone would
+    /// never see enough of them.
+    pub max_failed_health: usize,
+    /// How long the oldest question may wait for a worker that is not serving (loading, in its
+    /// health call, restarting): then the fallback is started to answer it (the primary goes on
+    /// beside it as a candidate), or, without one, the questions that waited this long are
+    /// refused with the cause. `None`: they wait.
+    pub ready_wait: Option<Duration>,
     /// Whether a CPU fallback worker can serve while the primary is degraded.
     pub fallback: bool,
     /// How often a degraded primary is tried again (for ever).
@@ -324,6 +347,8 @@ impl Default for Policy {
             backoff_max: Duration::from_secs(30),
             max_restarts: 5,
             restart_window: Duration::from_secs(300),
+            max_failed_health: 3,
+            ready_wait: Some(Duration::from_secs(20)),
             fallback: false,
             primary_retry: Duration::from_secs(300),
             queue_limit: 64,
@@ -346,6 +371,8 @@ impl Policy {
             startup_timeout: Duration::from_secs(e.startup_timeout_s.max(1)),
             max_restarts: e.max_restarts,
             restart_window: Duration::from_secs(e.restart_window_s),
+            max_failed_health: e.max_failed_health,
+            ready_wait: (e.ready_wait_s > 0).then(|| Duration::from_secs(e.ready_wait_s)),
             fallback,
             primary_retry: Duration::from_secs(e.retry_primary_s.max(1)),
             ..Policy::default()
@@ -377,13 +404,31 @@ struct Slot {
     state: WorkerState,
     /// When the current call (or health call) was sent.
     since: Instant,
-    /// The deadline the current call has.
+    /// The deadline the current call has (since its last sign of progress, if any).
     deadline: Duration,
+    /// When that deadline passes.
+    due: Instant,
+    /// The rows of the current call (or health call).
+    rows: usize,
+    /// The signs of progress of the current call.
+    signs: Option<Signs>,
+}
+
+/// What the progress frames of the running call said.
+#[derive(Debug, Clone, Copy)]
+struct Signs {
+    /// The first sign: when, and the fraction of the work done then.
+    first_at: Instant,
+    first: f64,
+    /// The fraction done at the last sign.
+    last: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Call {
     rows: usize,
+    /// When it was submitted.
+    since: Instant,
     deadline: Option<Instant>,
     /// 0 the first time, 1 on the re-run after a fatal failure of this call alone.
     attempt: u8,
@@ -425,6 +470,16 @@ pub struct Supervisor {
     /// Calls have been queueing behind a busy worker (concurrent callers), since the last
     /// gathering window that found no second call.
     contended: bool,
+    /// Since when no worker serves (the serving one is loading, health-checked or restarting).
+    not_serving_since: Option<Instant>,
+    /// When the armed `Wait` timer fires.
+    wait_due: Option<Instant>,
+    /// Failed health calls of the primary in a row.
+    failed_health: usize,
+    /// The last failure, for the refusals of questions that waited too long.
+    last_failure: Option<(String, RestartReason)>,
+    /// When the serving worker's backoff ends.
+    backoff_due: Option<Instant>,
     gather: Gather,
     serving: Option<Slot>,
     /// A degraded primary being tried beside the serving fallback.
@@ -433,9 +488,11 @@ pub struct Supervisor {
     /// The serving worker is waiting to start again.
     in_backoff: bool,
     backoff: Duration,
-    per_row: VecDeque<Duration>,
-    /// The health call's measured per-row time.
-    seed: Option<Duration>,
+    /// Recent per-row (per-round) times, by role (`role_index`): the CPU fallback is not timed
+    /// by the NPU's speed, nor the NPU by the CPU's.
+    per_row: [VecDeque<Duration>; 2],
+    /// The health call's measured per-row time, by role.
+    seed: [Option<Duration>; 2],
     restarts: VecDeque<Instant>,
     restart_counts: BTreeMap<&'static str, u64>,
     generation: u64,
@@ -448,6 +505,13 @@ fn timer_slot(kind: TimerKind) -> u8 {
     kind as u8
 }
 
+fn role_index(role: Role) -> usize {
+    match role {
+        Role::Primary => 0,
+        Role::Fallback => 1,
+    }
+}
+
 impl Supervisor {
     pub fn new(policy: Policy) -> Supervisor {
         Supervisor {
@@ -457,13 +521,18 @@ impl Supervisor {
             calls: BTreeMap::new(),
             running: Vec::new(),
             contended: false,
+            not_serving_since: None,
+            wait_due: None,
+            failed_health: 0,
+            last_failure: None,
+            backoff_due: None,
             gather: Gather::Off,
             serving: None,
             candidate: None,
             degraded: None,
             in_backoff: false,
-            per_row: VecDeque::new(),
-            seed: None,
+            per_row: [VecDeque::new(), VecDeque::new()],
+            seed: [None, None],
             restarts: VecDeque::new(),
             restart_counts: BTreeMap::new(),
             generation: 0,
@@ -527,18 +596,24 @@ impl Supervisor {
         self.calls.len()
     }
 
-    /// The per-row estimate the deadline is derived from, if anything is known.
-    fn per_row_estimate(&self) -> Option<Duration> {
-        if self.per_row.len() >= MIN_SAMPLES {
-            let mut sorted: Vec<Duration> = self.per_row.iter().copied().collect();
+    /// The per-row estimate the deadline of `role`'s calls is derived from, if anything is known.
+    fn per_row_estimate(&self, role: Role) -> Option<Duration> {
+        let samples = &self.per_row[role_index(role)];
+        if samples.len() >= MIN_SAMPLES {
+            let mut sorted: Vec<Duration> = samples.iter().copied().collect();
             sorted.sort();
             let i = ((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1;
             return Some(sorted[i]);
         }
-        match (self.seed, self.policy.expected_per_row) {
+        match (self.seed[role_index(role)], self.policy.expected_per_row) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Whether anything bounds `role`'s rows: a fixed deadline or an estimate.
+    fn known(&self, role: Role) -> bool {
+        self.policy.fixed_deadline.is_some() || self.per_row_estimate(role).is_some()
     }
 
     /// How many rounds a call of `rows` rows takes on a worker of `role`: the rows one after
@@ -548,25 +623,52 @@ impl Supervisor {
         u32::try_from(rows.max(1).div_ceil(parallel)).unwrap_or(u32::MAX)
     }
 
-    /// The deadline a call of `rows` rows gets now.
+    /// The deadline a call of `rows` rows gets now on the worker that serves.
     pub fn deadline(&self, rows: usize) -> Duration {
-        let rows = u32::try_from(rows.max(1)).unwrap_or(u32::MAX);
-        match (self.policy.fixed_deadline, self.per_row_estimate()) {
-            (Some(fixed), _) => fixed.saturating_mul(rows),
-            (None, Some(est)) => {
-                est.min(self.policy.max_deadline).saturating_mul(4).saturating_mul(rows).max(self.policy.min_deadline)
+        self.bound(self.role(), rows as f64, None)
+    }
+
+    /// The time `rows` rows (a fraction of a row counts as such) of `role`'s work may take:
+    /// the fixed deadline per row, else `max(min_deadline, 4 x per-row time x rows)`, the
+    /// per-row time being the larger of the estimate and `rate` (what the running call itself
+    /// has shown); with neither, `max_deadline` a row.
+    fn bound(&self, role: Role, rows: f64, rate: Option<Duration>) -> Duration {
+        let whole = u32::try_from(rows.max(1.0).ceil() as u64).unwrap_or(u32::MAX);
+        if let Some(fixed) = self.policy.fixed_deadline {
+            return fixed.saturating_mul(whole);
+        }
+        let est = match (self.per_row_estimate(role), rate) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        match est {
+            Some(est) => {
+                let per_row = est.min(self.policy.max_deadline).saturating_mul(4);
+                Duration::try_from_secs_f64(per_row.as_secs_f64() * rows.max(1.0))
+                    .unwrap_or(Duration::MAX)
+                    .max(self.policy.min_deadline)
             }
-            (None, None) => self.policy.max_deadline.saturating_mul(rows),
+            None => self.policy.max_deadline.saturating_mul(whole),
         }
     }
 
-    /// The health call's deadline: from what is known, else the load allowance.
-    fn health_deadline(&self) -> Duration {
-        if self.policy.fixed_deadline.is_some() || self.per_row_estimate().is_some() {
-            self.deadline(self.policy.health_rows)
-        } else {
-            self.policy.load_allowance.max(self.policy.min_deadline)
+    /// A new worker's health call's deadline: its first row is the first inference of a fresh
+    /// runtime and gets the load allowance (at least a row's deadline); the other rows get
+    /// what is known of `role`'s rows. With nothing known the allowance is the whole call's
+    /// until the worker's progress frames measure its rows (`Event::Progress`).
+    fn health_deadline_for(&self, role: Role) -> Duration {
+        let rows = self.policy.health_rows.max(1);
+        let allowance = self.policy.load_allowance.max(self.policy.min_deadline);
+        if !self.known(role) {
+            return allowance;
         }
+        let first = allowance.max(self.bound(role, 1.0, None));
+        if rows > 1 { first.saturating_add(self.bound(role, (rows - 1) as f64, None)) } else { first }
+    }
+
+    #[cfg(test)]
+    fn health_deadline(&self) -> Duration {
+        self.health_deadline_for(self.role())
     }
 
     /// Why questions are refused now, and when the next try is.
@@ -602,7 +704,8 @@ impl Supervisor {
         let id = self.next_worker;
         self.next_worker += 1;
         actions.push(Action::Spawn(id, role));
-        Slot { id, role, state: WorkerState::Starting, since: now, deadline: self.policy.startup_timeout }
+        let deadline = self.policy.startup_timeout;
+        Slot { id, role, state: WorkerState::Starting, since: now, deadline, due: now + deadline, rows: 0, signs: None }
     }
 
     fn spawn_serving(&mut self, now: Instant, actions: &mut Vec<Action>) {
@@ -660,8 +763,10 @@ impl Supervisor {
         }
         self.gather = Gather::Off;
         self.cancel_timer(TimerKind::Gather);
-        let deadline = self.deadline(rows);
-        self.serving = Some(Slot { state: WorkerState::Busy(first), since: now, deadline, ..slot });
+        let deadline = self.bound(slot.role, rows as f64, None);
+        let due = now + deadline;
+        self.serving =
+            Some(Slot { state: WorkerState::Busy(first), since: now, deadline, due, rows, signs: None, ..slot });
         actions.push(Action::Send(slot.id, batch.clone()));
         self.running = batch;
         self.timer(TimerKind::Deadline, deadline, actions);
@@ -672,7 +777,7 @@ impl Supervisor {
     fn wait_for_more(&mut self, slot: Slot, now: Instant, actions: &mut Vec<Action>) -> bool {
         let parallel = self.policy.primary_parallel;
         let on = slot.role == Role::Primary && parallel > 1 && self.policy.merge_rows > 1 && self.contended;
-        let window = match self.per_row_estimate() {
+        let window = match self.per_row_estimate(Role::Primary) {
             Some(est) => self.policy.gather.min(est / 10),
             None => self.policy.gather,
         };
@@ -731,7 +836,19 @@ impl Supervisor {
     fn healthy(&mut self, now: Instant, slot: Slot, actions: &mut Vec<Action>) {
         let elapsed = now.duration_since(slot.since);
         if self.policy.health_rows > 0 {
-            self.seed = Some(elapsed / self.rounds(self.policy.health_rows, slot.role));
+            let rounds = f64::from(self.rounds(self.policy.health_rows, slot.role));
+            // From the first sign of progress on, when there is one: the first inference's
+            // own cost (the load allowance's business) does not inflate every later deadline.
+            let seed = match slot.signs {
+                Some(signs) if signs.first < 1.0 => {
+                    now.duration_since(signs.first_at).as_secs_f64() / (rounds * (1.0 - signs.first))
+                }
+                _ => elapsed.as_secs_f64() / rounds,
+            };
+            self.seed[role_index(slot.role)] = Some(Duration::from_secs_f64(seed));
+        }
+        if slot.role == Role::Primary {
+            self.failed_health = 0;
         }
         if self.candidate.is_some_and(|c| c.id == slot.id) {
             // The degraded primary is back: it takes over from the fallback.
@@ -771,6 +888,9 @@ impl Supervisor {
     /// A worker failed: kill (unless it is dead already), count, and decide what comes next.
     fn failed(&mut self, now: Instant, id: WorkerId, reason: RestartReason, kill: bool, actions: &mut Vec<Action>) {
         let why = reason.describe();
+        if self.candidate.is_some_and(|c| c.id == id) || self.serving.is_some_and(|s| s.id == id) {
+            self.last_failure = Some((why.clone(), reason.clone()));
+        }
         if self.candidate.is_some_and(|c| c.id == id) {
             self.candidate = None;
             self.cancel_timer(TimerKind::Candidate);
@@ -834,26 +954,23 @@ impl Supervisor {
             while self.restarts.front().is_some_and(|t| now.duration_since(*t) > self.policy.restart_window) {
                 self.restarts.pop_front();
             }
-            if self.restarts.len() > self.policy.max_restarts {
-                let cause = format!(
+            if slot.state == WorkerState::Health {
+                self.failed_health += 1;
+            }
+            let max_failed_health = self.policy.max_failed_health;
+            let cause = if max_failed_health > 0 && self.failed_health >= max_failed_health {
+                Some(format!("{} failed health calls in a row, the last: {why}", self.failed_health))
+            } else if self.restarts.len() > self.policy.max_restarts {
+                Some(format!(
                     "{} restarts within {} s, the last: {why}",
                     self.restarts.len(),
                     self.policy.restart_window.as_secs()
-                );
-                self.restarts.clear();
-                self.backoff = self.policy.backoff_min;
-                self.schedule_retry(now, cause.clone(), actions);
-                actions.push(Action::Notify(Notice {
-                    kind: NoticeKind::BackendDegraded,
-                    role: Role::Primary,
-                    message: self.unavailable(now),
-                    reason: Some(reason),
-                }));
-                if self.policy.fallback {
-                    self.spawn_serving(now, actions);
-                } else {
-                    self.reject_queue(now, actions);
-                }
+                ))
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                self.degrade(now, cause, Some(reason), actions);
                 return;
             }
         }
@@ -865,11 +982,190 @@ impl Supervisor {
         self.in_backoff = true;
         let wait = self.backoff;
         self.backoff = (self.backoff * 2).min(self.policy.backoff_max);
+        self.backoff_due = Some(now + wait);
         self.timer(TimerKind::Backoff, wait, actions);
         if self.degraded.is_some() {
             // The fallback itself is failing: refuse rather than queue behind its backoff.
             self.reject_queue(now, actions);
         }
+    }
+
+    /// The primary is degraded for `cause`: the fallback serves, or the queue is refused; the
+    /// primary is tried again every `primary_retry`.
+    fn degrade(&mut self, now: Instant, cause: String, reason: Option<RestartReason>, actions: &mut Vec<Action>) {
+        self.restarts.clear();
+        self.failed_health = 0;
+        self.backoff = self.policy.backoff_min;
+        self.schedule_retry(now, cause, actions);
+        actions.push(Action::Notify(Notice {
+            kind: NoticeKind::BackendDegraded,
+            role: Role::Primary,
+            message: self.unavailable(now),
+            reason,
+        }));
+        if self.policy.fallback {
+            self.spawn_serving(now, actions);
+        } else {
+            self.reject_queue(now, actions);
+        }
+    }
+
+    /// What the worker that should serve is doing instead, in a phrase.
+    fn not_ready(&self, now: Instant) -> String {
+        let role = self.role();
+        let who = if role == Role::Fallback { "the CPU fallback" } else { "the backend" };
+        let last = match &self.last_failure {
+            Some((why, _)) => format!("; the last failure: {why}"),
+            None => String::new(),
+        };
+        match self.serving {
+            Some(s) if s.state == WorkerState::Starting => {
+                format!("{who} has been loading for {} s{last}", now.duration_since(s.since).as_secs())
+            }
+            Some(s) if s.state == WorkerState::Health => format!(
+                "{who}'s health call has been running for {} s (its first row may take load_allowance_ms, {} ms){last}",
+                now.duration_since(s.since).as_secs(),
+                self.policy.load_allowance.as_millis()
+            ),
+            _ => match &self.last_failure {
+                Some((why, _)) => format!("{who} is restarting after: {why}"),
+                None => format!("{who} is restarting"),
+            },
+        }
+    }
+
+    /// The oldest queued question has waited `ready_wait` for a worker that is not serving:
+    /// with a fallback (and the primary not degraded yet), the primary is degraded at once, goes
+    /// on as the candidate beside the fallback, and takes over if its health call passes;
+    /// otherwise the questions that waited that long are refused with the cause.
+    fn waited_too_long(&mut self, now: Instant, wait: Duration, actions: &mut Vec<Action>) {
+        let desc = self.not_ready(now);
+        if self.policy.fallback && self.degraded.is_none() {
+            let cause = format!("not ready after {} s: {desc}", wait.as_secs());
+            let reason = self.last_failure.as_ref().map(|(_, r)| r.clone());
+            self.gather = Gather::Off;
+            self.cancel_timer(TimerKind::Gather);
+            self.cancel_timer(TimerKind::Deadline);
+            self.cancel_timer(TimerKind::Startup);
+            let retry_in = match self.serving.take() {
+                Some(slot) => {
+                    // Loading or in its health call: it goes on, as the candidate.
+                    self.candidate = Some(slot);
+                    self.timer(TimerKind::Candidate, slot.due.saturating_duration_since(now), actions);
+                    None
+                }
+                None => {
+                    // Between restarts: the candidate starts when the backoff would have ended.
+                    self.cancel_timer(TimerKind::Backoff);
+                    self.in_backoff = false;
+                    Some(self.backoff_due.map_or(Duration::ZERO, |d| d.saturating_duration_since(now)))
+                }
+            };
+            self.restarts.clear();
+            self.failed_health = 0;
+            self.backoff = self.policy.backoff_min;
+            let next_try = now + retry_in.unwrap_or_default();
+            self.degraded = Some(Degraded { cause, next_try });
+            if let Some(after) = retry_in {
+                self.timer(TimerKind::Retry, after, actions);
+            }
+            actions.push(Action::Notify(Notice {
+                kind: NoticeKind::BackendDegraded,
+                role: Role::Primary,
+                message: self.unavailable(now),
+                reason,
+            }));
+            self.spawn_serving(now, actions);
+            // The fallback gets its own `ready_wait`.
+            self.not_serving_since = Some(now);
+            return;
+        }
+        let why = format!("not ready after {} s: {desc}", wait.as_secs());
+        let since = self.not_serving_since.unwrap_or(now);
+        let mut kept = VecDeque::new();
+        for call in std::mem::take(&mut self.queue) {
+            match self.calls.get(&call) {
+                Some(c) if c.since.max(since) + wait <= now => {
+                    self.calls.remove(&call);
+                    actions.push(Action::Reject(call, CallError::Unavailable(why.clone())));
+                }
+                Some(_) => kept.push_back(call),
+                None => {}
+            }
+        }
+        self.queue = kept;
+    }
+
+    /// Keeps the `Wait` timer on the oldest question waiting for a worker that is not serving
+    /// (run after every event).
+    fn check_wait(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let Some(wait) = self.policy.ready_wait else { return };
+        let serving = matches!(self.state(), WorkerState::Idle | WorkerState::Busy(_));
+        if serving || !self.started {
+            self.not_serving_since = None;
+        } else if self.not_serving_since.is_none() {
+            self.not_serving_since = Some(now);
+        }
+        let oldest = self.queue.iter().find_map(|c| self.calls.get(c)).map(|c| c.since);
+        let (Some(since), Some(oldest)) = (self.not_serving_since, oldest) else {
+            self.wait_due = None;
+            self.cancel_timer(TimerKind::Wait);
+            return;
+        };
+        let due = oldest.max(since) + wait;
+        if due <= now {
+            self.wait_due = None;
+            self.cancel_timer(TimerKind::Wait);
+            self.waited_too_long(now, wait, actions);
+            // Whoever is left (or the fallback's own wait) gets the timer again.
+            if self.policy.fallback || !self.queue.is_empty() {
+                self.check_wait(now, actions);
+            }
+        } else if self.wait_due != Some(due) {
+            self.wait_due = Some(due);
+            self.timer(TimerKind::Wait, due - now, actions);
+        }
+    }
+
+    /// A sign of progress on the running call (or health call) of worker `id`: its deadline
+    /// starts again from now, for the work left, at the larger of the estimate and the rate the
+    /// call has shown (from its first sign, so a first inference's cost is not the rate).
+    fn progress(&mut self, now: Instant, id: WorkerId, call: CallId, done: u32, of: u32, actions: &mut Vec<Action>) {
+        let is_candidate = self.candidate.is_some_and(|c| c.id == id);
+        let Some(slot) = self.slot_mut(id).copied() else { return };
+        let running = match slot.state {
+            WorkerState::Health => call == HEALTH_CALL,
+            WorkerState::Busy(c) => c == call,
+            _ => false,
+        };
+        // Frames are from outside: a fraction that does not move forward is no progress.
+        if !running || of == 0 || done > of {
+            return;
+        }
+        let frac = f64::from(done) / f64::from(of);
+        if slot.signs.is_some_and(|s| frac <= s.last) || frac <= 0.0 {
+            return;
+        }
+        let rounds = f64::from(self.rounds(slot.rows, slot.role));
+        let (signs, rate) = match slot.signs {
+            None => {
+                let rate = now.duration_since(slot.since).as_secs_f64() / (rounds * frac);
+                (Signs { first_at: now, first: frac, last: frac }, rate)
+            }
+            Some(s) => {
+                let rate = now.duration_since(s.first_at).as_secs_f64() / (rounds * (frac - s.first));
+                (Signs { last: frac, ..s }, rate)
+            }
+        };
+        let left = slot.rows.max(1) as f64 * (1.0 - frac);
+        let deadline = self.bound(slot.role, left, Duration::try_from_secs_f64(rate).ok());
+        let kind = if is_candidate { TimerKind::Candidate } else { TimerKind::Deadline };
+        if let Some(s) = self.slot_mut(id) {
+            s.signs = Some(signs);
+            s.deadline = deadline;
+            s.due = now + deadline;
+        }
+        self.timer(kind, deadline, actions);
     }
 
     fn slot_mut(&mut self, id: WorkerId) -> Option<&mut Slot> {
@@ -901,7 +1197,7 @@ impl Supervisor {
                     let why = format!("the engine has {} calls queued or running, its limit", self.calls.len());
                     actions.push(Action::Reject(call, CallError::Overloaded(why)));
                 } else {
-                    self.calls.insert(call, Call { rows, deadline, attempt: 0, alone });
+                    self.calls.insert(call, Call { rows, since: now, deadline, attempt: 0, alone });
                     self.queue.push_back(call);
                     if matches!(self.state(), WorkerState::Busy(_)) {
                         self.contended = true;
@@ -928,12 +1224,17 @@ impl Supervisor {
             }
             Event::Ready(id) => {
                 let health = self.policy.health_rows > 0;
-                let deadline = self.health_deadline();
                 let is_candidate = self.candidate.is_some_and(|c| c.id == id);
+                let role = self.slot_mut(id).map_or(Role::Primary, |s| s.role);
+                let deadline = self.health_deadline_for(role);
+                let rows = self.policy.health_rows;
                 if let Some(slot) = self.slot_mut(id).filter(|s| s.state == WorkerState::Starting) {
                     slot.state = WorkerState::Health;
                     slot.since = now;
                     slot.deadline = deadline;
+                    slot.due = now + deadline;
+                    slot.rows = rows;
+                    slot.signs = None;
                     let slot = *slot;
                     if health {
                         actions.push(Action::Health(id));
@@ -961,9 +1262,11 @@ impl Supervisor {
                         let batch = std::mem::take(&mut self.running);
                         let rows: usize = batch.iter().filter_map(|c| self.calls.remove(c)).map(|c| c.rows).sum();
                         if rows > 0 {
-                            self.per_row.push_back(elapsed / self.rounds(rows, slot.role));
-                            if self.per_row.len() > RECENT {
-                                self.per_row.pop_front();
+                            let sample = elapsed / self.rounds(rows, slot.role);
+                            let samples = &mut self.per_row[role_index(slot.role)];
+                            samples.push_back(sample);
+                            if samples.len() > RECENT {
+                                samples.pop_front();
                             }
                         }
                         self.cancel_timer(TimerKind::Deadline);
@@ -975,6 +1278,7 @@ impl Supervisor {
                     _ => {}
                 }
             }
+            Event::Progress(id, call, done, of) => self.progress(now, id, call, done, of, &mut actions),
             Event::Failed(id, call, error) => {
                 let Some(slot) = self.slot_mut(id).copied() else { return actions };
                 let running = match slot.state {
@@ -1065,6 +1369,7 @@ impl Supervisor {
                             self.spawn_serving(now, &mut actions);
                         }
                     }
+                    TimerKind::Wait => self.wait_due = None, // `check_wait` below acts on it
                     TimerKind::Gather => {
                         if self.gather == Gather::Waiting {
                             self.gather = Gather::Due;
@@ -1095,6 +1400,7 @@ impl Supervisor {
                 }
             }
         }
+        self.check_wait(now, &mut actions);
         actions
     }
 }
@@ -1195,7 +1501,8 @@ mod tests {
     #[test]
     fn a_call_waits_for_the_health_call_then_is_sent_and_delivered() {
         let mut s = Sim::new(healthy_policy());
-        assert_eq!(s.submit(1, 1), []);
+        // Nothing is sent; only the timer of how long it may wait for the worker is armed.
+        assert!(only_the_wait_timer(&s.submit(1, 1)));
         let w = s.worker();
         assert_eq!(s.feed(Event::Ready(w))[0], Action::Health(w));
         assert_eq!(s.sup.backend_state(), BackendState::Starting);
@@ -1435,7 +1742,9 @@ mod tests {
         // expected_ms seeds the estimate before samples exist.
         let s = Sim::new(Policy { expected_per_row: Some(ms(500)), ..healthy_policy() });
         assert_eq!(s.sup.deadline(3), secs(6));
-        assert_eq!(s.sup.health_deadline(), secs(4));
+        // The health call's first row is the worker's first inference: the load allowance; the
+        // second row gets a row's deadline (issue #31: the allowance is a row's, not the call's).
+        assert_eq!(s.sup.health_deadline(), secs(60) + secs(2));
     }
 
     #[test]
@@ -1483,7 +1792,8 @@ mod tests {
                 if attempt == 1 {
                     assert!(a.iter().any(|x| matches!(x, Action::Reject(c, CallError::Quarantined(_)) if *c == call)));
                 }
-                s.advance(secs(31));
+                // Past the backoff, well inside `ready_wait` (the question waits for the worker).
+                s.advance(secs(1));
                 s.ready_and_healthy(1);
             }
         }
@@ -1819,6 +2129,195 @@ mod tests {
         s.submit(2, 1);
         s.feed(Event::Done(w, 1));
         assert_eq!(sends(&s.advance(ms(10))), [vec![2]]);
+    }
+
+    fn only_the_wait_timer(actions: &[Action]) -> bool {
+        matches!(actions, [Action::SetTimer(t, _)] if t.kind == TimerKind::Wait)
+    }
+
+    fn notices(actions: &[Action], kind: NoticeKind) -> Vec<Notice> {
+        actions
+            .iter()
+            .filter_map(|a| if let Action::Notify(n) = a { Some(n.clone()) } else { None })
+            .filter(|n| n.kind == kind)
+            .collect()
+    }
+
+    /// The latest worker reports ready and gets its health call, which then hangs.
+    fn ready_and_hanging(s: &mut Sim) -> WorkerId {
+        let w = s.worker();
+        let a = s.feed(Event::Ready(w));
+        assert!(a.contains(&Action::Health(w)), "{a:?}");
+        w
+    }
+
+    #[test]
+    fn a_primary_hanging_in_every_health_call_without_a_fallback_refuses_within_ready_wait_and_degrades_after_three() {
+        // The agent's defaults: a 60 s load allowance, 5 restarts in 300 s, 3 failed health
+        // calls in a row, questions wait 20 s for a backend that is not serving.
+        let mut s = Sim::new(healthy_policy());
+        ready_and_hanging(&mut s);
+        assert!(only_the_wait_timer(&s.submit(1, 1)));
+        // The question is not left in silence: refused after 20 s, with what is going on.
+        let a = s.advance(secs(20));
+        match a.as_slice() {
+            [Action::Reject(1, CallError::Unavailable(m))] => {
+                assert!(
+                    m.contains("not ready after 20 s") && m.contains("health call has been running for 20 s"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut kills = 0;
+        let mut degraded = Vec::new();
+        // Each worker's first row has the 60 s allowance; the third failure in a row degrades,
+        // far inside a window where five restarts would never fit.
+        for i in 0..3 {
+            let a = s.advance(secs(40 + u64::from(i > 0) * 20));
+            kills += a.iter().filter(|x| matches!(x, Action::Kill(_))).count();
+            degraded.extend(notices(&a, NoticeKind::BackendDegraded));
+            if i < 2 {
+                s.advance(secs(1));
+                ready_and_hanging(&mut s);
+            }
+        }
+        assert_eq!(kills, 3);
+        assert_eq!(degraded.len(), 1, "{:?}", s.log);
+        assert!(s.sup.degraded());
+        match s.submit(2, 1).as_slice() {
+            [Action::Reject(2, CallError::Unavailable(m))] => assert!(
+                m.contains("3 failed health calls in a row") && m.contains("missed its deadline (60000 ms)"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // The retry's candidate passes: recovered, and its health call reset the count.
+        s.advance(secs(300));
+        s.ready_and_healthy(5);
+        assert!(!s.sup.degraded());
+        assert_eq!(s.sup.failed_health, 0);
+    }
+
+    #[test]
+    fn a_primary_hanging_in_its_health_calls_hands_questions_to_the_fallback_and_recovers_once_a_candidate_passes() {
+        let mut s = Sim::new(Policy { fallback: true, primary_retry: secs(60), ..healthy_policy() });
+        let first = ready_and_hanging(&mut s);
+        s.submit(1, 1);
+        // After 20 s of waiting the fallback is started; the primary goes on as the candidate.
+        let a = s.advance(secs(20));
+        let fallback = s.worker();
+        assert!(a.contains(&Action::Spawn(fallback, Role::Fallback)) && !a.contains(&Action::Kill(first)), "{a:?}");
+        assert_eq!(notices(&a, NoticeKind::BackendDegraded).len(), 1);
+        assert_eq!(s.sup.backend_state(), BackendState::Degraded);
+        let a = s.ready_and_healthy(5);
+        assert_eq!(sends(&a), [vec![1]]);
+        assert_eq!(s.feed(Event::Done(fallback, 1)), [Action::Deliver(1)]);
+        // The candidate's allowance runs out 60 s after its health call started: it alone is
+        // killed, the fallback serves on.
+        let a = s.advance(secs(40));
+        assert!(a.contains(&Action::Kill(first)) && !a.contains(&Action::Kill(fallback)), "{a:?}");
+        s.submit(2, 1);
+        assert_eq!(s.feed(Event::Done(fallback, 2)), [Action::Deliver(2)]);
+        // The retry's candidate hangs too: still degraded, the fallback still serves.
+        let a = s.advance(secs(60));
+        let candidate = s.worker();
+        assert!(a.contains(&Action::Spawn(candidate, Role::Primary)), "{a:?}");
+        ready_and_hanging(&mut s);
+        let a = s.advance(secs(60));
+        assert!(a.contains(&Action::Kill(candidate)) && !a.contains(&Action::Kill(fallback)), "{a:?}");
+        assert!(s.sup.degraded());
+        s.submit(3, 1);
+        assert_eq!(s.feed(Event::Done(fallback, 3)), [Action::Deliver(3)]);
+        // The next one passes: it takes over.
+        s.advance(secs(60));
+        let a = s.ready_and_healthy(5);
+        assert_eq!(notices(&a, NoticeKind::BackendRecovered).len(), 1, "{a:?}");
+        assert!(a.contains(&Action::Kill(fallback)));
+        assert_eq!((s.sup.role(), s.sup.backend_state()), (Role::Primary, BackendState::Ready));
+    }
+
+    #[test]
+    fn a_health_call_that_makes_progress_outlasts_its_load_allowance_and_a_hang_after_progress_is_still_caught() {
+        // A CPU fallback's health call with a bundle's probe: 36 rows of 1 s, a 3 s allowance.
+        let policy = Policy { health_rows: 36, load_allowance: secs(3), ..Policy::default() };
+        let mut s = Sim::new(policy.clone());
+        let w = ready_and_hanging(&mut s);
+        for done in 1..36 {
+            let a = s.advance(secs(1));
+            assert!(!a.iter().any(|x| matches!(x, Action::Kill(_))), "row {done}: {a:?}");
+            s.feed(Event::Progress(w, HEALTH_CALL, done, 36));
+        }
+        s.now += secs(1);
+        s.feed(Event::Done(w, HEALTH_CALL));
+        assert_eq!(s.sup.backend_state(), BackendState::Ready);
+        assert!(s.sup.restart_counts().is_empty());
+        // Its rows seeded the estimate: 1 s a row, a one-row call gets 4 s.
+        assert_eq!(s.sup.deadline(1), secs(4));
+        // A worker that stops after ten rows is killed at 4 x its rate x the rows left (26 x
+        // 4 s), not left to run; without progress at all, at the allowance.
+        let mut s = Sim::new(policy);
+        let w = ready_and_hanging(&mut s);
+        for done in 1..=10 {
+            s.advance(secs(1));
+            s.feed(Event::Progress(w, HEALTH_CALL, done, 36));
+        }
+        assert!(s.advance(secs(26 * 4) - ms(1)).is_empty());
+        let a = s.advance(ms(2));
+        assert!(a.contains(&Action::Kill(w)), "{a:?}");
+        // Frames that do not move forward are no progress.
+        let before = s.sup.restart_counts()["deadline"];
+        s.advance(secs(1));
+        let w = ready_and_hanging(&mut s);
+        s.advance(secs(2));
+        s.feed(Event::Progress(w, HEALTH_CALL, 0, 36));
+        s.feed(Event::Progress(w, HEALTH_CALL, 40, 36));
+        s.feed(Event::Progress(w, 99, 5, 36));
+        assert!(s.advance(ms(1001)).contains(&Action::Kill(w)));
+        assert_eq!(s.sup.restart_counts()["deadline"], before + 1);
+    }
+
+    #[test]
+    fn a_worker_slowed_by_contention_that_shows_progress_is_not_killed_and_a_real_hang_is_caught_within_a_second() {
+        let mut s = Sim::new(healthy_policy());
+        let w = s.worker();
+        s.ready_and_healthy(20);
+        s.one_row_calls(w, 1..=10, ms(100));
+        assert_eq!(s.sup.deadline(1), secs(1));
+        // Contention: one-row calls take 2.2 s (22 layers of 100 ms), twice their deadline,
+        // with a sign after each layer.
+        for call in 11..=16 {
+            s.submit(call, 1);
+            for layer in 1..22 {
+                assert!(s.advance(ms(100)).is_empty(), "call {call}, layer {layer}");
+                s.feed(Event::Progress(w, call, layer, 22));
+            }
+            s.now += ms(100);
+            assert_eq!(s.feed(Event::Done(w, call)), [Action::Deliver(call)]);
+        }
+        assert!(s.sup.restart_counts().is_empty() && !s.sup.degraded());
+        // A real hang (no sign at all) of a fresh worker is still caught at 1 s.
+        let mut s = Sim::new(healthy_policy());
+        let w = s.worker();
+        s.ready_and_healthy(20);
+        s.one_row_calls(w, 1..=10, ms(100));
+        s.submit(11, 1);
+        assert!(s.advance(ms(999)).is_empty());
+        assert!(s.advance(ms(2)).contains(&Action::Kill(w)));
+    }
+
+    #[test]
+    fn the_fallback_is_timed_by_its_own_rows_not_by_the_primarys() {
+        let mut s = Sim::new(Policy { fallback: true, max_restarts: 0, ..healthy_policy() });
+        let w = s.worker();
+        s.ready_and_healthy(20);
+        s.one_row_calls(w, 1..=10, ms(10));
+        assert_eq!(s.sup.deadline(1), secs(1));
+        s.feed(Event::Exited(w, "signal 11".into()));
+        assert_eq!(s.sup.role(), Role::Fallback);
+        // The CPU's health call: two rows of 2 s each; its calls get 4 x 2 s, not the NPU's 1 s.
+        s.ready_and_healthy(4000);
+        assert_eq!(s.sup.deadline(1), secs(8));
     }
 
     #[test]

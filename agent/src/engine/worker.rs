@@ -39,7 +39,14 @@ pub fn serve(
             ToWorker::Run { call, rows } => {
                 let refs: Vec<&Row> = rows.iter().collect();
                 let t = Instant::now();
-                let reply = match backend.run(&refs) {
+                // Each sign of progress goes out at once: the agent bounds the time between them.
+                // A failed write means the agent is gone; the answer's write below reports it.
+                let mut progress = |done: u32, of: u32| {
+                    let _ = output.write_all(&FromWorker::Progress { call, done, of }.encode());
+                    let _ = output.flush();
+                };
+                let result = backend.run_with_progress(&refs, &mut progress);
+                let reply = match result {
                     Ok(rows) => FromWorker::Done { call, rows, backend_us: t.elapsed().as_micros() as u64 },
                     Err(error) => FromWorker::Failed { call, error },
                 };

@@ -152,11 +152,23 @@ impl Encoder {
     /// Stage 2: `[B, L, d]` embeddings with `[B, 1, L, L]` additive global and sliding-window
     /// biases -> `[B, L, d]` final hidden states.
     pub fn encode(&self, embeds: &Tensor, global_bias: &Tensor, sliding_bias: &Tensor) -> Result<Tensor, ModelError> {
+        self.encode_with(embeds, global_bias, sliding_bias, &mut |_| {})
+    }
+
+    /// [`Encoder::encode`], calling `on_layer(i)` after layer `i` (from 1): the worker's signs
+    /// of progress, so a CPU slowed by contention is seen working rather than hung.
+    pub fn encode_with(
+        &self,
+        embeds: &Tensor,
+        global_bias: &Tensor,
+        sliding_bias: &Tensor,
+        on_layer: &mut dyn FnMut(usize),
+    ) -> Result<Tensor, ModelError> {
         let (_, l, _) = embeds.dims3()?;
         let (cos_g, sin_g) = self.rope_global.tables(l)?;
         let (cos_l, sin_l) = self.rope_local.tables(l)?;
         let mut h = self.emb_norm.forward(&embeds.contiguous()?)?;
-        for layer in &self.layers {
+        for (n, layer) in self.layers.iter().enumerate() {
             let (bias, cos, sin) = match layer.kind {
                 LayerType::Global => (global_bias, &cos_g, &sin_g),
                 LayerType::Sliding => (sliding_bias, &cos_l, &sin_l),
@@ -179,6 +191,7 @@ impl Encoder {
                 Activation::Silu => input.silu()?,
             };
             h = layer.mlp_wo.forward_add(&(act * gate)?, &h)?;
+            on_layer(n + 1);
         }
         Ok(self.final_norm.forward(&h)?)
     }

@@ -99,6 +99,23 @@ impl CpuModel {
     /// Runs a batch of question rows (padded to the longest with `pad_id`) through all three
     /// stages and returns each row's option logits and act logits.
     pub fn forward(&self, rows: &[&Row], pad_id: u32) -> Result<Vec<HeadOutput>, ModelError> {
+        self.forward_with(rows, pad_id, &mut |_, _| {})
+    }
+
+    /// The steps [`CpuModel::forward_with`] reports: one per encoder layer, and the head.
+    pub fn steps(&self) -> u32 {
+        u32::try_from(self.encoder.config.num_hidden_layers + 1).unwrap_or(u32::MAX)
+    }
+
+    /// [`CpuModel::forward`], calling `progress(done, of)` after each encoder layer over the
+    /// batch (`of` is [`CpuModel::steps`]; the head is the last step, which the answer itself
+    /// reports).
+    pub fn forward_with(
+        &self,
+        rows: &[&Row],
+        pad_id: u32,
+        progress: &mut dyn FnMut(u32, u32),
+    ) -> Result<Vec<HeadOutput>, ModelError> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -118,7 +135,10 @@ impl CpuModel {
         let window = Some(self.encoder.config.sliding_window());
         let sliding = Tensor::from_vec(masks::attention_biases(&lengths, l, window), (b, 1, l, l), &dev)?;
         let embeds = self.encoder.embed(&ids)?;
-        let hidden = self.encoder.encode(&embeds, &global, &sliding)?;
+        let of = self.steps();
+        let hidden = self.encoder.encode_with(&embeds, &global, &sliding, &mut |layer| {
+            progress(u32::try_from(layer).unwrap_or(u32::MAX).min(of - 1), of)
+        })?;
         let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index() as u32).collect();
         let markers: Vec<&[u32]> = rows.iter().map(|r| r.marker_pos.as_slice()).collect();
         self.head.forward(&hidden, &lengths, &qtypes, &markers)
