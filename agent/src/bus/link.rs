@@ -12,7 +12,11 @@
 //! - two agents with one client id (a cloned SD card) take each other's session
 //!   (DISCONNECT 0x8E) as fast as they reconnect: after a takeover the next connection waits at
 //!   least `TAKEOVER_MIN` (doubling to `TAKEOVER_MAX`), so two clones cost the broker at most one
-//!   takeover every few seconds, and the cause is named (`takeovers`).
+//!   takeover every few seconds, and the cause is named (`takeovers`). rumqttc 0.25 drops a
+//!   DISCONNECT without properties (mosquitto's 0x8E is two bytes: its parser wants a property
+//!   length) and reports the closed socket instead, so a connection the broker closes before it
+//!   was `STABLE` counts the same way, and two such in a row are taken for a takeover
+//!   (`Link::suspected_takeover`).
 //!
 //! Backoff after an ordinary loss doubles from `reconnect_min_ms` to `reconnect_max_ms` with a
 //! per-process jitter; it starts again from the minimum only once a connection has lasted
@@ -32,8 +36,10 @@ const CONNECT_SLACK: Duration = Duration::from_secs(10);
 /// Why a connection ended, as the link tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Loss {
-    /// The broker closed it, refused us, or the network failed (rumqttc's error).
+    /// Connecting failed, the broker refused us, or the network failed (rumqttc's error).
     Error,
+    /// The broker closed the connection without a reason we could read.
+    Closed,
     /// Another client connected with our client id (DISCONNECT 0x8E, Session Taken Over).
     TakenOver,
     /// Nothing came from the broker for one and a half keep-alives.
@@ -54,6 +60,8 @@ pub struct Link {
     takeover_backoff: Duration,
     connected_at: Option<Instant>,
     last_incoming: Instant,
+    /// Connections in a row the broker closed before they were `STABLE`.
+    early_closes: u32,
     /// Sessions taken over from us in this run.
     pub takeovers: u64,
 }
@@ -71,6 +79,7 @@ impl Link {
             takeover_backoff: TAKEOVER_MIN,
             connected_at: None,
             last_incoming: now,
+            early_closes: 0,
             takeovers: 0,
         }
     }
@@ -117,23 +126,30 @@ impl Link {
 
     /// The connection ended: how long to wait before the next attempt.
     pub fn lost(&mut self, loss: &Loss, now: Instant) -> Duration {
-        if let Some(at) = self.connected_at.take()
-            && now.duration_since(at) >= STABLE
-        {
+        let lasted = self.connected_at.take().map(|at| now.duration_since(at));
+        if lasted.is_some_and(|d| d >= STABLE) {
             self.backoff = self.min_backoff;
             self.takeover_backoff = TAKEOVER_MIN;
         }
-        let wait = match loss {
-            Loss::TakenOver => {
-                self.takeovers += 1;
-                let wait = self.takeover_backoff.max(self.backoff);
-                self.takeover_backoff = (self.takeover_backoff * 2).min(TAKEOVER_MAX);
-                wait
-            }
-            Loss::Error | Loss::Silent | Loss::Stuck => self.backoff,
+        let closed_early = *loss == Loss::Closed && lasted.is_some_and(|d| d < STABLE);
+        self.early_closes = if closed_early { self.early_closes + 1 } else { 0 };
+        let taken_over = *loss == Loss::TakenOver || self.suspected_takeover();
+        let wait = if taken_over {
+            self.takeovers += 1;
+            let wait = self.takeover_backoff.max(self.backoff);
+            self.takeover_backoff = (self.takeover_backoff * 2).min(TAKEOVER_MAX);
+            wait
+        } else {
+            self.backoff
         };
         self.backoff = (self.backoff * 2).min(self.max_backoff);
         wait + self.jitter
+    }
+
+    /// Whether the last losses look like a takeover the broker did not name readably: two or
+    /// more connections in a row closed by the broker before they were `STABLE`.
+    pub fn suspected_takeover(&self) -> bool {
+        self.early_closes >= 2
     }
 
     /// The longest one turn of the connection task can take: a poll's bound or a backoff.
@@ -197,6 +213,25 @@ mod tests {
         assert_eq!(l.takeovers, 7);
         // Two clones: the takeovers are each one's reconnects, at least TAKEOVER_MIN apart.
         assert!(waits.iter().all(|w| *w >= TAKEOVER_MIN));
+    }
+
+    #[test]
+    fn connections_the_broker_closes_soon_after_accepting_them_count_as_takeovers_from_the_second() {
+        let t0 = Instant::now();
+        let mut l = link(t0);
+        l.connected(t0);
+        assert_eq!(l.lost(&Loss::Closed, t0 + S), Duration::from_millis(500), "one early close: a broker restart");
+        assert!(!l.suspected_takeover());
+        l.connected(t0 + 2 * S);
+        assert_eq!(l.lost(&Loss::Closed, t0 + 3 * S), TAKEOVER_MIN, "two in a row: a clone");
+        assert!(l.suspected_takeover());
+        assert_eq!(l.takeovers, 1);
+        // A failed connect attempt in between does not count as a close, and ends the run.
+        assert_eq!(l.lost(&Loss::Error, t0 + 9 * S), 2 * S);
+        assert!(!l.suspected_takeover());
+        // A close after a stable connection is an ordinary loss.
+        l.connected(t0 + 10 * S);
+        assert_eq!(l.lost(&Loss::Closed, t0 + 10 * S + STABLE), Duration::from_millis(500));
     }
 
     #[test]

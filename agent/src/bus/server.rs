@@ -666,7 +666,8 @@ pub async fn run(
     enum Net {
         Connected { session_present: bool },
         Question(Box<Publish>),
-        TakenOver,
+        /// Our session was taken over: `named` by the broker (0x8E), else inferred from closes.
+        TakenOver { named: bool },
         Closed,
     }
     let (net_tx, mut net_rx) = mpsc::unbounded_channel::<Net>();
@@ -710,6 +711,12 @@ pub async fn run(
                     reason_code: rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::SessionTakenOver,
                     ..
                 }))) => Loss::TakenOver,
+                Ok(Err(rumqttc::v5::ConnectionError::MqttState(rumqttc::v5::StateError::ConnectionAborted)))
+                    if link.is_connected() =>
+                {
+                    tracing::warn!("the broker closed the connection");
+                    Loss::Closed
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "broker connection lost");
                     Loss::Error
@@ -732,8 +739,10 @@ pub async fn run(
                     loss
                 }
             };
+            let taken_before = link.takeovers;
             let wait = link.lost(&loss, Instant::now());
-            if loss == Loss::TakenOver {
+            if link.takeovers > taken_before {
+                let named = loss == Loss::TakenOver;
                 tracing::warn!(
                     client_id = %eventloop.options.client_id(),
                     takeovers = link.takeovers,
@@ -741,7 +750,7 @@ pub async fn run(
                     "another client connected with this agent's client id and took its session \
                      (two devices with one client id, e.g. a cloned image?): reconnecting later"
                 );
-                if net_tx.send(Net::TakenOver).is_err() {
+                if net_tx.send(Net::TakenOver { named }).is_err() {
                     break;
                 }
             } else {
@@ -788,17 +797,21 @@ pub async fn run(
                         notifier.ready(&format!("serving as {device}"));
                     }
                 }
-                Some(Net::TakenOver) => {
+                Some(Net::TakenOver { named }) => {
                     let n = shared.takeovers.fetch_add(1, Ordering::Relaxed) + 1;
+                    let how = if named {
+                        "the broker said another client connected with this agent's client id and took its session (DISCONNECT 0x8E)"
+                    } else {
+                        "the broker closed this agent's connection again soon after accepting it, as it does when another client connects with the same client id"
+                    };
                     publish_event(&EngineEvent {
                         event: "session_taken_over".into(),
-                        reason: None,
-                        code: Some(0x8E),
-                        name: Some("SessionTakenOver".into()),
+                        reason: Some(if named { "disconnect_0x8e" } else { "closed_after_connect" }.into()),
+                        code: named.then_some(0x8E),
+                        name: named.then(|| "SessionTakenOver".to_owned()),
                         message: format!(
-                            "another client connected with this agent's client id {:?} and took its session \
-                             ({n} times in this run): two devices share one client id (a cloned image?); \
-                             give each its own mqtt.device or mqtt.client_id",
+                            "{how}, client id {:?} ({n} times in this run): two devices share one client id \
+                             (a cloned image?); give each its own mqtt.device or mqtt.client_id",
                             config.client_id()
                         ),
                         deadline_ms: None,
