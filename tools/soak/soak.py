@@ -285,7 +285,7 @@ class Asker:
         self.args, self.name, self.questions, self.window, self.stats = args, name, questions, window, stats
         self.by_corr = {q.corr: q for q in questions}
         self.next = 0
-        self.reply_base = f"{args.prefix}/{name}/reply"
+        self.reply_base = args.reply_base.format(prefix=args.prefix, client=name)
         self.ask_topic = f"{args.prefix}/{args.device}/ask"
         self.ready = threading.Event()
         self.send_lock = threading.Lock()
@@ -641,6 +641,9 @@ def print_round(args, rep, idle, after):
     if rep["invalid"]:
         print(f"   invalid       {inv['error_reply']} got an error reply, {inv['answered_without_error']} answered without "
               f"error, {inv['lost']} lost")
+        odd = {k: v for k, v in sorted(inv["by_kind"].items()) if v["answered"] or v["lost"]}
+        if odd:
+            print(f"   invalid kinds without an error reply: {json.dumps(odd)}")
     if rep["valid_with_error"]:
         print(f"   valid with an error reply: {rep['valid_with_error']}")
     lat = rep["latency_ms"]
@@ -685,6 +688,9 @@ def main():
     p.add_argument("--connect-timeout", type=float, default=20.0)
     p.add_argument("--ready-timeout", type=float, default=120.0, help="wait for the agent's status to be ready")
     p.add_argument("--dup-grace", type=float, default=1.0, help="keep listening this long after the last reply")
+    p.add_argument("--reply-base", default="{prefix}/{client}/reply",
+                   help="each client's response topics are under this ({prefix}, {client}); it must match "
+                        "the agent's mqtt.response_topics")
     p.add_argument("--topic-per-question", action="store_true",
                    help="a response topic per question (reply/<corr>) instead of one per client (reply/r)")
     p.add_argument("--seed", type=int, default=1)
