@@ -581,7 +581,7 @@ def run_round(args, host, port, run, rnd, agent, sampler, plan):
         "n": len(lats),
         "p50": percentile(lats, 50) and round(percentile(lats, 50), 2),
         "p99": percentile(lats, 99) and round(percentile(lats, 99), 2),
-        "max": lats and round(max(lats), 2),
+        "max": round(max(lats), 2) if lats else None,
     }
     rep["throughput_per_s"] = round(len(lats) / (t_end - t0), 1) if t_end > t0 else None
     return rep
