@@ -116,6 +116,8 @@ pub struct Limits {
     pub nesting_depth: usize,
     /// Recent request ids remembered to re-send the same reply on redelivery.
     pub remember_replies: usize,
+    /// Bytes those remembered replies may take in all; the oldest are forgotten beyond.
+    pub remember_bytes: usize,
     /// Tokens one request's rows may carry together (after layout, within the model's
     /// `max_len`); beyond this the request gets `too_large`. Bounds one request's work and the
     /// CPU worker's memory (docs/config.md, "What one request can cost").
@@ -138,6 +140,7 @@ impl Default for Limits {
             options_per_question: 255,
             nesting_depth: 64,
             remember_replies: 1024,
+            remember_bytes: 8 << 20,
             max_request_tokens: 16_384,
             waiting_bytes: 16 << 20,
             loop_stall_s: 60,

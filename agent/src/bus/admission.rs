@@ -254,10 +254,14 @@ impl Admission {
 }
 
 /// Replies recently sent, by [`RequestKey`], oldest forgotten first. In memory: a redelivery
-/// after the agent restarts is answered again.
+/// after the agent restarts is answered again. Bounded by count and by bytes: a reply to 64
+/// questions of 255 options each is hundreds of KB, so a count alone would let legal traffic
+/// hold hundreds of MB.
 #[derive(Debug, Default)]
 pub struct ReplyCache {
     capacity: usize,
+    max_bytes: usize,
+    bytes: usize,
     order: VecDeque<RequestKey>,
     map: HashMap<RequestKey, Vec<u8>>,
 }
@@ -268,7 +272,16 @@ fn id_key(id: &Value) -> String {
 
 impl ReplyCache {
     pub fn new(capacity: usize) -> ReplyCache {
-        ReplyCache { capacity, ..ReplyCache::default() }
+        ReplyCache::bounded(capacity, usize::MAX)
+    }
+
+    /// At most `capacity` replies of `max_bytes` in all (keys and payloads).
+    pub fn bounded(capacity: usize, max_bytes: usize) -> ReplyCache {
+        ReplyCache { capacity, max_bytes, ..ReplyCache::default() }
+    }
+
+    fn cost(key: &RequestKey, payload: &[u8]) -> usize {
+        payload.len() + key.id.len() + key.topic.len() + std::mem::size_of::<RequestKey>() * 2
     }
 
     /// The reply sent for this question, if remembered.
@@ -278,15 +291,19 @@ impl ReplyCache {
 
     /// Remembers a reply.
     pub fn put(&mut self, key: RequestKey, payload: Vec<u8>) {
-        if self.capacity == 0 {
+        let cost = ReplyCache::cost(&key, &payload);
+        if self.capacity == 0 || cost > self.max_bytes {
             return;
         }
-        if self.map.insert(key.clone(), payload).is_none() {
-            self.order.push_back(key);
+        self.bytes += cost;
+        match self.map.insert(key.clone(), payload) {
+            Some(old) => self.bytes -= ReplyCache::cost(&key, &old),
+            None => self.order.push_back(key),
         }
-        while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
+        while self.order.len() > self.capacity || self.bytes > self.max_bytes {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(p) = self.map.remove(&old) {
+                self.bytes -= ReplyCache::cost(&old, &p);
             }
         }
     }
@@ -295,6 +312,23 @@ impl ReplyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reply_cache_forgets_the_oldest_replies_beyond_its_bytes() {
+        let key = |i: usize| RequestKey { id: format!("r{i}"), topic: "t".into(), digest: i as u64 };
+        let one = ReplyCache::cost(&key(0), &[0; 1000]);
+        let mut cache = ReplyCache::bounded(100, 3 * one);
+        for i in 0..10 {
+            cache.put(key(i), vec![0; 1000]);
+        }
+        assert_eq!(cache.map.len(), 3);
+        assert!(cache.bytes <= 3 * one);
+        assert!(cache.get(&key(9)).is_some() && cache.get(&key(6)).is_none());
+        // A reply larger than the whole cache is not kept (nor does it empty the cache).
+        cache.put(key(99), vec![0; 4 * one]);
+        assert!(cache.get(&key(99)).is_none());
+        assert_eq!(cache.map.len(), 3);
+    }
 
     fn admission() -> Admission {
         let cfg = config::Config::default();

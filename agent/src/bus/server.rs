@@ -586,7 +586,7 @@ pub async fn run(
         client: client.clone(),
         admission: Admission::new(schema.clone(), device.clone(), &config),
         serving: std::sync::RwLock::new(Arc::new(serving)),
-        replies: Mutex::new(ReplyCache::new(config.limits.remember_replies)),
+        replies: Mutex::new(ReplyCache::bounded(config.limits.remember_replies, config.limits.remember_bytes)),
         in_progress: Mutex::default(),
         permits: Arc::new(Semaphore::new(config.limits.queue)),
         preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
