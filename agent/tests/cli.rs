@@ -102,7 +102,7 @@ fn one_request() -> String {
 fn check_config_prints_the_effective_configuration_as_toml_that_reads_back_the_same() {
     let file = temp_file(
         "laya-edge.toml",
-        "[mqtt]\ndevice = \"board-7\"\nresponse_topics = [\"apps/+/reply/#\"]\n[engine]\nbackend = \"null\"\n\
+        "[mqtt]\ndevice = \"board-7\"\nresponse_topics = [\"{prefix}/reply/apps/+\"]\n[engine]\nbackend = \"null\"\n\
          [rknn]\ncore_mask = 3\n[qnn]\nsoc = \"qcm6490\"\n",
     );
     let (stdout, stderr, ok) = run(&["check-config", "--config", file.to_str().expect("utf-8")], "");

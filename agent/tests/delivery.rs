@@ -90,10 +90,10 @@ async fn a_reused_request_id_with_new_questions_is_answered_anew_not_from_the_re
     let _agent = Agent::start(&broker, "dev-reuse", "[engine]\nbackend = \"null\"\n");
     wait_online(broker.port, "dev-reuse").await;
     let mut c = Persistent::connect(broker.port, "reuse-asker").await;
-    c.subscribe("laya/v1/reuse-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/reuse-asker/#").await;
     c.subscribe("laya/v1/dev-reuse/reply/#").await;
     // MQTT 5: one client reuses id "same" for a different request.
-    let to = Some("laya/v1/reuse-asker/reply/same");
+    let to = Some("laya/v1/reply/reuse-asker/same");
     c.ask("laya/v1/dev-reuse/ask", request_with("same", &format!("{BUG}, {TEAM}")), to).await;
     let first = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
     assert_eq!(answered_questions(&first), ["bug", "team"]);
@@ -119,12 +119,12 @@ async fn a_redelivered_copy_of_a_question_in_progress_waits_for_that_answer() {
     let _agent = Agent::start(&broker, "dev-co", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=3000\"\n");
     wait_online(broker.port, "dev-co").await;
     let mut c = Persistent::connect(broker.port, "co-asker").await;
-    c.subscribe("laya/v1/co-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/co-asker/#").await;
     c.subscribe("laya/v1/dev-co/telemetry").await;
     let n = 3;
     for i in 0..n {
         let id = format!("c{i}");
-        let to = format!("laya/v1/co-asker/reply/{id}");
+        let to = format!("laya/v1/reply/co-asker/{id}");
         c.ask("laya/v1/dev-co/ask", request_with(&id, BUG), Some(&to)).await;
     }
     // All of them received (the first takes 3 s in the engine, the others wait behind it) ...
@@ -255,7 +255,7 @@ fn agent_with_notify(broker: &Broker, device: &str, extra: &str, socket: &Path) 
 /// Sends `ids` to `device` from `c`, each with its own response topic under `asker`.
 async fn ask_all(c: &Persistent, device: &str, asker: &str, ids: &[String]) {
     for id in ids {
-        let to = format!("laya/v1/{asker}/reply/{id}");
+        let to = format!("laya/v1/reply/{asker}/{id}");
         c.ask(&format!("laya/v1/{device}/ask"), request_with(id, BUG), Some(&to)).await;
     }
 }
@@ -284,7 +284,7 @@ async fn sigterm_mid_stream_answers_and_acknowledges_each_question_or_leaves_it_
     let mut agent = agent_with_notify(&broker, "dev-ts", extra, &path);
     wait_online(broker.port, "dev-ts").await;
     let mut c = Persistent::connect(broker.port, "ts-asker").await;
-    c.subscribe("laya/v1/ts-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/ts-asker/#").await;
     c.subscribe("laya/v1/dev-ts/status").await;
     // The retained `online`.
     until(&mut c, "the online status", Duration::from_secs(10), |p| topic(p).ends_with("/status")).await;
@@ -330,7 +330,7 @@ async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
     let mut agent = agent_with_notify(&broker, "dev-th", &extra, &path);
     wait_online(broker.port, "dev-th").await;
     let mut c = Persistent::connect(broker.port, "th-asker").await;
-    c.subscribe("laya/v1/th-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/th-asker/#").await;
     c.subscribe("laya/v1/dev-th/status").await;
     c.subscribe("laya/v1/dev-th/telemetry").await;
     let ids: Vec<String> = (0..2).map(|i| format!("h{i}")).collect();
@@ -363,7 +363,7 @@ async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
 async fn fleet_flood(c: &Persistent, n: usize) {
     for i in 0..n {
         let id = format!("f{i}");
-        let to = format!("laya/v1/fleet-asker/reply/{id}");
+        let to = format!("laya/v1/reply/fleet-asker/{id}");
         c.ask("laya/v1/fleet/north/ask", request_with(&id, BUG), Some(&to)).await;
     }
 }
@@ -396,7 +396,7 @@ async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_one
     wait_online(broker.port, "strand-a").await;
     wait_online(broker.port, "strand-b").await;
     let mut c = Persistent::connect(broker.port, "fleet-asker").await;
-    c.subscribe("laya/v1/fleet-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/fleet-asker/#").await;
     let n = 200;
     fleet_flood(&c, n).await;
     let mut answered: HashMap<String, Vec<String>> = HashMap::new();
@@ -466,8 +466,9 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     let dir = temp_dir("shipped-broker");
     let port = free_port();
     std::fs::write(dir.join("mosquitto.conf"), shipped_mosquitto_conf(&dir, port)).expect("conf");
+    // The shipped ACL names its example devices: the agent is one of them (board-7).
     let passwd = dir.join("passwd");
-    for (user, password) in [("dev-flood", "device-secret"), ("flood-asker", "client-secret")] {
+    for (user, password) in [("board-7", "device-secret"), ("flood-asker", "client-secret")] {
         let ok = Command::new("mosquitto_passwd")
             .args(if passwd.exists() { &["-b"][..] } else { &["-c", "-b"][..] })
             .args([passwd.as_os_str(), user.as_ref(), password.as_ref()])
@@ -490,7 +491,7 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     std::fs::write(
         &config,
         format!(
-            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"dev-flood\"\nusername = \"dev-flood\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
             dir.join("device.password").display(),
             model("bpe-small")
         ),
@@ -498,8 +499,8 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     .expect("config");
     let agent = Agent::with_config(config, Vec::new());
     let mut c = Persistent::connect_as(port, "flood-asker", Some(("flood-asker", "client-secret"))).await;
-    c.subscribe("laya/v1/flood-asker/reply/#").await;
-    c.subscribe("laya/v1/dev-flood/status").await;
+    c.subscribe("laya/v1/reply/flood-asker/#").await;
+    c.subscribe("laya/v1/board-7/status").await;
     // Online (the ACL lets the device publish its status and the client read it).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -511,7 +512,7 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     let n = 3000;
     for i in 0..n {
         let id = format!("q{i}");
-        c.ask("laya/v1/dev-flood/ask", request_with(&id, BUG), Some(&format!("laya/v1/flood-asker/reply/{id}"))).await;
+        c.ask("laya/v1/board-7/ask", request_with(&id, BUG), Some(&format!("laya/v1/reply/flood-asker/{id}"))).await;
     }
     let mut answered = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(240);

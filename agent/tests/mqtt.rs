@@ -22,7 +22,7 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
     let _agent = Agent::start(&broker, "dev1", "");
     wait_online(broker.port, "dev1").await;
     let mut c = Client::connect(broker.port, "asker-rr").await;
-    c.subscribe("laya/v1/asker-rr/reply/#").await;
+    c.subscribe("laya/v1/reply/asker-rr/#").await;
     // The third request is large enough to be tokenized in the blocking pool, not in place.
     let long_state = "The app crashes when I log in, please help. ".repeat(60);
     for (i, (enc, state)) in
@@ -38,7 +38,7 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
         let body = enc.encode(&req);
         let inline = laya_edge::bus::server::INLINE_TOKENIZE_BYTES;
         assert_eq!(state.is_some(), body.len() > inline, "request {i} is {} bytes", body.len());
-        c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/asker-rr/reply/{id}")), Some(b"corr-42"), enc).await;
+        c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/reply/asker-rr/{id}")), Some(b"corr-42"), enc).await;
         let p = c.next(Duration::from_secs(60)).await.expect("a reply");
         let props = p.properties.clone().expect("properties");
         assert_eq!(props.correlation_data.as_deref(), Some(&b"corr-42"[..]));
@@ -117,13 +117,13 @@ async fn telemetry_counts_answers_and_a_repeated_question_is_not_tokenized_again
     let mut watch = Client::connect(broker.port, "tm-watch").await;
     watch.subscribe("laya/v1/dev-tm/telemetry").await;
     let mut c = Client::connect(broker.port, "tm-asker").await;
-    c.subscribe("laya/v1/tm-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/tm-asker/#").await;
     let before = telemetry_where(&mut watch, "no answer yet", |v| counter(v, &["answered"]) == 0).await;
     assert_eq!(before.get("device"), Some(&Value::from("dev-tm")));
     assert_eq!(before.get("serving"), Some(&Value::from("primary")));
     let mut seen = Vec::new();
     for (i, id) in ["t1", "t2"].into_iter().enumerate() {
-        let reply_to = format!("laya/v1/tm-asker/reply/{id}");
+        let reply_to = format!("laya/v1/reply/tm-asker/{id}");
         c.ask("laya/v1/dev-tm/ask", Encoding::Json.encode(&request(id)), Some(&reply_to), None, Encoding::Json).await;
         let reply = c.next(Duration::from_secs(30)).await.expect("a reply");
         assert_eq!(decode(&reply).get("id"), Some(&Value::from(id)));
@@ -157,8 +157,8 @@ async fn a_worker_slower_to_load_than_the_configured_startup_timeout_is_replaced
     let mut watch = Client::connect(broker.port, "startup-watch").await;
     watch.subscribe("laya/v1/dev-startup/telemetry").await;
     let mut c = Client::connect(broker.port, "startup-asker").await;
-    c.subscribe("laya/v1/startup-asker/reply/#").await;
-    let reply_to = "laya/v1/startup-asker/reply/s1";
+    c.subscribe("laya/v1/reply/startup-asker/#").await;
+    let reply_to = "laya/v1/reply/startup-asker/s1";
     c.ask("laya/v1/dev-startup/ask", Encoding::Json.encode(&request("s1")), Some(reply_to), None, Encoding::Json).await;
     // Well before the slow worker would have loaded.
     let reply = decode(&c.next(Duration::from_secs(20)).await.expect("answered by the replacement worker"));
@@ -180,14 +180,14 @@ async fn a_shared_subscription_spreads_a_fleets_questions_over_three_agents() {
         wait_online(broker.port, &format!("fleet-dev{i}")).await;
     }
     let mut c = Client::connect(broker.port, "fleet-asker").await;
-    c.subscribe("laya/v1/fleet-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/fleet-asker/#").await;
     let n = 60;
     for i in 0..n {
         let id = format!("f{i}");
         c.ask(
             "laya/v1/fleet/north/ask",
             Encoding::Json.encode(&request(&id)),
-            Some(&format!("laya/v1/fleet-asker/reply/{id}")),
+            Some(&format!("laya/v1/reply/fleet-asker/{id}")),
             None,
             Encoding::Json,
         )
@@ -235,11 +235,11 @@ async fn a_broker_restart_under_load_loses_no_question() {
     wait_online(broker.port, "dev-restart").await;
     // The asker keeps a persistent session too, so replies published while it is away wait for it.
     let mut c = Persistent::connect(broker.port, "restart-asker").await;
-    c.subscribe("laya/v1/restart-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/restart-asker/#").await;
     let n = 80;
     for i in 0..n {
         let id = format!("q{i}");
-        let to = format!("laya/v1/restart-asker/reply/{id}");
+        let to = format!("laya/v1/reply/restart-asker/{id}");
         c.ask("laya/v1/dev-restart/ask", Encoding::Json.encode(&request(&id)), Some(&to)).await;
         if i == n / 2 {
             broker.restart();
@@ -265,13 +265,13 @@ async fn an_agent_killed_mid_question_answers_it_after_restarting() {
     let mut agent = Agent::start(&broker, "dev-kill", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=3000\"\n");
     wait_online(broker.port, "dev-kill").await;
     let mut c = Client::connect(broker.port, "kill-asker").await;
-    c.subscribe("laya/v1/kill-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/kill-asker/#").await;
     let mut watch = Client::connect(broker.port, "kill-watch").await;
     watch.subscribe("laya/v1/dev-kill/telemetry").await;
     c.ask(
         "laya/v1/dev-kill/ask",
         Encoding::Json.encode(&request("k1")),
-        Some("laya/v1/kill-asker/reply/k1"),
+        Some("laya/v1/reply/kill-asker/k1"),
         None,
         Encoding::Json,
     )
@@ -298,20 +298,20 @@ async fn overload_and_oversize_get_clear_errors() {
     );
     wait_online(broker.port, "dev-lim").await;
     let mut c = Client::connect(broker.port, "lim-asker").await;
-    c.subscribe("laya/v1/lim-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/lim-asker/#").await;
     for i in 0..4 {
         let id = format!("o{i}");
         c.ask(
             "laya/v1/dev-lim/ask",
             Encoding::Json.encode(&request(&id)),
-            Some(&format!("laya/v1/lim-asker/reply/{id}")),
+            Some(&format!("laya/v1/reply/lim-asker/{id}")),
             None,
             Encoding::Json,
         )
         .await;
     }
     let big = format!(r#"{{"id": "big", "state": "{}", "questions": {{}}}}"#, "x".repeat(5000));
-    c.ask("laya/v1/dev-lim/ask", big.into_bytes(), Some("laya/v1/lim-asker/reply/big"), None, Encoding::Json).await;
+    c.ask("laya/v1/dev-lim/ask", big.into_bytes(), Some("laya/v1/reply/lim-asker/big"), None, Encoding::Json).await;
     let mut codes: HashMap<String, String> = HashMap::new();
     while codes.len() < 5 {
         let p = c.next(Duration::from_secs(30)).await.expect("a reply for each question");
@@ -347,13 +347,13 @@ async fn questions_a_broker_sends_beyond_the_queue_wait_within_waiting_bytes_and
     );
     wait_online(broker.port, "dev-wait").await;
     let mut c = Client::connect(broker.port, "wait-asker").await;
-    c.subscribe("laya/v1/wait-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/wait-asker/#").await;
     for i in 0..5 {
         let id = format!("w{i}");
         c.ask(
             "laya/v1/dev-wait/ask",
             Encoding::Json.encode(&request(&id)),
-            Some(&format!("laya/v1/wait-asker/reply/{id}")),
+            Some(&format!("laya/v1/reply/wait-asker/{id}")),
             None,
             Encoding::Json,
         )
@@ -384,7 +384,7 @@ async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
     let mut agent = Agent::start(&broker, "dev-fuzz", "[engine]\nbackend = \"null\"\n");
     wait_online(broker.port, "dev-fuzz").await;
     let mut c = Client::connect(broker.port, "fuzz-asker").await;
-    c.subscribe("laya/v1/fuzz-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/fuzz-asker/#").await;
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = move || {
         seed ^= seed << 13;
@@ -420,14 +420,14 @@ async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
             }
         }
         let qos = if i % 2 == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
-        let reply = (i % 5 == 0).then(|| format!("laya/v1/fuzz-asker/reply/z{i}"));
+        let reply = (i % 5 == 0).then(|| format!("laya/v1/reply/fuzz-asker/z{i}"));
         let props = PublishProperties { response_topic: reply, ..PublishProperties::default() };
         c.client.publish_with_properties("laya/v1/dev-fuzz/ask", qos, false, payload, props).await.expect("publish");
     }
     c.ask(
         "laya/v1/dev-fuzz/ask",
         Encoding::Json.encode(&request("after-fuzz")),
-        Some("laya/v1/fuzz-asker/reply/after-fuzz"),
+        Some("laya/v1/reply/fuzz-asker/after-fuzz"),
         None,
         Encoding::Json,
     )
@@ -452,7 +452,7 @@ async fn a_response_topic_outside_the_allowlist_is_never_published_to() {
     wait_online(broker.port, "dev-allow").await;
     let mut c = Client::connect(broker.port, "allow-asker").await;
     c.subscribe("factory/#").await;
-    c.subscribe("laya/v1/allow-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/allow-asker/#").await;
     c.ask(
         "laya/v1/dev-allow/ask",
         Encoding::Json.encode(&request("evil")),
@@ -464,13 +464,13 @@ async fn a_response_topic_outside_the_allowlist_is_never_published_to() {
     c.ask(
         "laya/v1/dev-allow/ask",
         Encoding::Json.encode(&request("good")),
-        Some("laya/v1/allow-asker/reply/good"),
+        Some("laya/v1/reply/allow-asker/good"),
         None,
         Encoding::Json,
     )
     .await;
     let p = c.next(Duration::from_secs(30)).await.expect("the allowed reply");
-    assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/allow-asker/reply/good");
+    assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/reply/allow-asker/good");
     assert!(c.next(Duration::from_secs(2)).await.is_none(), "nothing on the refused topic");
 }
 
@@ -569,11 +569,11 @@ async fn tls_and_mutual_tls_connections_serve_questions() {
         // The agent's status reaches plain-TCP clients of the same broker.
         wait_online(broker.port, device).await;
         let mut c = Client::connect(broker.port, &format!("{device}-asker")).await;
-        c.subscribe(&format!("laya/v1/{device}-asker/reply/#")).await;
+        c.subscribe(&format!("laya/v1/reply/{device}-asker/#")).await;
         c.ask(
             &format!("laya/v1/{device}/ask"),
             Encoding::Json.encode(&request("t1")),
-            Some(&format!("laya/v1/{device}-asker/reply/t1")),
+            Some(&format!("laya/v1/reply/{device}-asker/t1")),
             None,
             Encoding::Json,
         )
@@ -851,14 +851,14 @@ async fn a_stop_signal_to_the_whole_unit_lets_the_worker_finish_the_question_it_
     let agent_pid = agent.child.as_ref().map(|c| c.id()).expect("pid");
     wait_online(broker.port, "dev-unit").await;
     let mut c = Client::connect(broker.port, "unit-asker").await;
-    c.subscribe("laya/v1/unit-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/unit-asker/#").await;
     let mut watch = Client::connect(broker.port, "unit-watch").await;
     watch.subscribe("laya/v1/dev-unit/telemetry").await;
     watch.subscribe("laya/v1/dev-unit/events").await;
     c.ask(
         "laya/v1/dev-unit/ask",
         Encoding::Json.encode(&request("u1")),
-        Some("laya/v1/unit-asker/reply/u1"),
+        Some("laya/v1/reply/unit-asker/u1"),
         None,
         Encoding::Json,
     )
@@ -1009,9 +1009,9 @@ async fn username_and_password_file_log_in_and_a_wrong_password_is_refused() {
     }
     // And the logged-in agent answers.
     let mut c = Client::connect(broker.port, "passwd-asker").await;
-    c.subscribe("laya/v1/passwd-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/passwd-asker/#").await;
     let body = Encoding::Json.encode(&request("pw1"));
-    c.ask("laya/v1/dev-password/ask", body, Some("laya/v1/passwd-asker/reply/pw1"), None, Encoding::Json).await;
+    c.ask("laya/v1/dev-password/ask", body, Some("laya/v1/reply/passwd-asker/pw1"), None, Encoding::Json).await;
     let reply = c.next(Duration::from_secs(30)).await.expect("a reply");
     assert_eq!(decode(&reply).get("id"), Some(&Value::from("pw1")));
 }
@@ -1020,7 +1020,7 @@ async fn username_and_password_file_log_in_and_a_wrong_password_is_refused() {
 async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
     let broker = Broker::start("prefix", "");
     let mqtt = format!(
-        "broker = \"{}\"\nprefix = \"acme/edge\"\nresponse_topics = [\"{{prefix}}/clients/+/inbox\"]\ntelemetry_interval_s = 1\n",
+        "broker = \"{}\"\nprefix = \"acme/edge\"\nresponse_topics = [\"{{prefix}}/reply/+/inbox\"]\ntelemetry_interval_s = 1\n",
         broker.url()
     );
     let _agent = agent_with_mqtt("dev-prefix", &mqtt);
@@ -1030,10 +1030,10 @@ async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
     let mut c = Client::connect(broker.port, "prefix-asker").await;
     c.subscribe("acme/edge/#").await;
     // A response topic outside the configured filter (the default filter's shape) gets nothing.
-    let default_shape = "acme/edge/prefix-asker/reply/p0";
+    let default_shape = "acme/edge/reply/prefix-asker/p0";
     c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p0")), Some(default_shape), None, Encoding::Json)
         .await;
-    let inbox = "acme/edge/clients/c1/inbox";
+    let inbox = "acme/edge/reply/c1/inbox";
     c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p1")), Some(inbox), None, Encoding::Json).await;
     // Under the old prefix the agent neither listens nor speaks.
     c.ask("laya/v1/dev-prefix/ask", Encoding::Json.encode(&request("p2")), Some(inbox), None, Encoding::Json).await;
@@ -1072,9 +1072,9 @@ async fn a_byte_identical_redelivery_gets_the_remembered_reply_and_counts_as_res
     let mut watch = Client::connect(broker.port, "resend-watch").await;
     watch.subscribe("laya/v1/dev-resend/telemetry").await;
     let mut c = Client::connect(broker.port, "resend-asker").await;
-    c.subscribe("laya/v1/resend-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/resend-asker/#").await;
     let body = Encoding::Json.encode(&request("same"));
-    let reply_to = "laya/v1/resend-asker/reply/same";
+    let reply_to = "laya/v1/reply/resend-asker/same";
     let mut replies = Vec::new();
     for _ in 0..2 {
         // The same bytes, id and response topic: what a broker's redelivery looks like.

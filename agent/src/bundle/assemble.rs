@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use laya_topics::json::{self, Style};
 use laya_topics::{Map, Value};
 
-use super::{AgentConfig, BundleError, HostBundle, MANIFEST, digest, probe, read_json};
+use super::{AgentConfig, BundleError, HostBundle, MANIFEST, digest, graph_file, probe, read_json};
 use crate::engine::Backend;
 
 /// What `laya-edge bundle` is asked to do.
@@ -388,16 +388,33 @@ pub fn assemble(
 /// manifest says, the probe lays out as recorded.
 pub fn check(dir: &Path) -> Result<String, BundleError> {
     let bundle = HostBundle::load(dir)?;
+    // The weights as the CPU model reads them (header, byte ranges, tensor names and shapes),
+    // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file.
+    let weights = match &bundle.checkpoint {
+        Some(ckpt) if bundle.manifest.is_none() || ckpt.join("model.safetensors").exists() => {
+            crate::model::CpuModel::check(ckpt, &bundle.config)
+                .map_err(|e| BundleError::Checkpoint(e.to_string()))?;
+            true
+        }
+        _ => false,
+    };
     let Some(m) = &bundle.manifest else {
-        return Ok(format!("{}: a laya checkpoint (no manifest: nothing to verify beyond loading it)", dir.display()));
+        return Ok(format!(
+            "{}: a laya checkpoint, its model.safetensors header checked against the file and the architecture (no manifest: no sha256 to verify)",
+            dir.display()
+        ));
     };
     let files = m.verify_files(dir)?;
+    let mut size_only = Vec::new();
     for g in &m.graphs {
         if !g.file.is_file() {
             return Err(BundleError::Config {
                 path: dir.join(MANIFEST),
                 message: format!("graph {} does not exist", g.file.display()),
             });
+        }
+        if graph_file::check(&m.backend, &g.file)? == graph_file::Checked::SizeOnly {
+            size_only.push(g.file.display().to_string());
         }
     }
     let probe = probe::of_bundle(&bundle)?;
@@ -411,8 +428,14 @@ pub fn check(dir: &Path) -> Result<String, BundleError> {
         files,
         probe.map_or("none".to_owned(), |p| format!("{} rows", p.rows.len()))
     );
+    if weights {
+        out.push_str("; checkpoint weights checked");
+    }
     if m.files.is_empty() {
         out.push_str("; the manifest lists no sha256 (not assembled by laya-edge bundle)");
+        if !size_only.is_empty() {
+            out.push_str(&format!("; graphs whose completeness only their runtime can tell: {size_only:?}"));
+        }
     } else if !unlisted.is_empty() {
         out.push_str(&format!("; files not in the manifest (not checked): {unlisted:?}"));
     }

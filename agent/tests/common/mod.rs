@@ -297,10 +297,10 @@ pub async fn wait_online(port: u16, device: &str) {
 /// returns the answered reply.
 pub async fn ask_until_answered(port: u16, device: &str, asker: &str, within: Duration) -> Value {
     let mut c = Client::connect(port, asker).await;
-    c.subscribe(&format!("laya/v1/{asker}/reply/#")).await;
+    c.subscribe(&format!("laya/v1/reply/{asker}/#")).await;
     let deadline = std::time::Instant::now() + within;
     loop {
-        let reply_to = format!("laya/v1/{asker}/reply/q");
+        let reply_to = format!("laya/v1/reply/{asker}/q");
         c.ask(
             &format!("laya/v1/{device}/ask"),
             Encoding::Json.encode(&request("q")),
