@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5::Publish;
@@ -439,53 +438,12 @@ async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_one
     assert!(missing.is_empty(), "{} of the {stranded} stranded questions never answered: {missing:?}", missing.len());
 }
 
-/// The shipped broker configuration, made runnable here: its own port, persistence directory,
-/// password and ACL files (the paths the example uses are a board's).
-fn shipped_mosquitto_conf(dir: &Path, port: u16) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let conf = std::fs::read_to_string(root.join("config/mosquitto.conf")).expect("config/mosquitto.conf");
-    std::fs::copy(root.join("config/mosquitto.acl"), dir.join("mosquitto.acl")).expect("the ACL file");
-    let mut out = String::from("user root\n");
-    for line in conf.lines() {
-        let key = line.split_whitespace().next().unwrap_or("");
-        out += &match key {
-            "listener" => format!("listener {port} 127.0.0.1"),
-            "persistence_location" => format!("persistence_location {}/", dir.display()),
-            "password_file" => format!("password_file {}", dir.join("passwd").display()),
-            "acl_file" => format!("acl_file {}", dir.join("mosquitto.acl").display()),
-            "log_dest" => "log_dest stderr".to_owned(),
-            _ => line.to_owned(),
-        };
-        out.push('\n');
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_losing_one() {
-    let dir = temp_dir("shipped-broker");
-    let port = free_port();
-    std::fs::write(dir.join("mosquitto.conf"), shipped_mosquitto_conf(&dir, port)).expect("conf");
     // The shipped ACL names its example devices: the agent is one of them (board-7).
-    let passwd = dir.join("passwd");
-    for (user, password) in [("board-7", "device-secret"), ("flood-asker", "client-secret")] {
-        let ok = Command::new("mosquitto_passwd")
-            .args(if passwd.exists() { &["-b"][..] } else { &["-c", "-b"][..] })
-            .args([passwd.as_os_str(), user.as_ref(), password.as_ref()])
-            .status()
-            .expect("mosquitto_passwd runs");
-        assert!(ok.success());
-    }
-    let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log");
-    let mut mosquitto = Command::new(mosquitto())
-        .arg("-c")
-        .arg(dir.join("mosquitto.conf"))
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("mosquitto starts");
-    wait_for_port(port);
-    let broker_url = format!("mqtt://127.0.0.1:{port}");
+    let broker =
+        ShippedBroker::start("shipped-broker", &[("board-7", "device-secret"), ("flood-asker", "client-secret")]);
+    let (dir, port, broker_url) = (broker.dir.clone(), broker.port, broker.url());
     std::fs::write(dir.join("device.password"), "device-secret\n").expect("password file");
     let config = dir.join("laya-edge.toml");
     std::fs::write(
@@ -526,8 +484,7 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
         }
     }
     drop(agent);
-    let _ = mosquitto.kill();
-    let _ = mosquitto.wait();
+    drop(broker);
     assert_eq!(answered.len(), n, "every question of the flood answered");
 }
 

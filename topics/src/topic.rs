@@ -221,7 +221,8 @@ impl Schema {
         };
         let levels: Vec<&str> = filter.split('/').collect();
         for (i, l) in levels.iter().enumerate() {
-            let wildcard_misused = (l.contains('+') && *l != "+") || (l.contains('#') && (*l != "#" || i + 1 != levels.len()));
+            let wildcard_misused =
+                (l.contains('+') && *l != "+") || (l.contains('#') && (*l != "#" || i + 1 != levels.len()));
             if filter.is_empty() || filter.len() > 65535 || l.contains('\0') || wildcard_misused {
                 return Err(bad("is not a valid MQTT topic filter"));
             }
@@ -239,7 +240,9 @@ impl Schema {
             Some(_) => {}
         }
         match levels.get(n + 2) {
-            None | Some(&"#") => Err(bad("has no key level after the client (it could match {prefix}/reply/{client} and, with a wildcard, {prefix}/reply/status)")),
+            None | Some(&"#") => Err(bad(
+                "has no key level after the client (it could match {prefix}/reply/{client} and, with a wildcard, {prefix}/reply/status)",
+            )),
             Some(_) => Ok(()),
         }
     }

@@ -392,8 +392,7 @@ pub fn check(dir: &Path) -> Result<String, BundleError> {
     // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file.
     let weights = match &bundle.checkpoint {
         Some(ckpt) if bundle.manifest.is_none() || ckpt.join("model.safetensors").exists() => {
-            crate::model::CpuModel::check(ckpt, &bundle.config)
-                .map_err(|e| BundleError::Checkpoint(e.to_string()))?;
+            crate::model::CpuModel::check(ckpt, &bundle.config).map_err(|e| BundleError::Checkpoint(e.to_string()))?;
             true
         }
         _ => false,

@@ -75,8 +75,9 @@ impl Login {
     pub fn apply(&self, options: &mut rumqttc::v5::MqttOptions) -> Result<(), String> {
         if let Some(user) = &self.username {
             let password = match &self.password_file {
-                Some(p) => laya_edge::bus::connection::read_password(&p.display().to_string())
-                    .map_err(|e| e.to_string())?,
+                Some(p) => {
+                    laya_edge::bus::connection::read_password(&p.display().to_string()).map_err(|e| e.to_string())?
+                }
                 None => String::new(),
             };
             options.set_credentials(user.clone(), password);
