@@ -384,8 +384,10 @@ pub fn assemble(
     Ok(Summary { backend: backend.into(), graphs, files: names.len(), probe_rows: rows, warnings })
 }
 
-/// What `laya-edge check --model DIR` found: the bundle loads, every file is what the
-/// manifest says, the probe lays out as recorded.
+/// What `laya-edge check --model DIR` found: the bundle loads, the checkpoint's weights load as
+/// far as their header tells (`model::CpuModel::check`: byte ranges inside the file, names and
+/// shapes against the architecture), every file is what the manifest says, every graph file is
+/// complete as far as its layout tells (`graph_file`), the probe lays out as recorded.
 pub fn check(dir: &Path) -> Result<String, BundleError> {
     let bundle = HostBundle::load(dir)?;
     // The weights as the CPU model reads them (header, byte ranges, tensor names and shapes),
