@@ -391,21 +391,25 @@ pub fn assemble(
 pub fn check(dir: &Path) -> Result<String, BundleError> {
     let bundle = HostBundle::load(dir)?;
     // The weights as the CPU model reads them (header, byte ranges, tensor names and shapes),
-    // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file.
-    let weights = match &bundle.checkpoint {
-        Some(ckpt) if bundle.manifest.is_none() || ckpt.join("model.safetensors").exists() => {
-            crate::model::CpuModel::check(ckpt, &bundle.config).map_err(|e| BundleError::Checkpoint(e.to_string()))?;
-            true
+    // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file. In a
+    // bundle, after the sha256 (which says more precisely what happened to a file it lists).
+    let check_weights = |required: bool| match &bundle.checkpoint {
+        Some(ckpt) if required || ckpt.join("model.safetensors").exists() => {
+            crate::model::CpuModel::check(ckpt, &bundle.config)
+                .map(|()| true)
+                .map_err(|e| BundleError::Checkpoint(e.to_string()))
         }
-        _ => false,
+        _ => Ok(false),
     };
     let Some(m) = &bundle.manifest else {
+        check_weights(true)?;
         return Ok(format!(
             "{}: a laya checkpoint, its model.safetensors header checked against the file and the architecture (no manifest: no sha256 to verify)",
             dir.display()
         ));
     };
     let files = m.verify_files(dir)?;
+    let weights = check_weights(false)?;
     let mut size_only = Vec::new();
     for g in &m.graphs {
         if !g.file.is_file() {
