@@ -129,7 +129,7 @@ fn main() {
         let m = Incoming {
             payload,
             content_type: None,
-            response_topic: Some("laya/v1/c/reply/b1"),
+            response_topic: Some("laya/v1/reply/c/b1"),
             correlation: None,
             message_expiry_s: None,
         };
@@ -194,7 +194,7 @@ fn main() {
         net.set_tcp_nodelay(true);
         options.set_network_options(net);
         let (client, mut eventloop) = AsyncClient::new(options, 100);
-        client.subscribe("laya/v1/bench-client/reply/#", QoS::AtLeastOnce).await.expect("subscribe");
+        client.subscribe("laya/v1/reply/bench-client/#", QoS::AtLeastOnce).await.expect("subscribe");
         let mut measured = Vec::with_capacity(requests.len());
         let mut sent_at = None;
         let mut next = requests.iter();
@@ -218,7 +218,7 @@ fn main() {
                 }
                 let Some(bytes) = next.next() else { break };
                 let props = PublishProperties {
-                    response_topic: Some("laya/v1/bench-client/reply/b".into()),
+                    response_topic: Some("laya/v1/reply/bench-client/b".into()),
                     ..Default::default()
                 };
                 sent_at = Some(Instant::now());

@@ -72,6 +72,25 @@ pub enum SetupError {
     Health(String),
     #[error("the bundle's probe: {0}")]
     Probe(String),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+}
+
+/// Checks, in this process and without loading it, the checkpoint a worker of `config` will load
+/// (`model::CpuModel::check`: the encoder config and `model.safetensors`'s header against the
+/// file and the architecture): the CPU backend's, the CPU fallback's, and the QNN backend's host
+/// stages (embeddings, head). A model that cannot load is refused at start rather than by
+/// every restarted worker. A bundle's checkpoint that no backend reads here is checked too when
+/// its weights are there (`laya-edge check` checks the rest).
+pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupError> {
+    let kind = BackendKind::parse(&config.engine.backend)?;
+    let reads_checkpoint = matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == "cpu";
+    match &bundle.checkpoint {
+        Some(ckpt) if reads_checkpoint || ckpt.join("model.safetensors").exists() => {
+            Ok(crate::model::CpuModel::check(ckpt, &bundle.config)?)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// This program, which is also the worker's.

@@ -56,7 +56,9 @@ pub struct Mqtt {
     /// Client certificate and key (PEM) for mutual TLS.
     pub client_cert: String,
     pub client_key: String,
-    /// Topic filters a request's response topic must match; `{prefix}` is substituted.
+    /// Topic filters a request's response topic must match; `{prefix}` is substituted. Each
+    /// must lie under `{prefix}/reply/{client}/{key}` (checked: a wider filter would let a
+    /// question make the device publish on status, ask or another device's topics).
     pub response_topics: Vec<String>,
     /// Largest request payload in bytes; larger ones get `too_large`. The broker itself drops
     /// packets above `max_payload` + 16 KiB (the Maximum Packet Size the agent announces).
@@ -93,7 +95,7 @@ impl Default for Mqtt {
             ca_file: String::new(),
             client_cert: String::new(),
             client_key: String::new(),
-            response_topics: vec!["{prefix}/+/reply/#".into()],
+            response_topics: vec![laya_topics::topic::DEFAULT_RESPONSE_TOPICS.into()],
             max_payload: 256 * 1024,
             receive_maximum: 0,
             shutdown_grace_s: 30,
@@ -358,7 +360,11 @@ impl Config {
         if self.limits.max_request_tokens == 0 {
             return bad("limits.max_request_tokens must be positive".into());
         }
-        laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let schema =
+            laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        for filter in &self.mqtt.response_topics {
+            schema.response_filter(filter).map_err(|e| ConfigError::Invalid(format!("mqtt.response_topics: {e}")))?;
+        }
         if !self.log.level.trim().is_empty() {
             tracing_subscriber::EnvFilter::try_new(&self.log.level)
                 .map_err(|e| ConfigError::Invalid(format!("log.level {:?}: {e}", self.log.level)))?;
@@ -461,7 +467,7 @@ mod tests {
     fn the_toml_a_config_is_written_as_reads_back_to_the_same_config() {
         let mut c = Config::default();
         c.mqtt.device = "board \"7\"".into();
-        c.mqtt.response_topics = vec!["a/+/b".into(), "{prefix}/x/#".into()];
+        c.mqtt.response_topics = vec!["{prefix}/reply/plc/+".into(), "{prefix}/reply/+/x/#".into()];
         c.engine.backend = "qnn".into();
         c.engine.threads = 3;
         c.rknn.core_mask = 3;
@@ -496,6 +502,28 @@ mod tests {
         assert!(c.check().unwrap_err().to_string().contains("log.level"));
         let c: Config = toml::from_str("[log]\nlevel = \"laya_edge::engine=debug,warn\"").unwrap();
         assert!(c.check().is_ok());
+    }
+
+    #[test]
+    fn response_topics_that_could_reach_status_ask_or_other_devices_topics_are_refused() {
+        for bad in [
+            "{prefix}/+/reply/#",
+            "{prefix}/#",
+            "{prefix}/+/status",
+            "{prefix}/board-8/reply/+",
+            "{prefix}/fleet/+/ask",
+            "{prefix}/reply/+/#",
+            "apps/+/reply/#",
+            "#",
+        ] {
+            let c: Config = toml::from_str(&format!("[mqtt]\nresponse_topics = [\"{bad}\"]")).unwrap();
+            let err = c.check().err().unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(err.to_string().contains("mqtt.response_topics") && err.to_string().contains("/reply/"), "{err}");
+        }
+        let c: Config =
+            toml::from_str("[mqtt]\nprefix = \"acme/edge\"\nresponse_topics = [\"{prefix}/reply/+/inbox/#\"]").unwrap();
+        c.check().unwrap();
+        assert_eq!(Config::default().mqtt.response_topics, ["{prefix}/reply/+/+/#"]);
     }
 
     #[test]

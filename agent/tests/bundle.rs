@@ -116,6 +116,84 @@ fn a_corrupted_or_replaced_file_is_caught_by_its_sha256_and_named_by_every_comma
     assert!(ok, "{err}");
 }
 
+/// A copy of the fixture checkpoint `bpe-small` whose `model.safetensors` lost its last bytes.
+fn truncated_checkpoint(name: &str) -> PathBuf {
+    let from = PathBuf::from(model("bpe-small"));
+    let dir = temp_dir(&format!("truncated-{name}")).join("checkpoint");
+    for rel in
+        ["rl_agent_config.json", "encoder/config.json", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
+    {
+        std::fs::create_dir_all(dir.join(rel).parent().expect("parent")).expect("dir");
+        std::fs::copy(from.join(rel), dir.join(rel)).expect("copy");
+    }
+    let weights = std::fs::read(from.join("model.safetensors")).expect("weights");
+    std::fs::write(dir.join("model.safetensors"), &weights[..weights.len() - 1000]).expect("truncated weights");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_a_plain_checkpoint_with_truncated_weights_publishes_config_error_naming_the_file_and_exits() {
+    let ckpt = truncated_checkpoint("serve");
+    let broker = Broker::start("truncated-serve", "");
+    let mut watch = Client::connect(broker.port, "truncated-watch").await;
+    watch.subscribe("laya/v1/dev-truncated/events").await;
+    watch.subscribe("laya/v1/dev-truncated/status").await;
+    let mut agent = Agent::start(&broker, "dev-truncated", &format!("[model]\ndir = \"{}\"\n", ckpt.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    // Polled in place: a failing test drops `agent`, which kills a serve that did not exit.
+    let status = loop {
+        if let Some(s) = agent.child.as_mut().expect("started").try_wait().expect("wait") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve did not exit on truncated weights");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "serve exited successfully on truncated weights");
+    // What the broker got: a config_error naming the file, and never an online status.
+    let mut events = Vec::new();
+    while let Some(p) = watch.next(std::time::Duration::from_secs(2)).await {
+        let v = decode(&p);
+        assert_ne!(v.get("state"), Some(&Value::from("online")), "the agent came online: {v:?}");
+        events.push(v);
+    }
+    let error = events
+        .iter()
+        .find(|v| v.get("event") == Some(&Value::from("config_error")))
+        .unwrap_or_else(|| panic!("no config_error in {events:?}"));
+    let message = error.get("message").and_then(Value::as_str).unwrap_or_default();
+    assert!(message.contains(&ckpt.join("model.safetensors").display().to_string()), "{message}");
+}
+
+#[test]
+fn check_loads_what_it_can_and_fails_on_truncated_weights_or_a_truncated_rknn_graph() {
+    // A plain checkpoint: no sha256 to compare, the weights' header is checked against the file.
+    let ckpt = truncated_checkpoint("check");
+    let (out, err, ok) = cli(&["check", "--model", ckpt.to_str().unwrap()]);
+    assert!(!ok, "check passed truncated weights: {out}");
+    assert!(err.contains("model.safetensors"), "{err}");
+    let (out, err, ok) = cli(&["check", "--model", &model("bpe-small")]);
+    assert!(ok && out.contains("header checked"), "{out} {err}");
+    // A hand-written RKNN bundle (no files list) around Rockchip's demo graph: whole, then cut.
+    let dir = temp_dir("truncated-rknn").join("bundle");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let graph = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rknn/demo/demo.rknn"))
+        .expect("the demo graph");
+    let ckpt_json = json::to_string(&Value::Str(demo_checkpoint().display().to_string()), json::Style::COMPACT);
+    std::fs::write(
+        dir.join("laya-bundle.json"),
+        format!(r#"{{"backend": "rknn", "checkpoint": {ckpt_json}, "graphs": [{{"file": "demo.rknn", "seq_len": 512, "marker_slots": 64}}]}}"#),
+    )
+    .expect("manifest");
+    std::fs::write(dir.join("demo.rknn"), &graph).expect("graph");
+    let (out, err, ok) = cli(&["check", "--model", dir.to_str().unwrap()]);
+    assert!(ok, "check refused the whole graph: {err}");
+    assert!(out.contains("rknn bundle, 1 graph(s)"), "{out}");
+    std::fs::write(dir.join("demo.rknn"), &graph[..graph.len() / 2]).expect("truncated graph");
+    let (out, err, ok) = cli(&["check", "--model", dir.to_str().unwrap()]);
+    assert!(!ok, "check passed a truncated graph: {out}");
+    assert!(err.contains("demo.rknn") && err.contains("truncated"), "{err}");
+}
+
 #[test]
 fn a_probe_that_no_longer_lays_out_as_recorded_is_named_with_the_question() {
     let dir = demo_bundle("layout");

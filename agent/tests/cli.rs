@@ -102,7 +102,7 @@ fn one_request() -> String {
 fn check_config_prints_the_effective_configuration_as_toml_that_reads_back_the_same() {
     let file = temp_file(
         "laya-edge.toml",
-        "[mqtt]\ndevice = \"board-7\"\nresponse_topics = [\"apps/+/reply/#\"]\n[engine]\nbackend = \"null\"\n\
+        "[mqtt]\ndevice = \"board-7\"\nresponse_topics = [\"{prefix}/reply/apps/+\"]\n[engine]\nbackend = \"null\"\n\
          [rknn]\ncore_mask = 3\n[qnn]\nsoc = \"qcm6490\"\n",
     );
     let (stdout, stderr, ok) = run(&["check-config", "--config", file.to_str().expect("utf-8")], "");
@@ -121,6 +121,58 @@ fn check_config_prints_the_effective_configuration_as_toml_that_reads_back_the_s
     let qnn = stdout.split("[qnn]").nth(1).expect("[qnn]");
     assert!(qnn.contains("performance = \"default\""), "{qnn}");
     assert!(stdout.contains("client id \"laya-edge-board-7\""), "{stdout}");
+}
+
+#[test]
+fn check_config_refuses_what_serve_refuses_before_connecting_and_names_it() {
+    let dir = common::temp_dir("cli-preflight");
+    // A CA certificate that parses, so that the client key is what is missing.
+    let ca = dir.join("ca.pem");
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=laya-test-ca"])
+        .arg("-keyout")
+        .arg(dir.join("ca.key"))
+        .arg("-out")
+        .arg(&ca)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let model = fixtures().join("models/bpe-small");
+    let cases = [
+        ("device = \"board/+7\"\n".to_owned(), "board/+7"),
+        ("broker = \"mqtts://127.0.0.1:1\"\nca_file = \"/nonexistent/ca.pem\"\n".to_owned(), "/nonexistent/ca.pem"),
+        (
+            "username = \"board-7\"\npassword_file = \"/nonexistent/board-7.password\"\n".to_owned(),
+            "/nonexistent/board-7.password",
+        ),
+        (
+            format!(
+                "broker = \"mqtts://127.0.0.1:1\"\nca_file = \"{ca}\"\nclient_cert = \"{ca}\"\nclient_key = \"/nonexistent/client.key\"\n",
+                ca = ca.display()
+            ),
+            "/nonexistent/client.key",
+        ),
+    ];
+    for (i, (mqtt, named)) in cases.iter().enumerate() {
+        let file = dir.join(format!("case{i}.toml"));
+        let text = format!("[mqtt]\n{mqtt}[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n", model.display());
+        std::fs::write(&file, text).expect("config");
+        let path = file.to_str().expect("utf-8");
+        let (stdout, stderr, ok) = run(&["check-config", "--config", path], "");
+        assert!(!ok, "check-config accepted {mqtt:?}: {stdout}");
+        assert!(stderr.contains(named), "check-config on {mqtt:?} does not name {named:?}: {stderr}");
+        // serve refuses it the same way, before it reaches any broker (bounded: a serve that took
+        // it would try the broker for ever).
+        let out = std::process::Command::new("timeout")
+            .arg("60")
+            .arg(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
+            .args(["serve", "--config", path])
+            .output()
+            .expect("serve runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.status.code() != Some(124), "serve took {mqtt:?}: {err}");
+        assert!(err.contains(named), "serve on {mqtt:?}: {err}");
+    }
 }
 
 #[test]

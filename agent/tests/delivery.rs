@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5::Publish;
@@ -90,10 +89,10 @@ async fn a_reused_request_id_with_new_questions_is_answered_anew_not_from_the_re
     let _agent = Agent::start(&broker, "dev-reuse", "[engine]\nbackend = \"null\"\n");
     wait_online(broker.port, "dev-reuse").await;
     let mut c = Persistent::connect(broker.port, "reuse-asker").await;
-    c.subscribe("laya/v1/reuse-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/reuse-asker/#").await;
     c.subscribe("laya/v1/dev-reuse/reply/#").await;
     // MQTT 5: one client reuses id "same" for a different request.
-    let to = Some("laya/v1/reuse-asker/reply/same");
+    let to = Some("laya/v1/reply/reuse-asker/same");
     c.ask("laya/v1/dev-reuse/ask", request_with("same", &format!("{BUG}, {TEAM}")), to).await;
     let first = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
     assert_eq!(answered_questions(&first), ["bug", "team"]);
@@ -119,12 +118,12 @@ async fn a_redelivered_copy_of_a_question_in_progress_waits_for_that_answer() {
     let _agent = Agent::start(&broker, "dev-co", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=3000\"\n");
     wait_online(broker.port, "dev-co").await;
     let mut c = Persistent::connect(broker.port, "co-asker").await;
-    c.subscribe("laya/v1/co-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/co-asker/#").await;
     c.subscribe("laya/v1/dev-co/telemetry").await;
     let n = 3;
     for i in 0..n {
         let id = format!("c{i}");
-        let to = format!("laya/v1/co-asker/reply/{id}");
+        let to = format!("laya/v1/reply/co-asker/{id}");
         c.ask("laya/v1/dev-co/ask", request_with(&id, BUG), Some(&to)).await;
     }
     // All of them received (the first takes 3 s in the engine, the others wait behind it) ...
@@ -255,7 +254,7 @@ fn agent_with_notify(broker: &Broker, device: &str, extra: &str, socket: &Path) 
 /// Sends `ids` to `device` from `c`, each with its own response topic under `asker`.
 async fn ask_all(c: &Persistent, device: &str, asker: &str, ids: &[String]) {
     for id in ids {
-        let to = format!("laya/v1/{asker}/reply/{id}");
+        let to = format!("laya/v1/reply/{asker}/{id}");
         c.ask(&format!("laya/v1/{device}/ask"), request_with(id, BUG), Some(&to)).await;
     }
 }
@@ -284,7 +283,7 @@ async fn sigterm_mid_stream_answers_and_acknowledges_each_question_or_leaves_it_
     let mut agent = agent_with_notify(&broker, "dev-ts", extra, &path);
     wait_online(broker.port, "dev-ts").await;
     let mut c = Persistent::connect(broker.port, "ts-asker").await;
-    c.subscribe("laya/v1/ts-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/ts-asker/#").await;
     c.subscribe("laya/v1/dev-ts/status").await;
     // The retained `online`.
     until(&mut c, "the online status", Duration::from_secs(10), |p| topic(p).ends_with("/status")).await;
@@ -330,7 +329,7 @@ async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
     let mut agent = agent_with_notify(&broker, "dev-th", &extra, &path);
     wait_online(broker.port, "dev-th").await;
     let mut c = Persistent::connect(broker.port, "th-asker").await;
-    c.subscribe("laya/v1/th-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/th-asker/#").await;
     c.subscribe("laya/v1/dev-th/status").await;
     c.subscribe("laya/v1/dev-th/telemetry").await;
     let ids: Vec<String> = (0..2).map(|i| format!("h{i}")).collect();
@@ -363,7 +362,7 @@ async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
 async fn fleet_flood(c: &Persistent, n: usize) {
     for i in 0..n {
         let id = format!("f{i}");
-        let to = format!("laya/v1/fleet-asker/reply/{id}");
+        let to = format!("laya/v1/reply/fleet-asker/{id}");
         c.ask("laya/v1/fleet/north/ask", request_with(&id, BUG), Some(&to)).await;
     }
 }
@@ -396,7 +395,7 @@ async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_one
     wait_online(broker.port, "strand-a").await;
     wait_online(broker.port, "strand-b").await;
     let mut c = Persistent::connect(broker.port, "fleet-asker").await;
-    c.subscribe("laya/v1/fleet-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/fleet-asker/#").await;
     let n = 200;
     fleet_flood(&c, n).await;
     let mut answered: HashMap<String, Vec<String>> = HashMap::new();
@@ -439,58 +438,18 @@ async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_one
     assert!(missing.is_empty(), "{} of the {stranded} stranded questions never answered: {missing:?}", missing.len());
 }
 
-/// The shipped broker configuration, made runnable here: its own port, persistence directory,
-/// password and ACL files (the paths the example uses are a board's).
-fn shipped_mosquitto_conf(dir: &Path, port: u16) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let conf = std::fs::read_to_string(root.join("config/mosquitto.conf")).expect("config/mosquitto.conf");
-    std::fs::copy(root.join("config/mosquitto.acl"), dir.join("mosquitto.acl")).expect("the ACL file");
-    let mut out = String::from("user root\n");
-    for line in conf.lines() {
-        let key = line.split_whitespace().next().unwrap_or("");
-        out += &match key {
-            "listener" => format!("listener {port} 127.0.0.1"),
-            "persistence_location" => format!("persistence_location {}/", dir.display()),
-            "password_file" => format!("password_file {}", dir.join("passwd").display()),
-            "acl_file" => format!("acl_file {}", dir.join("mosquitto.acl").display()),
-            "log_dest" => "log_dest stderr".to_owned(),
-            _ => line.to_owned(),
-        };
-        out.push('\n');
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_losing_one() {
-    let dir = temp_dir("shipped-broker");
-    let port = free_port();
-    std::fs::write(dir.join("mosquitto.conf"), shipped_mosquitto_conf(&dir, port)).expect("conf");
-    let passwd = dir.join("passwd");
-    for (user, password) in [("dev-flood", "device-secret"), ("flood-asker", "client-secret")] {
-        let ok = Command::new("mosquitto_passwd")
-            .args(if passwd.exists() { &["-b"][..] } else { &["-c", "-b"][..] })
-            .args([passwd.as_os_str(), user.as_ref(), password.as_ref()])
-            .status()
-            .expect("mosquitto_passwd runs");
-        assert!(ok.success());
-    }
-    let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log");
-    let mut mosquitto = Command::new(mosquitto())
-        .arg("-c")
-        .arg(dir.join("mosquitto.conf"))
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("mosquitto starts");
-    wait_for_port(port);
-    let broker_url = format!("mqtt://127.0.0.1:{port}");
+    // The shipped ACL names its example devices: the agent is one of them (board-7).
+    let broker =
+        ShippedBroker::start("shipped-broker", &[("board-7", "device-secret"), ("flood-asker", "client-secret")]);
+    let (dir, port, broker_url) = (broker.dir.clone(), broker.port, broker.url());
     std::fs::write(dir.join("device.password"), "device-secret\n").expect("password file");
     let config = dir.join("laya-edge.toml");
     std::fs::write(
         &config,
         format!(
-            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"dev-flood\"\nusername = \"dev-flood\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
             dir.join("device.password").display(),
             model("bpe-small")
         ),
@@ -498,8 +457,8 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     .expect("config");
     let agent = Agent::with_config(config, Vec::new());
     let mut c = Persistent::connect_as(port, "flood-asker", Some(("flood-asker", "client-secret"))).await;
-    c.subscribe("laya/v1/flood-asker/reply/#").await;
-    c.subscribe("laya/v1/dev-flood/status").await;
+    c.subscribe("laya/v1/reply/flood-asker/#").await;
+    c.subscribe("laya/v1/board-7/status").await;
     // Online (the ACL lets the device publish its status and the client read it).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -511,7 +470,7 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     let n = 3000;
     for i in 0..n {
         let id = format!("q{i}");
-        c.ask("laya/v1/dev-flood/ask", request_with(&id, BUG), Some(&format!("laya/v1/flood-asker/reply/{id}"))).await;
+        c.ask("laya/v1/board-7/ask", request_with(&id, BUG), Some(&format!("laya/v1/reply/flood-asker/{id}"))).await;
     }
     let mut answered = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -525,8 +484,7 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
         }
     }
     drop(agent);
-    let _ = mosquitto.kill();
-    let _ = mosquitto.wait();
+    drop(broker);
     assert_eq!(answered.len(), n, "every question of the flood answered");
 }
 
@@ -629,14 +587,14 @@ fn the_connect_announces_a_receive_maximum_of_limits_queue_or_of_mqtt_receive_ma
 /// correlation data.
 fn rogue_questions(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, String, Vec<u8>)> {
     range
-        .map(|i| (request_with(&format!("q{i}"), BUG), format!("laya/v1/rogue/reply/q{i}"), format!("c{i}").into_bytes()))
+        .map(|i| (request_with(&format!("q{i}"), BUG), format!("laya/v1/reply/rogue/q{i}"), format!("c{i}").into_bytes()))
         .collect()
 }
 
 /// How many replies each reply topic got, from what the rogue broker saw.
 fn rogue_replies(seen: &test_kit::rogue_broker::Seen) -> HashMap<String, usize> {
     let mut by_topic = HashMap::new();
-    for p in seen.sent.iter().filter(|p| p.topic.starts_with("laya/v1/rogue/reply/")) {
+    for p in seen.sent.iter().filter(|p| p.topic.starts_with("laya/v1/reply/rogue/")) {
         *by_topic.entry(p.topic.clone()).or_default() += 1;
     }
     by_topic
@@ -676,7 +634,7 @@ fn a_broker_that_floods_past_the_receive_maximum_while_holding_its_acks_never_we
         let answers = s
             .sent
             .iter()
-            .filter(|p| p.topic.starts_with("laya/v1/rogue/reply/"))
+            .filter(|p| p.topic.starts_with("laya/v1/reply/rogue/"))
             .filter(|p| String::from_utf8_lossy(&p.payload).contains("\"answers\""))
             .count();
         (rogue_replies(s), s.most_unacked, answers)
@@ -704,7 +662,7 @@ fn a_broker_that_floods_past_the_receive_maximum_while_holding_its_acks_never_we
     broker.ask(ask, &rogue_questions(n..n + 10)).expect("questions on the new connection");
     assert!(
         broker.wait_for(Duration::from_secs(60), |s| (n..n + 10)
-            .all(|i| rogue_replies(s).contains_key(&format!("laya/v1/rogue/reply/q{i}")))),
+            .all(|i| rogue_replies(s).contains_key(&format!("laya/v1/reply/rogue/q{i}")))),
         "the questions on the new connection are answered"
     );
 }

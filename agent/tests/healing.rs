@@ -78,8 +78,8 @@ async fn a_failing_backend_degrades_and_recovers_with_events_and_status_publishe
     assert!(states.contains(&"degraded"), "{states:?}");
     // And questions are answered, naming who answered.
     let mut c = Client::connect(broker.port, "heal-asker").await;
-    c.subscribe("laya/v1/heal-asker/reply/#").await;
-    let reply_to = "laya/v1/heal-asker/reply/h1";
+    c.subscribe("laya/v1/reply/heal-asker/#").await;
+    let reply_to = "laya/v1/reply/heal-asker/h1";
     c.ask("laya/v1/dev-heal/ask", Encoding::Json.encode(&request("h1")), Some(reply_to), None, Encoding::Json).await;
     let reply = decode(&c.next(Duration::from_secs(10)).await.expect("answered"));
     assert_eq!((field(&reply, "backend"), field(&reply, "serving")), (Some("null"), Some("primary")), "{reply:?}");
@@ -121,8 +121,8 @@ async fn a_reply_from_the_cpu_fallback_names_the_cpu_backend_and_the_fallback() 
     let _agent = Agent::with_config(config(&broker, "dev-fb", engine), Vec::new());
     wait_online(broker.port, "dev-fb").await;
     let mut c = Client::connect(broker.port, "fb-asker").await;
-    c.subscribe("laya/v1/fb-asker/reply/#").await;
-    let reply_to = "laya/v1/fb-asker/reply/f1";
+    c.subscribe("laya/v1/reply/fb-asker/#").await;
+    let reply_to = "laya/v1/reply/fb-asker/f1";
     c.ask("laya/v1/dev-fb/ask", Encoding::Json.encode(&request("f1")), Some(reply_to), None, Encoding::Json).await;
     let reply = decode(&c.next(Duration::from_secs(30)).await.expect("answered"));
     assert!(reply.get("answers").is_some(), "{reply:?}");
@@ -140,9 +140,9 @@ async fn concurrent_requests_merged_into_a_batch_that_kills_the_worker_are_each_
     let _agent = Agent::with_config(config(&broker, "dev-merge", engine), Vec::new());
     wait_online(broker.port, "dev-merge").await;
     let mut c = Client::connect(broker.port, "merge-asker").await;
-    c.subscribe("laya/v1/merge-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/merge-asker/#").await;
     for id in ["m0", "m1", "m2"] {
-        let reply_to = format!("laya/v1/merge-asker/reply/{id}");
+        let reply_to = format!("laya/v1/reply/merge-asker/{id}");
         c.ask("laya/v1/dev-merge/ask", Encoding::Json.encode(&request(id)), Some(&reply_to), None, Encoding::Json)
             .await;
     }

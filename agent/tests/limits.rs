@@ -86,10 +86,10 @@ async fn a_max_len_bomb_over_mqtt_is_answered_at_the_models_budget_with_a_small_
     let agent = Agent::start(&broker, "bomb1", &format!("[model]\ndir = \"{}\"\n", model("bpe-t5")));
     wait_online(broker.port, "bomb1").await;
     let mut c = Client::connect(broker.port, "bomber").await;
-    c.subscribe("laya/v1/bomber/reply/#").await;
+    c.subscribe("laya/v1/reply/bomber/#").await;
     let mut ask = async |request: Value| {
         let body = Encoding::Json.encode(&request);
-        c.ask("laya/v1/bomb1/ask", body, Some("laya/v1/bomber/reply/x"), None, Encoding::Json).await;
+        c.ask("laya/v1/bomb1/ask", body, Some("laya/v1/reply/bomber/x"), None, Encoding::Json).await;
         decode(&c.next(Duration::from_secs(60)).await.expect("a reply within 60 s"))
     };
     let got = ask(bomb("bomb", Some(1_000_000))).await;
@@ -112,7 +112,7 @@ async fn a_request_beyond_max_request_tokens_is_refused_too_large_and_a_smaller_
         Agent::start(&broker, "tok1", &format!("[limits]\nmax_request_tokens = 1000\n[model]\ndir = \"{model}\"\n"));
     wait_online(broker.port, "tok1").await;
     let mut c = Client::connect(broker.port, "tok-asker").await;
-    c.subscribe("laya/v1/tok-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/tok-asker/#").await;
     let state = json::to_string(&Value::Str("The app crashes when I log in. ".repeat(200)), Style::COMPACT);
     let question = r#"{"type": "noul", "instructions": "Is this a bug report?"}"#;
     // Two rows of 512 tokens: 1024 > 1000. One row: answered.
@@ -122,7 +122,7 @@ async fn a_request_beyond_max_request_tokens_is_refused_too_large_and_a_smaller_
     ] {
         let request = format!(r#"{{"id": "{id}", "state": {state}, "questions": {questions}}}"#);
         let request = json::parse_str(&request, ParseOptions::default()).expect("json");
-        let topic = format!("laya/v1/tok-asker/reply/{id}");
+        let topic = format!("laya/v1/reply/tok-asker/{id}");
         c.ask("laya/v1/tok1/ask", Encoding::Json.encode(&request), Some(&topic), None, Encoding::Json).await;
         let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
         assert_eq!(reply.get("id"), Some(&Value::from(id)));

@@ -22,7 +22,7 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
     let _agent = Agent::start(&broker, "dev1", "");
     wait_online(broker.port, "dev1").await;
     let mut c = Client::connect(broker.port, "asker-rr").await;
-    c.subscribe("laya/v1/asker-rr/reply/#").await;
+    c.subscribe("laya/v1/reply/asker-rr/#").await;
     // The third request is large enough to be tokenized in the blocking pool, not in place.
     let long_state = "The app crashes when I log in, please help. ".repeat(60);
     for (i, (enc, state)) in
@@ -38,7 +38,7 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
         let body = enc.encode(&req);
         let inline = laya_edge::bus::server::INLINE_TOKENIZE_BYTES;
         assert_eq!(state.is_some(), body.len() > inline, "request {i} is {} bytes", body.len());
-        c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/asker-rr/reply/{id}")), Some(b"corr-42"), enc).await;
+        c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/reply/asker-rr/{id}")), Some(b"corr-42"), enc).await;
         let p = c.next(Duration::from_secs(60)).await.expect("a reply");
         let props = p.properties.clone().expect("properties");
         assert_eq!(props.correlation_data.as_deref(), Some(&b"corr-42"[..]));
@@ -117,13 +117,13 @@ async fn telemetry_counts_answers_and_a_repeated_question_is_not_tokenized_again
     let mut watch = Client::connect(broker.port, "tm-watch").await;
     watch.subscribe("laya/v1/dev-tm/telemetry").await;
     let mut c = Client::connect(broker.port, "tm-asker").await;
-    c.subscribe("laya/v1/tm-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/tm-asker/#").await;
     let before = telemetry_where(&mut watch, "no answer yet", |v| counter(v, &["answered"]) == 0).await;
     assert_eq!(before.get("device"), Some(&Value::from("dev-tm")));
     assert_eq!(before.get("serving"), Some(&Value::from("primary")));
     let mut seen = Vec::new();
     for (i, id) in ["t1", "t2"].into_iter().enumerate() {
-        let reply_to = format!("laya/v1/tm-asker/reply/{id}");
+        let reply_to = format!("laya/v1/reply/tm-asker/{id}");
         c.ask("laya/v1/dev-tm/ask", Encoding::Json.encode(&request(id)), Some(&reply_to), None, Encoding::Json).await;
         let reply = c.next(Duration::from_secs(30)).await.expect("a reply");
         assert_eq!(decode(&reply).get("id"), Some(&Value::from(id)));
@@ -157,8 +157,8 @@ async fn a_worker_slower_to_load_than_the_configured_startup_timeout_is_replaced
     let mut watch = Client::connect(broker.port, "startup-watch").await;
     watch.subscribe("laya/v1/dev-startup/telemetry").await;
     let mut c = Client::connect(broker.port, "startup-asker").await;
-    c.subscribe("laya/v1/startup-asker/reply/#").await;
-    let reply_to = "laya/v1/startup-asker/reply/s1";
+    c.subscribe("laya/v1/reply/startup-asker/#").await;
+    let reply_to = "laya/v1/reply/startup-asker/s1";
     c.ask("laya/v1/dev-startup/ask", Encoding::Json.encode(&request("s1")), Some(reply_to), None, Encoding::Json).await;
     // Well before the slow worker would have loaded.
     let reply = decode(&c.next(Duration::from_secs(20)).await.expect("answered by the replacement worker"));
@@ -180,14 +180,14 @@ async fn a_shared_subscription_spreads_a_fleets_questions_over_three_agents() {
         wait_online(broker.port, &format!("fleet-dev{i}")).await;
     }
     let mut c = Client::connect(broker.port, "fleet-asker").await;
-    c.subscribe("laya/v1/fleet-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/fleet-asker/#").await;
     let n = 60;
     for i in 0..n {
         let id = format!("f{i}");
         c.ask(
             "laya/v1/fleet/north/ask",
             Encoding::Json.encode(&request(&id)),
-            Some(&format!("laya/v1/fleet-asker/reply/{id}")),
+            Some(&format!("laya/v1/reply/fleet-asker/{id}")),
             None,
             Encoding::Json,
         )
@@ -235,11 +235,11 @@ async fn a_broker_restart_under_load_loses_no_question() {
     wait_online(broker.port, "dev-restart").await;
     // The asker keeps a persistent session too, so replies published while it is away wait for it.
     let mut c = Persistent::connect(broker.port, "restart-asker").await;
-    c.subscribe("laya/v1/restart-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/restart-asker/#").await;
     let n = 80;
     for i in 0..n {
         let id = format!("q{i}");
-        let to = format!("laya/v1/restart-asker/reply/{id}");
+        let to = format!("laya/v1/reply/restart-asker/{id}");
         c.ask("laya/v1/dev-restart/ask", Encoding::Json.encode(&request(&id)), Some(&to)).await;
         if i == n / 2 {
             broker.restart();
@@ -265,13 +265,13 @@ async fn an_agent_killed_mid_question_answers_it_after_restarting() {
     let mut agent = Agent::start(&broker, "dev-kill", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=3000\"\n");
     wait_online(broker.port, "dev-kill").await;
     let mut c = Client::connect(broker.port, "kill-asker").await;
-    c.subscribe("laya/v1/kill-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/kill-asker/#").await;
     let mut watch = Client::connect(broker.port, "kill-watch").await;
     watch.subscribe("laya/v1/dev-kill/telemetry").await;
     c.ask(
         "laya/v1/dev-kill/ask",
         Encoding::Json.encode(&request("k1")),
-        Some("laya/v1/kill-asker/reply/k1"),
+        Some("laya/v1/reply/kill-asker/k1"),
         None,
         Encoding::Json,
     )
@@ -298,20 +298,20 @@ async fn overload_and_oversize_get_clear_errors() {
     );
     wait_online(broker.port, "dev-lim").await;
     let mut c = Client::connect(broker.port, "lim-asker").await;
-    c.subscribe("laya/v1/lim-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/lim-asker/#").await;
     for i in 0..4 {
         let id = format!("o{i}");
         c.ask(
             "laya/v1/dev-lim/ask",
             Encoding::Json.encode(&request(&id)),
-            Some(&format!("laya/v1/lim-asker/reply/{id}")),
+            Some(&format!("laya/v1/reply/lim-asker/{id}")),
             None,
             Encoding::Json,
         )
         .await;
     }
     let big = format!(r#"{{"id": "big", "state": "{}", "questions": {{}}}}"#, "x".repeat(5000));
-    c.ask("laya/v1/dev-lim/ask", big.into_bytes(), Some("laya/v1/lim-asker/reply/big"), None, Encoding::Json).await;
+    c.ask("laya/v1/dev-lim/ask", big.into_bytes(), Some("laya/v1/reply/lim-asker/big"), None, Encoding::Json).await;
     let mut codes: HashMap<String, String> = HashMap::new();
     while codes.len() < 5 {
         let p = c.next(Duration::from_secs(30)).await.expect("a reply for each question");
@@ -347,13 +347,13 @@ async fn questions_a_broker_sends_beyond_the_queue_wait_within_waiting_bytes_and
     );
     wait_online(broker.port, "dev-wait").await;
     let mut c = Client::connect(broker.port, "wait-asker").await;
-    c.subscribe("laya/v1/wait-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/wait-asker/#").await;
     for i in 0..5 {
         let id = format!("w{i}");
         c.ask(
             "laya/v1/dev-wait/ask",
             Encoding::Json.encode(&request(&id)),
-            Some(&format!("laya/v1/wait-asker/reply/{id}")),
+            Some(&format!("laya/v1/reply/wait-asker/{id}")),
             None,
             Encoding::Json,
         )
@@ -384,7 +384,7 @@ async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
     let mut agent = Agent::start(&broker, "dev-fuzz", "[engine]\nbackend = \"null\"\n");
     wait_online(broker.port, "dev-fuzz").await;
     let mut c = Client::connect(broker.port, "fuzz-asker").await;
-    c.subscribe("laya/v1/fuzz-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/fuzz-asker/#").await;
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = move || {
         seed ^= seed << 13;
@@ -420,14 +420,14 @@ async fn ten_thousand_fuzzed_payloads_leave_the_agent_alive_and_answering() {
             }
         }
         let qos = if i % 2 == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
-        let reply = (i % 5 == 0).then(|| format!("laya/v1/fuzz-asker/reply/z{i}"));
+        let reply = (i % 5 == 0).then(|| format!("laya/v1/reply/fuzz-asker/z{i}"));
         let props = PublishProperties { response_topic: reply, ..PublishProperties::default() };
         c.client.publish_with_properties("laya/v1/dev-fuzz/ask", qos, false, payload, props).await.expect("publish");
     }
     c.ask(
         "laya/v1/dev-fuzz/ask",
         Encoding::Json.encode(&request("after-fuzz")),
-        Some("laya/v1/fuzz-asker/reply/after-fuzz"),
+        Some("laya/v1/reply/fuzz-asker/after-fuzz"),
         None,
         Encoding::Json,
     )
@@ -452,7 +452,7 @@ async fn a_response_topic_outside_the_allowlist_is_never_published_to() {
     wait_online(broker.port, "dev-allow").await;
     let mut c = Client::connect(broker.port, "allow-asker").await;
     c.subscribe("factory/#").await;
-    c.subscribe("laya/v1/allow-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/allow-asker/#").await;
     c.ask(
         "laya/v1/dev-allow/ask",
         Encoding::Json.encode(&request("evil")),
@@ -464,13 +464,13 @@ async fn a_response_topic_outside_the_allowlist_is_never_published_to() {
     c.ask(
         "laya/v1/dev-allow/ask",
         Encoding::Json.encode(&request("good")),
-        Some("laya/v1/allow-asker/reply/good"),
+        Some("laya/v1/reply/allow-asker/good"),
         None,
         Encoding::Json,
     )
     .await;
     let p = c.next(Duration::from_secs(30)).await.expect("the allowed reply");
-    assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/allow-asker/reply/good");
+    assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/reply/allow-asker/good");
     assert!(c.next(Duration::from_secs(2)).await.is_none(), "nothing on the refused topic");
 }
 
@@ -569,11 +569,11 @@ async fn tls_and_mutual_tls_connections_serve_questions() {
         // The agent's status reaches plain-TCP clients of the same broker.
         wait_online(broker.port, device).await;
         let mut c = Client::connect(broker.port, &format!("{device}-asker")).await;
-        c.subscribe(&format!("laya/v1/{device}-asker/reply/#")).await;
+        c.subscribe(&format!("laya/v1/reply/{device}-asker/#")).await;
         c.ask(
             &format!("laya/v1/{device}/ask"),
             Encoding::Json.encode(&request("t1")),
-            Some(&format!("laya/v1/{device}-asker/reply/t1")),
+            Some(&format!("laya/v1/reply/{device}-asker/t1")),
             None,
             Encoding::Json,
         )
@@ -645,6 +645,218 @@ async fn the_ask_command_prints_the_reply() {
         assert_eq!(v.get("id"), Some(&Value::from("cli-1")));
         assert_eq!(v.get("device"), Some(&Value::from("dev-ask")));
     }
+}
+
+/// The response topic and correlation data of the next question on `c`'s subscriptions.
+async fn next_question(c: &mut Client, within: Duration) -> (String, Option<Vec<u8>>) {
+    let p = c.next(within).await.expect("the question");
+    let props = p.properties.expect("MQTT 5 properties");
+    (props.response_topic.expect("a response topic"), props.correlation_data.map(|c| c.to_vec()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_reflected_onto_the_ask_commands_response_topic_is_ignored() {
+    // Anyone may name another client's response topic: the device answers there with the
+    // correlation data of the question it answers. Here a snooper learns the topic (no ACL), and a
+    // hostile client's question, refused at once, is answered there before the genuine one
+    // (which the backend takes 2 s to compute).
+    let broker = Broker::start("reflect", "");
+    let _agent = Agent::start(&broker, "dev-reflect", "[engine]\nbackend = \"null\"\nnull_faults = \"sleep=2000\"\n");
+    wait_online(broker.port, "dev-reflect").await;
+    let mut snooper = Client::connect(broker.port, "reflect-snooper").await;
+    snooper.subscribe("laya/v1/dev-reflect/ask").await;
+    let req = json::to_string(&request("genuine"), json::Style::COMPACT);
+    let ask = std::process::Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
+        .args(["ask", "--broker", &broker.url(), "--device", "dev-reflect", "--username", "victim"])
+        .args(["--timeout-s", "60", &req])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ask runs");
+    let (victim_topic, victim_correlation) = next_question(&mut snooper, Duration::from_secs(30)).await;
+    assert!(victim_topic.starts_with("laya/v1/reply/victim/"), "{victim_topic}");
+    snooper.subscribe(&victim_topic).await;
+    snooper
+        .ask(
+            "laya/v1/dev-reflect/ask",
+            br#"{"id": "forged", "state": "s"}"#.to_vec(),
+            Some(&victim_topic),
+            Some(b"hostile"),
+            Encoding::Json,
+        )
+        .await;
+    // What reached the victim's topic, in order: the reflected reply first (the precondition of
+    // this test), then the genuine one.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let p = snooper.next(Duration::from_secs(30)).await.expect("replies on the victim's topic");
+        if String::from_utf8_lossy(&p.topic) == victim_topic {
+            let correlation = p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()).map(|c| c.to_vec());
+            seen.push((decode(&p).get("id").cloned(), correlation));
+        }
+    }
+    assert_eq!(seen[0], (Some(Value::from("forged")), Some(b"hostile".to_vec())), "{seen:?}");
+    assert_eq!(seen[1], (Some(Value::from("genuine")), victim_correlation), "{seen:?}");
+    let out = ask.wait_with_output().expect("ask exits");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json::parse(&out.stdout, ParseOptions::default()).expect("a JSON reply");
+    assert_eq!(v.get("id"), Some(&Value::from("genuine")), "ask printed another question's reply: {v:?}");
+    assert!(v.get("answers").is_some(), "{v:?}");
+}
+
+/// `laya-edge fleet --once --json` as `user`: the snapshot's row of `device`.
+fn fleet_row(broker: &ShippedBroker, user: &str, password: &Path, device: &str) -> Value {
+    let url = broker.url();
+    let args = ["fleet", "--broker", &url, "--once", "--json", "--window-s", "3", "--username", user];
+    let mut args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    args.extend([std::ffi::OsStr::new("--password-file"), password.as_os_str()]);
+    let (out, err, ok) = run_cli(&args, &[], "");
+    assert!(ok, "fleet as {user}: {err}");
+    let v = json::parse_str(out.trim(), ParseOptions::default()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let devices = v.get("devices").and_then(Value::as_array).expect("devices").to_vec();
+    devices
+        .into_iter()
+        .find(|d| d.get("device") == Some(&Value::from(device)))
+        .unwrap_or_else(|| panic!("{device} in {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_acl_lets_only_devices_answer_clients_read_their_own_replies_and_operators_the_fleet() {
+    let users = [("board-7", "pw-device"), ("app-1", "pw-app-1"), ("app-2", "pw-app-2"), ("operator", "pw-operator")];
+    let broker = ShippedBroker::start("shipped-acl", &users);
+    let password = |user: &str| broker.password_file(user, users.iter().find(|(u, _)| *u == user).expect("a user").1);
+    // The device: its first worker dies on its first question, so it has an event to publish.
+    let once = broker.dir.join("once");
+    let config = broker.dir.join("laya-edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt]\nbroker = \"{}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\nnull_faults = \"exit@2,once={}\"\n[model]\ndir = \"{}\"\n",
+            broker.url(),
+            password("board-7").display(),
+            once.display(),
+            model("bpe-small")
+        ),
+    )
+    .expect("config");
+    let login = |user: &'static str| Some((user, users.iter().find(|(u, _)| *u == user).expect("a user").1));
+    let mut operator = Client::connect_as(broker.port, "ops-watch", login("operator")).await;
+    for filter in ["laya/v1/+/status", "laya/v1/+/telemetry", "laya/v1/+/events"] {
+        operator.subscribe(filter).await;
+    }
+    let mut app1 = Client::connect_as(broker.port, "app-1-client", login("app-1")).await;
+    app1.subscribe("laya/v1/reply/app-1/#").await;
+    app1.subscribe("laya/v1/+/telemetry").await;
+    // app-2 tries to read everything it should not.
+    let mut app2 = Client::connect_as(broker.port, "app-2-client", login("app-2")).await;
+    for filter in
+        ["laya/v1/reply/#", "laya/v1/reply/app-1/#", "laya/v1/+/telemetry", "laya/v1/+/events", "laya/v1/+/errors"]
+    {
+        app2.subscribe(filter).await;
+    }
+    let _agent = Agent::with_config(config, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = operator.next(deadline.saturating_duration_since(Instant::now())).await.expect("board-7 online");
+        if String::from_utf8_lossy(&p.topic) == "laya/v1/board-7/status"
+            && decode(&p).get("state") == Some(&Value::from("online"))
+        {
+            break;
+        }
+    }
+    // app-2 asks first (its question kills the first worker: a restart event), then forges a
+    // reply for app-1 and the device's own topics: the broker drops every forgery.
+    app2.ask(
+        "laya/v1/board-7/ask",
+        Encoding::Json.encode(&request("a2")),
+        Some("laya/v1/reply/app-2/a2"),
+        Some(b"c-app-2"),
+        Encoding::Json,
+    )
+    .await;
+    let forged = b"forged".to_vec();
+    for topic in [
+        "laya/v1/reply/app-1/x",
+        "laya/v1/board-7/status",
+        "laya/v1/board-7/telemetry",
+        "laya/v1/board-7/events",
+        "laya/v1/board-7/reply/r1",
+    ] {
+        app2.client.publish(topic, QoS::AtLeastOnce, false, forged.clone()).await.expect("publish");
+    }
+    app1.ask(
+        "laya/v1/board-7/ask",
+        Encoding::Json.encode(&request("a1")),
+        Some("laya/v1/reply/app-1/x"),
+        Some(b"c-app-1"),
+        Encoding::Json,
+    )
+    .await;
+    // A question of app-2's naming app-1's response topic: the device answers there (it cannot
+    // know who asks), with app-2's correlation data, which app-1 does not take for its own.
+    app2.ask(
+        "laya/v1/board-7/ask",
+        Encoding::Json.encode(&request("a1")),
+        Some("laya/v1/reply/app-1/x"),
+        Some(b"c-app-2"),
+        Encoding::Json,
+    )
+    .await;
+    let mut app1_got = Vec::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while app1_got.len() < 2 {
+        let p = app1.next(until.saturating_duration_since(Instant::now())).await.expect("app-1's replies");
+        assert_ne!(p.payload.as_ref(), forged.as_slice(), "app-1 received a forged reply on {:?}", p.topic);
+        assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/reply/app-1/x", "app-1 reads only its replies");
+        let correlation = p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()).map(|c| c.to_vec());
+        app1_got.push((decode(&p).get("id").cloned(), correlation));
+    }
+    app1_got.sort_by(|a, b| a.1.cmp(&b.1));
+    let a1 = Some(Value::from("a1"));
+    assert_eq!(app1_got, [(a1.clone(), Some(b"c-app-1".to_vec())), (a1, Some(b"c-app-2".to_vec()))]);
+    // The operator saw the device's telemetry and its restart event, and no forgery.
+    let (mut telemetry, mut restart) = (false, false);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !(telemetry && restart) {
+        let p = operator
+            .next(until.saturating_duration_since(Instant::now()))
+            .await
+            .unwrap_or_else(|| panic!("telemetry {telemetry}, restart event {restart}"));
+        assert_ne!(p.payload.as_ref(), forged.as_slice(), "the operator received a forgery on {:?}", p.topic);
+        match String::from_utf8_lossy(&p.topic).as_ref() {
+            "laya/v1/board-7/telemetry" => telemetry = true,
+            "laya/v1/board-7/events" => restart |= decode(&p).get("event") == Some(&Value::from("worker_restart")),
+            _ => {}
+        }
+    }
+    // And so does `laya-edge fleet` as the operator (telemetry: how busy, one restart); as a
+    // client it sees only the status.
+    let ops = fleet_row(&broker, "operator", &password("operator"), "board-7");
+    assert!(ops.get("busy").is_some_and(|b| *b != Value::Null), "{ops:?}");
+    assert_eq!(ops.get("restarts").and_then(Value::as_i64), Some(1), "{ops:?}");
+    let client = fleet_row(&broker, "app-1", &password("app-1"), "board-7");
+    assert_eq!(client.get("state"), Some(&Value::from("online")), "{client:?}");
+    assert_eq!(client.get("busy"), Some(&Value::Null), "{client:?}");
+    assert_eq!(client.get("restarts").and_then(Value::as_i64), Some(0), "{client:?}");
+    // app-2 got its own reply and nothing else: not app-1's, not telemetry, events or errors.
+    while let Some(p) = app2.next(Duration::from_secs(2)).await {
+        assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/reply/app-2/a2", "app-2 read {:?}", decode(&p));
+    }
+    while let Some(p) = app1.next(Duration::from_millis(200)).await {
+        assert_eq!(String::from_utf8_lossy(&p.topic), "laya/v1/reply/app-1/x", "app-1 read {:?}", p.topic);
+    }
+}
+
+#[test]
+fn the_shipped_acl_is_what_its_generator_writes_for_the_fleet_it_names() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shipped = std::fs::read_to_string(root.join("config/mosquitto.acl")).expect("the ACL");
+    let command = shipped.lines().next().and_then(|l| l.strip_prefix("# Generated by: python3 ")).expect("its command");
+    let mut words = command.split_whitespace();
+    let script = words.next().expect("the script");
+    let out = Command::new("python3").arg(root.join(script)).args(words).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), shipped, "config/mosquitto.acl is stale: regenerate it");
 }
 
 #[test]
@@ -851,14 +1063,14 @@ async fn a_stop_signal_to_the_whole_unit_lets_the_worker_finish_the_question_it_
     let agent_pid = agent.child.as_ref().map(|c| c.id()).expect("pid");
     wait_online(broker.port, "dev-unit").await;
     let mut c = Client::connect(broker.port, "unit-asker").await;
-    c.subscribe("laya/v1/unit-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/unit-asker/#").await;
     let mut watch = Client::connect(broker.port, "unit-watch").await;
     watch.subscribe("laya/v1/dev-unit/telemetry").await;
     watch.subscribe("laya/v1/dev-unit/events").await;
     c.ask(
         "laya/v1/dev-unit/ask",
         Encoding::Json.encode(&request("u1")),
-        Some("laya/v1/unit-asker/reply/u1"),
+        Some("laya/v1/reply/unit-asker/u1"),
         None,
         Encoding::Json,
     )
@@ -1009,9 +1221,9 @@ async fn username_and_password_file_log_in_and_a_wrong_password_is_refused() {
     }
     // And the logged-in agent answers.
     let mut c = Client::connect(broker.port, "passwd-asker").await;
-    c.subscribe("laya/v1/passwd-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/passwd-asker/#").await;
     let body = Encoding::Json.encode(&request("pw1"));
-    c.ask("laya/v1/dev-password/ask", body, Some("laya/v1/passwd-asker/reply/pw1"), None, Encoding::Json).await;
+    c.ask("laya/v1/dev-password/ask", body, Some("laya/v1/reply/passwd-asker/pw1"), None, Encoding::Json).await;
     let reply = c.next(Duration::from_secs(30)).await.expect("a reply");
     assert_eq!(decode(&reply).get("id"), Some(&Value::from("pw1")));
 }
@@ -1020,7 +1232,7 @@ async fn username_and_password_file_log_in_and_a_wrong_password_is_refused() {
 async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
     let broker = Broker::start("prefix", "");
     let mqtt = format!(
-        "broker = \"{}\"\nprefix = \"acme/edge\"\nresponse_topics = [\"{{prefix}}/clients/+/inbox\"]\ntelemetry_interval_s = 1\n",
+        "broker = \"{}\"\nprefix = \"acme/edge\"\nresponse_topics = [\"{{prefix}}/reply/+/inbox\"]\ntelemetry_interval_s = 1\n",
         broker.url()
     );
     let _agent = agent_with_mqtt("dev-prefix", &mqtt);
@@ -1030,10 +1242,10 @@ async fn a_custom_prefix_and_response_topics_move_the_whole_topic_tree() {
     let mut c = Client::connect(broker.port, "prefix-asker").await;
     c.subscribe("acme/edge/#").await;
     // A response topic outside the configured filter (the default filter's shape) gets nothing.
-    let default_shape = "acme/edge/prefix-asker/reply/p0";
+    let default_shape = "acme/edge/reply/prefix-asker/p0";
     c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p0")), Some(default_shape), None, Encoding::Json)
         .await;
-    let inbox = "acme/edge/clients/c1/inbox";
+    let inbox = "acme/edge/reply/c1/inbox";
     c.ask("acme/edge/dev-prefix/ask", Encoding::Json.encode(&request("p1")), Some(inbox), None, Encoding::Json).await;
     // Under the old prefix the agent neither listens nor speaks.
     c.ask("laya/v1/dev-prefix/ask", Encoding::Json.encode(&request("p2")), Some(inbox), None, Encoding::Json).await;
@@ -1072,9 +1284,9 @@ async fn a_byte_identical_redelivery_gets_the_remembered_reply_and_counts_as_res
     let mut watch = Client::connect(broker.port, "resend-watch").await;
     watch.subscribe("laya/v1/dev-resend/telemetry").await;
     let mut c = Client::connect(broker.port, "resend-asker").await;
-    c.subscribe("laya/v1/resend-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/resend-asker/#").await;
     let body = Encoding::Json.encode(&request("same"));
-    let reply_to = "laya/v1/resend-asker/reply/same";
+    let reply_to = "laya/v1/reply/resend-asker/same";
     let mut replies = Vec::new();
     for _ in 0..2 {
         // The same bytes, id and response topic: what a broker's redelivery looks like.
@@ -1232,7 +1444,7 @@ async fn sighup_reloads_a_new_model_beside_the_serving_one_and_bad_reloads_are_r
     let pid = agent.child.as_ref().expect("running").id().to_string();
     let hup = || assert!(Command::new("kill").args(["-HUP", &pid]).status().expect("kill").success());
     let mut c = Client::connect(broker.port, "reload-asker").await;
-    c.subscribe("laya/v1/reload-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/reload-asker/#").await;
     c.subscribe("laya/v1/dev-reload/events").await;
     wait_online(broker.port, "dev-reload").await;
     let mut asked = 0;
@@ -1305,7 +1517,7 @@ async fn sighup_reloads_a_new_model_beside_the_serving_one_and_bad_reloads_are_r
 
 async fn ask(c: &Client, id: String) {
     let body = json::to_string(&request(&id), json::Style::COMPACT).into_bytes();
-    let to = format!("laya/v1/reload-asker/reply/{id}");
+    let to = format!("laya/v1/reply/reload-asker/{id}");
     c.ask("laya/v1/dev-reload/ask", body, Some(&to), Some(id.as_bytes()), Encoding::Json).await
 }
 

@@ -102,10 +102,10 @@ async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
     let _agent = Agent::start(&broker, "qcs1", &settings);
     wait_online(broker.port, "qcs1").await;
     let mut c = Client::connect(broker.port, "qcs-asker").await;
-    c.subscribe("laya/v1/qcs-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/qcs-asker/#").await;
     let line = fixture_requests("bpe-t5", 1, 256);
     let request = json::parse_str(line.trim(), ParseOptions::default()).expect("json");
-    c.ask("laya/v1/qcs1/ask", Encoding::Json.encode(&request), Some("laya/v1/qcs-asker/reply/x"), None, Encoding::Json)
+    c.ask("laya/v1/qcs1/ask", Encoding::Json.encode(&request), Some("laya/v1/reply/qcs-asker/x"), None, Encoding::Json)
         .await;
     let reply = decode(&c.next(Duration::from_secs(120)).await.expect("a reply"));
     assert_eq!(reply.get("backend"), Some(&Value::from("qnn")), "{reply:?}");
@@ -234,7 +234,7 @@ async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_a
         lib = lib.display(),
     );
     let mut c = Client::connect(broker.port, "dlc-asker").await;
-    c.subscribe("laya/v1/dlc-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/dlc-asker/#").await;
     let mut agent = Agent::start(&broker, "qcs-dlc", &settings);
     for run in ["generated", "cached"] {
         if run == "cached" {
@@ -244,7 +244,7 @@ async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_a
         c.ask(
             "laya/v1/qcs-dlc/ask",
             Encoding::Json.encode(&request(run)),
-            Some(&format!("laya/v1/dlc-asker/reply/{run}")),
+            Some(&format!("laya/v1/reply/dlc-asker/{run}")),
             None,
             Encoding::Json,
         )

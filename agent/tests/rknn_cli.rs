@@ -88,10 +88,10 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
     let _agent = Agent::start(&broker, "rk1", &settings);
     wait_online(broker.port, "rk1").await;
     let mut c = Client::connect(broker.port, "rk-asker").await;
-    c.subscribe("laya/v1/rk-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/rk-asker/#").await;
     let request = fixture_requests("bpe-small", 1, 512);
     let request = json::parse_str(request.trim(), ParseOptions::default()).expect("json");
-    c.ask("laya/v1/rk1/ask", Encoding::Json.encode(&request), Some("laya/v1/rk-asker/reply/x"), None, Encoding::Json)
+    c.ask("laya/v1/rk1/ask", Encoding::Json.encode(&request), Some("laya/v1/reply/rk-asker/x"), None, Encoding::Json)
         .await;
     let reply = decode(&c.next(Duration::from_secs(60)).await.expect("a reply"));
     assert_eq!(reply.get("backend"), Some(&Value::from("rknn")));

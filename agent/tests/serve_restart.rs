@@ -42,7 +42,7 @@ fn cpu_answers(request: &Value) -> String {
 }
 
 async fn ask(c: &mut Client, id: &str) -> Value {
-    let reply_to = format!("laya/v1/rs-asker/reply/{id}");
+    let reply_to = format!("laya/v1/reply/rs-asker/{id}");
     let body = Encoding::Json.encode(&request(id));
     c.ask("laya/v1/dev-rs/ask", body, Some(&reply_to), None, Encoding::Json).await;
     let p = c.next(Duration::from_secs(120)).await.unwrap_or_else(|| panic!("no reply to {id}"));
@@ -55,7 +55,7 @@ async fn serve_answers_like_the_cpu_pipeline_before_and_after_its_worker_is_kill
     let mut agent = Agent::start(&broker, "dev-rs", "");
     wait_online(broker.port, "dev-rs").await;
     let mut c = Client::connect(broker.port, "rs-asker").await;
-    c.subscribe("laya/v1/rs-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/rs-asker/#").await;
 
     let first = ask(&mut c, "before").await;
     assert_eq!(first.get("id"), Some(&Value::from("before")));

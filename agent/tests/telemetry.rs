@@ -65,11 +65,11 @@ async fn telemetry_percentiles_are_within_a_bucket_of_the_backends_known_latency
     assert!(f64_at(&idle, &["busy"]) < 0.05, "{idle:?}");
     // Ten questions one after the other.
     let mut c = Client::connect(broker.port, "load-asker").await;
-    c.subscribe("laya/v1/load-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/load-asker/#").await;
     let sent = Instant::now();
     for i in 0..10 {
         let id = format!("q{i}");
-        let to = format!("laya/v1/load-asker/reply/{id}");
+        let to = format!("laya/v1/reply/load-asker/{id}");
         c.ask("laya/v1/dev-load/ask", Encoding::Json.encode(&request(&id)), Some(&to), None, Encoding::Json).await;
         let reply = decode(&c.next(Duration::from_secs(30)).await.expect("a reply"));
         assert_eq!(reply.get("id"), Some(&Value::from(id.as_str())));
@@ -167,9 +167,9 @@ async fn a_hang_and_a_fatal_error_are_published_as_restart_events_with_their_rea
     wait_online(broker.port, "dev-hang").await;
     wait_online(broker.port, "dev-fatal").await;
     let mut c = Client::connect(broker.port, "events-asker").await;
-    c.subscribe("laya/v1/events-asker/reply/#").await;
+    c.subscribe("laya/v1/reply/events-asker/#").await;
     for device in ["dev-hang", "dev-fatal"] {
-        let to = format!("laya/v1/events-asker/reply/{device}");
+        let to = format!("laya/v1/reply/events-asker/{device}");
         let topic = format!("laya/v1/{device}/ask");
         c.ask(&topic, Encoding::Json.encode(&request(device)), Some(&to), None, Encoding::Json).await;
         // Answered all the same, by the restarted worker.
@@ -292,8 +292,8 @@ async fn serve_log(filter: &str, engine: &str) -> String {
         .expect("serve starts");
     wait_online(broker.port, "dev-log").await;
     let mut c = Client::connect(broker.port, "log-asker").await;
-    c.subscribe("laya/v1/log-asker/reply/#").await;
-    let to = "laya/v1/log-asker/reply/x";
+    c.subscribe("laya/v1/reply/log-asker/#").await;
+    let to = "laya/v1/reply/log-asker/x";
     c.ask("laya/v1/dev-log/ask", Encoding::Json.encode(&request("log-good")), Some(to), None, Encoding::Json).await;
     assert!(decode(&c.next(Duration::from_secs(30)).await.expect("a reply")).get("answers").is_some());
     let bad = json::parse_str(r#"{"id": "log-bad", "questions": {}}"#, ParseOptions::default()).expect("json");

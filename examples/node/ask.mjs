@@ -3,10 +3,14 @@
 //
 //   node ask.mjs --broker mqtt://localhost:1883 --device board-7 [--cbor] '{"id": "r1", ...}'
 //
-// The request goes to {prefix}/{device}/ask with a response topic and correlation data; the
-// reply is the message on that topic carrying the same correlation data, JSON or CBOR as its
-// content type says. Exit status 0 with a reply (an error reply included), 1 without.
+// The request goes to {prefix}/{device}/ask with a response topic, {prefix}/reply/{user}/{random
+// key} (the user name the broker's ACL lets read it; the client id without a login), and random
+// correlation data; the reply is the message on that topic carrying the same correlation data,
+// JSON or CBOR as its content type says. A reply someone else made a device send here (naming
+// this topic as their question's response topic) carries their correlation data and is ignored
+// (docs/security.md). Exit status 0 with a reply (an error reply included), 1 without.
 import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import mqtt from "mqtt";
 import { decode, encode } from "cbor2";
@@ -18,20 +22,26 @@ const { values: opt, positionals } = parseArgs({
     prefix: { type: "string", default: "laya/v1" },
     cbor: { type: "boolean", default: false },
     timeout: { type: "string", default: "30" },
+    username: { type: "string" },
+    "password-file": { type: "string" },
   },
   allowPositionals: true,
 });
 if (!opt.device || positionals.length !== 1) {
-  console.error("usage: ask.mjs --device ID [--broker URL] [--prefix P] [--cbor] REQUEST_JSON");
+  console.error("usage: ask.mjs --device ID [--broker URL] [--prefix P] [--cbor] [--username U [--password-file F]] REQUEST_JSON");
   process.exit(2);
 }
 const request = JSON.parse(positionals[0]);
 const clientId = `ask-node-${randomBytes(6).toString("hex")}`;
 const correlation = randomBytes(16);
-const replyTopic = `${opt.prefix}/${clientId}/reply/${correlation.toString("hex")}`;
+const replyTopic = `${opt.prefix}/reply/${opt.username ?? clientId}/${randomBytes(16).toString("hex")}`;
+const login = opt.username === undefined ? {} : { username: opt.username };
+if (opt["password-file"] !== undefined) {
+  login.password = readFileSync(opt["password-file"], "utf8").replace(/[\r\n]+$/, "");
+}
 
 let answered = false;
-const client = mqtt.connect(opt.broker, { clientId, protocolVersion: 5 });
+const client = mqtt.connect(opt.broker, { clientId, protocolVersion: 5, ...login });
 const timer = setTimeout(() => {
   console.error(`no reply within ${opt.timeout} s`);
   process.exit(1);

@@ -3,9 +3,13 @@
 
     python ask.py --broker mqtt://localhost:1883 --device board-7 [--cbor] '{"id": "r1", ...}'
 
-The request goes to {prefix}/{device}/ask with a response topic and correlation data; the reply
-is the message on that topic carrying the same correlation data, JSON or CBOR as its content
-type says. Exit status 0 with a reply (an error reply included: it is printed too), 1 without.
+The request goes to {prefix}/{device}/ask with a response topic, {prefix}/reply/{user}/{random
+key} (the user name the broker's ACL lets read it; the client id without a login), and random
+correlation data; the reply is the message on that topic carrying the same correlation data,
+JSON or CBOR as its content type says. Anyone may make a device answer on this topic by naming
+it as the response topic of a question of their own: that reply carries their correlation data
+and is ignored (docs/security.md). Exit status 0 with a reply (an error reply included: it is
+printed too), 1 without.
 """
 import argparse, json, sys, threading, uuid
 from urllib.parse import urlparse
@@ -21,6 +25,8 @@ p.add_argument("--device", required=True)
 p.add_argument("--prefix", default="laya/v1")
 p.add_argument("--cbor", action="store_true", help="send CBOR instead of JSON")
 p.add_argument("--timeout", type=float, default=30.0)
+p.add_argument("--username", help="log in as this user (its replies come under {prefix}/reply/{user}/)")
+p.add_argument("--password-file", help="a file holding the password (trailing newlines trimmed)")
 p.add_argument("request", help="the request, as JSON")
 args = p.parse_args()
 
@@ -28,7 +34,7 @@ request = json.loads(args.request)
 url = urlparse(args.broker)
 client_id = f"ask-py-{uuid.uuid4().hex[:12]}"
 correlation = uuid.uuid4().bytes
-reply_topic = f"{args.prefix}/{client_id}/reply/{correlation.hex()}"
+reply_topic = f"{args.prefix}/reply/{args.username or client_id}/{uuid.uuid4().hex}"
 done, reply = threading.Event(), {}
 
 
@@ -55,6 +61,12 @@ def on_message(client, userdata, msg):
 
 client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
 client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
+if args.username:
+    password = None
+    if args.password_file:
+        with open(args.password_file, encoding="utf-8") as f:
+            password = f.read().rstrip("\r\n")
+    client.username_pw_set(args.username, password)
 client.connect(url.hostname or "localhost", url.port or 1883)
 client.loop_start()
 ok = done.wait(args.timeout)

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use laya_topics::json::{self, Style};
 use laya_topics::{Map, Value};
 
-use super::{AgentConfig, BundleError, HostBundle, MANIFEST, digest, probe, read_json};
+use super::{AgentConfig, BundleError, HostBundle, MANIFEST, digest, graph_file, probe, read_json};
 use crate::engine::Backend;
 
 /// What `laya-edge bundle` is asked to do.
@@ -384,20 +384,42 @@ pub fn assemble(
     Ok(Summary { backend: backend.into(), graphs, files: names.len(), probe_rows: rows, warnings })
 }
 
-/// What `laya-edge check --model DIR` found: the bundle loads, every file is what the
-/// manifest says, the probe lays out as recorded.
+/// What `laya-edge check --model DIR` found: the bundle loads, the checkpoint's weights load as
+/// far as their header tells (`model::CpuModel::check`: byte ranges inside the file, names and
+/// shapes against the architecture), every file is what the manifest says, every graph file is
+/// complete as far as its layout tells (`graph_file`), the probe lays out as recorded.
 pub fn check(dir: &Path) -> Result<String, BundleError> {
     let bundle = HostBundle::load(dir)?;
+    // The weights as the CPU model reads them (header, byte ranges, tensor names and shapes),
+    // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file. In a
+    // bundle, after the sha256 (which says more precisely what happened to a file it lists).
+    let check_weights = |required: bool| match &bundle.checkpoint {
+        Some(ckpt) if required || ckpt.join("model.safetensors").exists() => {
+            crate::model::CpuModel::check(ckpt, &bundle.config)
+                .map(|()| true)
+                .map_err(|e| BundleError::Checkpoint(e.to_string()))
+        }
+        _ => Ok(false),
+    };
     let Some(m) = &bundle.manifest else {
-        return Ok(format!("{}: a laya checkpoint (no manifest: nothing to verify beyond loading it)", dir.display()));
+        check_weights(true)?;
+        return Ok(format!(
+            "{}: a laya checkpoint, its model.safetensors header checked against the file and the architecture (no manifest: no sha256 to verify)",
+            dir.display()
+        ));
     };
     let files = m.verify_files(dir)?;
+    let weights = check_weights(false)?;
+    let mut size_only = Vec::new();
     for g in &m.graphs {
         if !g.file.is_file() {
             return Err(BundleError::Config {
                 path: dir.join(MANIFEST),
                 message: format!("graph {} does not exist", g.file.display()),
             });
+        }
+        if graph_file::check(&m.backend, &g.file)? == graph_file::Checked::SizeOnly {
+            size_only.push(g.file.display().to_string());
         }
     }
     let probe = probe::of_bundle(&bundle)?;
@@ -411,8 +433,14 @@ pub fn check(dir: &Path) -> Result<String, BundleError> {
         files,
         probe.map_or("none".to_owned(), |p| format!("{} rows", p.rows.len()))
     );
+    if weights {
+        out.push_str("; checkpoint weights checked");
+    }
     if m.files.is_empty() {
         out.push_str("; the manifest lists no sha256 (not assembled by laya-edge bundle)");
+        if !size_only.is_empty() {
+            out.push_str(&format!("; graphs whose completeness only their runtime can tell: {size_only:?}"));
+        }
     } else if !unlisted.is_empty() {
         out.push_str(&format!("; files not in the manifest (not checked): {unlisted:?}"));
     }

@@ -9,6 +9,7 @@
 
 pub mod assemble;
 pub mod digest;
+pub mod graph_file;
 pub mod probe;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,12 @@ pub enum BundleError {
     Digest { path: PathBuf, expected: String, found: String },
     #[error("{path}: {message}")]
     Probe { path: PathBuf, message: String },
+    #[error("graph {path}: {message}")]
+    Graph { path: PathBuf, message: String },
+    /// The checkpoint's weights or encoder config as the CPU model would load them (the
+    /// message names the file).
+    #[error("the checkpoint cannot be loaded: {0}")]
+    Checkpoint(String),
 }
 
 /// What `rl_agent_config.json` says.

@@ -2,7 +2,8 @@
 //!
 //! A message is decoded (JSON or CBOR), checked against the limits, matched against the replies
 //! already sent (a redelivered question gets the same reply again, not a second inference), and
-//! given a destination: the MQTT 5 response topic if the allowlist permits it, else
+//! given a destination: the MQTT 5 response topic if the allowlist permits it (the allowlist's
+//! filters all lie under `{prefix}/reply/{client}/{key}`: `Config::check` refuses wider ones), else
 //! `{prefix}/{device}/reply/{request id}` for clients without response topics (MQTT 3.1.1).
 //! A message with no usable destination is not answered anywhere its client listens; it is
 //! reported on `{prefix}/{device}/errors` instead ([`Decision::Drop`]).
@@ -343,13 +344,13 @@ mod tests {
     fn a_good_request_is_answered_on_its_response_topic_with_its_correlation_data() {
         let a = admission();
         let m = Incoming {
-            response_topic: Some("laya/v1/client9/reply/x"),
+            response_topic: Some("laya/v1/reply/client9/x"),
             correlation: Some(b"abc"),
             ..msg(br#"{"id": "r1", "state": "s", "questions": {}}"#)
         };
         match a.decide(&m, Instant::now(), &ReplyCache::new(4)) {
             Decision::Answer { reply_to, .. } => {
-                assert_eq!(reply_to.topic, "laya/v1/client9/reply/x");
+                assert_eq!(reply_to.topic, "laya/v1/reply/client9/x");
                 assert_eq!(reply_to.correlation.as_deref(), Some(&b"abc"[..]));
                 assert_eq!(reply_to.encoding, Encoding::Json);
             }
@@ -373,7 +374,16 @@ mod tests {
     #[test]
     fn a_response_topic_outside_the_allowlist_is_never_published_to() {
         let a = admission();
-        for t in ["laya/v1/dev1/ask", "factory/valves/open", "laya/v1/+/reply/x", "$SYS/x"] {
+        for t in [
+            "laya/v1/dev1/ask",
+            "factory/valves/open",
+            "laya/v1/+/reply/x",
+            "$SYS/x",
+            "laya/v1/dev2/reply/r1",
+            "laya/v1/dev1/status",
+            "laya/v1/reply/status",
+            "laya/v1/reply/+/x",
+        ] {
             let m = Incoming { response_topic: Some(t), ..msg(br#"{"id": "r", "state": "s", "questions": {}}"#) };
             assert!(matches!(a.decide(&m, Instant::now(), &ReplyCache::new(4)), Decision::Drop { .. }), "{t}");
         }
@@ -388,7 +398,7 @@ mod tests {
         }
     }
 
-    const REPLY_TOPIC: &str = "laya/v1/c/reply/1";
+    const REPLY_TOPIC: &str = "laya/v1/reply/c/1";
 
     #[test]
     fn an_oversized_payload_is_refused_on_its_response_topic_and_reported_without_one() {

@@ -1,5 +1,11 @@
 //! A minimal MQTT 5 client for `laya-edge ask` and the demo: publish one request with a response
 //! topic and correlation data, wait for the reply.
+//!
+//! The response topic is `{prefix}/reply/{user name}/{random key}` (the client id stands in for
+//! the user name on a broker without logins), and only a message on it that carries this
+//! question's correlation data (16 random bytes) is its reply. Anyone may ask a device to answer
+//! on someone else's response topic; the device then echoes *that* question's correlation data,
+//! so a reply reflected onto this topic is recognised and ignored (docs/security.md).
 
 use std::time::Duration;
 
@@ -22,6 +28,16 @@ pub enum AskError {
     Decode(String),
     #[error(transparent)]
     Topic(#[from] laya_topics::topic::TopicError),
+    #[error("no random bytes for the correlation data")]
+    Random,
+}
+
+/// `n` random bytes from the operating system, as lowercase hex.
+fn random_hex(n: usize) -> Result<String, AskError> {
+    use ring::rand::SecureRandom;
+    let mut bytes = vec![0u8; n];
+    ring::rand::SystemRandom::new().fill(&mut bytes).map_err(|_| AskError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Where to ask.
@@ -41,12 +57,13 @@ pub async fn ask(
     encoding: Encoding,
     timeout: Duration,
 ) -> Result<Value, AskError> {
-    let asker = format!("ask-{}-{}", std::process::id(), options.client_id().replace(['/', '+', '#'], "-"));
-    let correlation = format!(
-        "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
-    );
-    let reply_topic = target.schema.topic(&asker, Channel::Reply(correlation.clone()))?.to_string();
+    // The level the broker's ACL lets only this user read (docs/security.md).
+    let client = match options.credentials() {
+        Some(login) => login.username,
+        None => options.client_id().replace(['/', '+', '#'], "-"),
+    };
+    let correlation = random_hex(16)?.into_bytes();
+    let reply_topic = target.schema.client_reply(&client, &random_hex(8)?)?;
     let ask_topic = match (&target.device, &target.fleet) {
         (Some(d), _) => target.schema.topic(d, Channel::Ask)?.to_string(),
         (None, Some(f)) => target.schema.fleet_ask(f)?,
@@ -68,7 +85,7 @@ pub async fn ask(
                     sent = true;
                     let props = PublishProperties {
                         response_topic: Some(reply_topic.clone()),
-                        correlation_data: Some(correlation.clone().into_bytes().into()),
+                        correlation_data: Some(correlation.clone().into()),
                         content_type: Some(encoding.content_type().into()),
                         ..PublishProperties::default()
                     };
@@ -84,6 +101,12 @@ pub async fn ask(
                         .map_err(|e| AskError::Connection(e.to_string()))?;
                 }
                 Event::Incoming(Packet::Publish(p)) if p.topic.as_ref() == reply_topic.as_bytes() => {
+                    let theirs = p.properties.as_ref().and_then(|x| x.correlation_data.as_deref());
+                    if theirs != Some(correlation.as_slice()) {
+                        // Another question's reply, sent here by whoever named this topic.
+                        tracing::warn!(topic = %reply_topic, "ignored a reply without this question's correlation data");
+                        continue;
+                    }
                     let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
                     let enc = Encoding::detect(ct.as_deref(), &p.payload);
                     let v = enc.decode(&p.payload, 256).map_err(|e| AskError::Decode(e.to_string()))?;

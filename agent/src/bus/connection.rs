@@ -1,6 +1,7 @@
 //! The broker connection's options: MQTT 5, a persistent session under a stable client id,
 //! manual acknowledgements, the Receive Maximum, the `offline` Last Will, the Maximum Packet
-//! Size, credentials and TLS.
+//! Size, credentials and TLS; and [`preflight`], everything `serve` checks of `[mqtt]` before it
+//! connects, which `check-config` runs too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,8 @@ use rumqttc::Transport;
 use rumqttc::v5::MqttOptions;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties};
+
+use laya_topics::topic::{Channel, Schema, TopicError};
 
 use crate::config::Config;
 
@@ -24,6 +27,8 @@ pub enum ConnectionError {
     Read { path: String, source: std::io::Error },
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("mqtt: {0}")]
+    Topic(#[from] TopicError),
 }
 
 /// Host, port and whether TLS is on, from `mqtt://` / `mqtts://` URLs.
@@ -83,6 +88,33 @@ fn tls_config(cfg: &Config) -> Result<rustls::ClientConfig, ConnectionError> {
     builder.with_client_auth_cert(certs, key).map_err(|e| tls(&e))
 }
 
+/// The password in `path`: its whole content, trailing newlines (`\n`, `\r`) trimmed.
+pub fn read_password(path: &str) -> Result<String, ConnectionError> {
+    Ok(String::from_utf8_lossy(&read(path)?).trim_end_matches(['\n', '\r']).to_owned())
+}
+
+/// Everything `serve` checks of `[mqtt]` before it connects, without connecting: the topics the
+/// device id, prefix and fleet make (a device id with a wildcard, `/` or a reserved name is
+/// refused), the response-topic allowlist, and the connection options themselves (the broker
+/// URL, the password file, the CA file, the client certificate and key, read and parsed as the
+/// connection would). `check-config` runs it, so it refuses what `serve` would.
+pub fn preflight(cfg: &Config) -> Result<(), ConnectionError> {
+    let schema = Schema::new(&cfg.mqtt.prefix)?;
+    let device = cfg.device();
+    for channel in [Channel::Ask, Channel::Telemetry, Channel::Events, Channel::Errors] {
+        schema.topic(&device, channel)?;
+    }
+    if !cfg.mqtt.fleet.is_empty() {
+        schema.fleet_subscription(&cfg.mqtt.share_group, &cfg.mqtt.fleet)?;
+    }
+    for filter in &cfg.mqtt.response_topics {
+        schema.response_filter(filter)?;
+    }
+    let status = schema.topic(&device, Channel::Status)?.to_string();
+    options(cfg, &status, Vec::new())?;
+    Ok(())
+}
+
 /// The connection options for this agent.
 pub fn options(cfg: &Config, status_topic: &str, offline_payload: Vec<u8>) -> Result<MqttOptions, ConnectionError> {
     let (host, port, tls) = parse_broker(&cfg.mqtt.broker)?;
@@ -113,11 +145,8 @@ pub fn options(cfg: &Config, status_topic: &str, offline_payload: Vec<u8>) -> Re
     };
     o.set_last_will(LastWill::new(status_topic, offline_payload, QoS::AtLeastOnce, true, Some(will_props)));
     if !cfg.mqtt.username.is_empty() {
-        let password = if cfg.mqtt.password_file.is_empty() {
-            String::new()
-        } else {
-            String::from_utf8_lossy(&read(&cfg.mqtt.password_file)?).trim_end_matches(['\n', '\r']).to_owned()
-        };
+        let password =
+            if cfg.mqtt.password_file.is_empty() { String::new() } else { read_password(&cfg.mqtt.password_file)? };
         o.set_credentials(cfg.mqtt.username.clone(), password);
     }
     if tls {
@@ -138,6 +167,36 @@ mod tests {
         assert!(parse_broker("tcp://x").is_err());
         assert!(parse_broker("mqtt://:1883").is_err());
         assert!(parse_broker("mqtt://h:port").is_err());
+    }
+
+    #[test]
+    fn preflight_refuses_a_device_id_with_wildcards_and_missing_credentials_files() {
+        let refused = |edit: &dyn Fn(&mut Config), want: &str| {
+            let mut cfg = Config::default();
+            cfg.mqtt.device = "board-7".into();
+            edit(&mut cfg);
+            let err = preflight(&cfg).expect_err(want).to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        };
+        refused(&|c| c.mqtt.device = "board/+".into(), "device id");
+        refused(&|c| c.mqtt.device = "reply".into(), "reserved");
+        refused(
+            &|c| {
+                c.mqtt.username = "board-7".into();
+                c.mqtt.password_file = "/nonexistent/password".into();
+            },
+            "/nonexistent/password",
+        );
+        refused(
+            &|c| {
+                c.mqtt.broker = "mqtts://localhost".into();
+                c.mqtt.ca_file = "/nonexistent/ca.pem".into();
+            },
+            "/nonexistent/ca.pem",
+        );
+        let mut cfg = Config::default();
+        cfg.mqtt.device = "board-7".into();
+        preflight(&cfg).unwrap();
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `laya-edge ask`: publishes one question request over MQTT (to a device or a fleet) with a
-//! response topic and correlation data, waits for the reply and prints it; a client of the
-//! broker for operators and scripts.
+//! response topic (`{prefix}/reply/{user name}/{random key}`) and random correlation data, waits
+//! for the reply that carries them and prints it; a client of the broker for operators and
+//! scripts.
 
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ pub struct Args {
     cbor: bool,
     #[arg(long, default_value_t = 30)]
     timeout_s: u64,
+    #[command(flatten)]
+    login: super::Login,
     /// The request, as JSON.
     request: String,
 }
@@ -40,7 +43,8 @@ async fn ask(args: Args) -> Result<(), String> {
     if tls {
         return Err("ask supports mqtt:// only".into());
     }
-    let options = rumqttc::v5::MqttOptions::new(format!("laya-ask-{}", std::process::id()), host, port);
+    let mut options = rumqttc::v5::MqttOptions::new(format!("laya-ask-{}", std::process::id()), host, port);
+    args.login.apply(&mut options)?;
     let schema = Schema::new(&args.prefix).map_err(|e| e.to_string())?;
     let target = bus::ask::Target { schema, device: args.device, fleet: args.fleet };
     let encoding = if args.cbor { Encoding::Cbor } else { Encoding::Json };

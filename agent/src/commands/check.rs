@@ -1,6 +1,7 @@
 //! `laya-edge check --model DIR`: validates a model directory or bundle without running it:
-//! the manifest, the checkpoint and tokenizer, every file against its sha256, the probe's
-//! layout. Every error names the file it is about.
+//! the manifest, the checkpoint and tokenizer, the weights' header against the file and the
+//! architecture, every file against its sha256, an RKNN graph's length against its own header,
+//! the probe's layout. Every error names the file it is about.
 
 use std::path::PathBuf;
 

@@ -35,6 +35,9 @@ pub struct Args {
     /// Seconds between redraws of the live view.
     #[arg(long, default_value_t = 1)]
     refresh_s: u64,
+    /// With the shipped ACL, an operator's login (it reads telemetry and events).
+    #[command(flatten)]
+    login: super::Login,
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -64,6 +67,7 @@ async fn watch(args: Args) -> Result<(), String> {
     let mut fleet = Fleet::new(schema, args.fleet.clone());
     let mut options = MqttOptions::new(format!("laya-fleet-{}", std::process::id()), host, port);
     options.set_max_packet_size(Some(1 << 20));
+    args.login.apply(&mut options)?;
     let (client, mut eventloop) = AsyncClient::new(options, 64);
     let window = tokio::time::sleep(Duration::from_secs(args.window_s));
     tokio::pin!(window);

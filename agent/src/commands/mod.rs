@@ -58,6 +58,34 @@ impl BackendArgs {
     }
 }
 
+/// How a client command (`ask`, `fleet`) logs in to the broker.
+#[derive(clap::Args)]
+pub struct Login {
+    /// The user name to log in with. With the shipped ACL (config/mosquitto.acl) a client reads
+    /// replies under its own user name only, and `fleet` needs an operator's.
+    #[arg(long)]
+    username: Option<String>,
+    /// A file holding the password (its whole content, trailing newlines trimmed).
+    #[arg(long, requires = "username")]
+    password_file: Option<PathBuf>,
+}
+
+impl Login {
+    /// Sets the credentials on `options`, if a user name was given.
+    pub fn apply(&self, options: &mut rumqttc::v5::MqttOptions) -> Result<(), String> {
+        if let Some(user) = &self.username {
+            let password = match &self.password_file {
+                Some(p) => {
+                    laya_edge::bus::connection::read_password(&p.display().to_string()).map_err(|e| e.to_string())?
+                }
+                None => String::new(),
+            };
+            options.set_credentials(user.clone(), password);
+        }
+        Ok(())
+    }
+}
+
 /// The configuration file, else every key's default.
 pub fn load_config(path: Option<&Path>) -> Result<Config, String> {
     match path {

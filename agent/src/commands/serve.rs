@@ -134,7 +134,12 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and
 /// its engine's configuration. Also what a reload prepares.
 fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::process::EngineConfig), String> {
+    // What check-config checks of [mqtt], before the model: a refusal names the key.
+    bus::connection::preflight(config).map_err(|e| e.to_string())?;
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+    // The weights the workers will load, checked here without loading them (a truncated file is
+    // named now, not by a worker that fails at every restart).
+    backends::check_model(config, &bundle).map_err(|e| e.to_string())?;
     let program = backends::this_program().map_err(|e| e.to_string())?;
     let engine_config = backends::engine_config(&program, config, &bundle).map_err(|e| e.to_string())?;
     Ok((Arc::new(bundle), engine_config))

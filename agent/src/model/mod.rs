@@ -82,18 +82,32 @@ impl CpuModel {
     /// Loads `dir/encoder/config.json` and `dir/model.safetensors` (f32, f16 or bf16,
     /// read tensor by tensor), checking every tensor against the architecture first.
     pub fn load(dir: &Path, agent: &AgentConfig) -> Result<CpuModel, ModelError> {
-        let enc_cfg = EncoderConfig::load(&dir.join("encoder").join("config.json"))?;
-        let weights = Weights::open(&dir.join("model.safetensors"))?;
-        let mut expected = Expected::new();
-        Encoder::expected(&enc_cfg, &mut expected);
-        Head::expected(enc_cfg.hidden_size, agent.head_layers, agent.n_act, &mut expected);
-        weights.verify(&expected)?;
+        let (enc_cfg, weights) = CpuModel::open(dir, agent)?;
         let d = enc_cfg.hidden_size;
         let model =
             CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? };
         // The copies made on the way are garbage now: see `heap`.
         crate::heap::release_freed();
         Ok(model)
+    }
+
+    /// Checks `dir` as [`CpuModel::load`] would, reading no tensor: the encoder config, and
+    /// `model.safetensors`'s header (every tensor's byte range inside the file, so a truncated
+    /// file is refused) against the architecture. Cheap in memory and time: what the agent runs
+    /// at start for the model its workers will load.
+    pub fn check(dir: &Path, agent: &AgentConfig) -> Result<(), ModelError> {
+        CpuModel::open(dir, agent).map(|_| ())
+    }
+
+    /// The encoder config and the weights' header, checked against the architecture.
+    fn open(dir: &Path, agent: &AgentConfig) -> Result<(EncoderConfig, Weights), ModelError> {
+        let enc_cfg = EncoderConfig::load(&dir.join("encoder").join("config.json"))?;
+        let weights = Weights::open(&dir.join("model.safetensors"))?;
+        let mut expected = Expected::new();
+        Encoder::expected(&enc_cfg, &mut expected);
+        Head::expected(enc_cfg.hidden_size, agent.head_layers, agent.n_act, &mut expected);
+        weights.verify(&expected)?;
+        Ok((enc_cfg, weights))
     }
 
     /// Runs a batch of question rows (padded to the longest with `pad_id`) through all three

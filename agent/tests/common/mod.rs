@@ -118,6 +118,83 @@ impl Drop for Broker {
     }
 }
 
+/// The shipped broker configuration (`config/mosquitto.conf` with `config/mosquitto.acl`, as they
+/// are) in a mosquitto of its own: only its port, persistence directory, password file, ACL file
+/// path and log destination changed (the paths the example uses are a board's). Users log in
+/// with `users`' passwords.
+pub struct ShippedBroker {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+impl ShippedBroker {
+    pub fn start(name: &str, users: &[(&str, &str)]) -> ShippedBroker {
+        let dir = temp_dir(name);
+        let port = free_port();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let conf = std::fs::read_to_string(root.join("config/mosquitto.conf")).expect("config/mosquitto.conf");
+        std::fs::copy(root.join("config/mosquitto.acl"), dir.join("mosquitto.acl")).expect("the ACL file");
+        let mut out = String::from("user root\n");
+        for line in conf.lines() {
+            let key = line.split_whitespace().next().unwrap_or("");
+            out += &match key {
+                "listener" => format!("listener {port} 127.0.0.1"),
+                "persistence_location" => format!("persistence_location {}/", dir.display()),
+                "password_file" => format!("password_file {}", dir.join("passwd").display()),
+                "acl_file" => format!("acl_file {}", dir.join("mosquitto.acl").display()),
+                "log_dest" => "log_dest stderr".to_owned(),
+                _ => line.to_owned(),
+            };
+            out.push('\n');
+        }
+        std::fs::write(dir.join("mosquitto.conf"), out).expect("conf");
+        let passwd = dir.join("passwd");
+        for (user, password) in users {
+            let ok = Command::new("mosquitto_passwd")
+                .args(if passwd.exists() { &["-b"][..] } else { &["-c", "-b"][..] })
+                .args([passwd.as_os_str(), user.as_ref(), password.as_ref()])
+                .status()
+                .expect("mosquitto_passwd runs");
+            assert!(ok.success());
+        }
+        let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log");
+        let child = Command::new(mosquitto())
+            .arg("-c")
+            .arg(dir.join("mosquitto.conf"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("mosquitto starts");
+        wait_for_port(port);
+        ShippedBroker { child, port, dir }
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// A file in the broker's directory holding `password` (for `mqtt.password_file`).
+    pub fn password_file(&self, user: &str, password: &str) -> PathBuf {
+        let path = self.dir.join(format!("{user}.password"));
+        std::fs::write(&path, format!("{password}\n")).expect("password file");
+        path
+    }
+
+    /// What mosquitto logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for ShippedBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 pub fn mosquitto() -> PathBuf {
     for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
         if Path::new(p).exists() {
@@ -213,7 +290,15 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(port: u16, id: &str) -> Client {
+        Client::connect_as(port, id, None).await
+    }
+
+    /// The same, logging in with `(user name, password)`.
+    pub async fn connect_as(port: u16, id: &str, login: Option<(&str, &str)>) -> Client {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = login {
+            o.set_credentials(user, password);
+        }
         o.set_max_packet_size(Some(1 << 20));
         let (client, mut eventloop) = AsyncClient::new(o, 10_000);
         let (tx, rx) = mpsc::channel(100_000);
@@ -302,10 +387,10 @@ pub async fn wait_online(port: u16, device: &str) {
 /// returns the answered reply.
 pub async fn ask_until_answered(port: u16, device: &str, asker: &str, within: Duration) -> Value {
     let mut c = Client::connect(port, asker).await;
-    c.subscribe(&format!("laya/v1/{asker}/reply/#")).await;
+    c.subscribe(&format!("laya/v1/reply/{asker}/#")).await;
     let deadline = std::time::Instant::now() + within;
     loop {
-        let reply_to = format!("laya/v1/{asker}/reply/q");
+        let reply_to = format!("laya/v1/reply/{asker}/q");
         c.ask(
             &format!("laya/v1/{device}/ask"),
             Encoding::Json.encode(&request("q")),
