@@ -688,7 +688,7 @@ def main():
     p.add_argument("--connect-timeout", type=float, default=20.0)
     p.add_argument("--ready-timeout", type=float, default=120.0, help="wait for the agent's status to be ready")
     p.add_argument("--dup-grace", type=float, default=1.0, help="keep listening this long after the last reply")
-    p.add_argument("--reply-base", default="{prefix}/{client}/reply",
+    p.add_argument("--reply-base", default="{prefix}/reply/{client}",
                    help="each client's response topics are under this ({prefix}, {client}); it must match "
                         "the agent's mqtt.response_topics")
     p.add_argument("--topic-per-question", action="store_true",
