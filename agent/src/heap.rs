@@ -1,4 +1,4 @@
-//! Handing the allocator's free memory back to the kernel after a load.
+//! Handing the allocator's free memory back to the kernel after a load or a burst.
 //!
 //! Loading a model or a tokenizer allocates far more than it keeps: each weight tensor is copied
 //! on its way to the layer that holds it, and a `tokenizer.json` of a few MB is parsed through
@@ -10,7 +10,8 @@
 //! tokenizer. Elsewhere than glibc this does nothing.
 
 /// Returns every free page of the heap to the kernel (`malloc_trim(0)`): a few ms at most,
-/// called once after a load, never per request.
+/// called once after a load, and by `serve` once the service goes idle after a burst of
+/// questions (large requests free far more than they keep, as loading does), never per request.
 pub fn release_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointer; it only returns glibc's own free pages to the

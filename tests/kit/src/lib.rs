@@ -1,6 +1,7 @@
 //! Test helpers shared by the agent's integration tests (`agent/tests`) and laya-edge-tests
 //! (`tests/`) that need nothing of laya-edge itself: the vendor runtimes the tests load (a fake
-//! one built from this workspace, Qualcomm's HTP simulator when fetched) and reading answers.
+//! one built from this workspace, Qualcomm's HTP simulator when fetched), reading answers, and a
+//! misbehaving MQTT broker (`rogue_broker`).
 
 use std::path::{Path, PathBuf};
 
