@@ -22,7 +22,7 @@
 //!
 //! - RK3588 through the Engine (`LAYA_BENCH_PART=engine`): N clients, each asking one question
 //!   at a time (the next when the answer is back), against `serve`'s engine for `backend =
-//!   "rknn"` (a worker process, `backends::engine_config`): one context, three contexts with
+//!   "rknn"` (a worker process, `backend::engine_config`): one context, three contexts with
 //!   calls run one at a time (the supervisor before merging), three contexts with queued calls
 //!   merged into one batch. Questions per second over `LAYA_BENCH_ROUNDS` (default 4) questions
 //!   per client.
@@ -38,11 +38,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use laya_edge::bundle::HostBundle;
-use laya_edge::engine::Backend;
+use laya_edge::backend::Backend;
 use laya_edge::engine::process::Engine;
-use laya_edge::model::CpuModel;
-use laya_edge::npu::qnn::{QnnBackend, QnnConfig};
-use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+use laya_edge::backend::cpu::CpuModel;
+use laya_edge::backend::npu::qnn::{QnnBackend, QnnConfig};
+use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
 use laya_edge::prompt::{QType, Row};
 
 fn env_num(name: &str, default: u64) -> u64 {
@@ -148,7 +148,7 @@ fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) 
             config.engine.backend = "rknn".into();
             config.rknn.library = lib.display().to_string();
             config.rknn.contexts = contexts;
-            let mut engine_config = laya_edge::backends::engine_config(program, &config, &host).expect("engine config");
+            let mut engine_config = laya_edge::backend::engine_config(program, &config, &host).expect("engine config");
             if !merge {
                 engine_config.policy.merge_rows = 1;
             }
@@ -189,7 +189,7 @@ fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) 
 /// The CPU backend: one row per call against four rows per call, as merging would make them.
 fn cpu_merge(model: &Path) {
     let host = HostBundle::load(model).expect("checkpoint");
-    let mut cpu = laya_edge::engine::cpu::CpuBackend::load(model, &host.config, host.tokenizer.pad.id).expect("model");
+    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(model, &host.config, host.tokenizer.pad.id).expect("model");
     let vocab = CpuModel::load(model, &host.config).expect("model").encoder.config.vocab_size as u32;
     println!();
     println!("## CPU: one row per call vs four merged (padded to the longest), model {}", model.display());

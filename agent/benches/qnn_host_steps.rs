@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use laya_edge::bundle::HostBundle;
-use laya_edge::model::CpuModel;
-use laya_edge::npu::qnn::binary::Encoding;
-use laya_edge::npu::qnn::host::{self, HostFault};
+use laya_edge::backend::cpu::CpuModel;
+use laya_edge::backend::npu::qnn::binary::Encoding;
+use laya_edge::backend::npu::qnn::host::{self, HostFault};
 
 /// Mean time of `f` over `n` runs after one warm-up run.
 fn time<T>(n: usize, mut f: impl FnMut() -> T) -> Duration {

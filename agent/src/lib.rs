@@ -2,7 +2,7 @@
 //!
 //! Data flows one way: `bus -> prompt -> engine -> decide -> bus`. See ARCHITECTURE.md.
 
-pub mod backends;
+pub mod backend;
 pub mod bundle;
 pub mod bus;
 pub mod config;
@@ -11,8 +11,6 @@ pub mod engine;
 pub mod heap;
 pub mod lines;
 pub mod logging;
-pub mod model;
-pub mod npu;
 pub mod pipeline;
 pub mod prompt;
 pub mod systemd;

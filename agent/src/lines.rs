@@ -71,7 +71,7 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
 /// `laya-edge predict` for one line: laya's result `{"id", "model", "answers", "usage"}`.
 pub fn predict_line(
     bundle: &HostBundle,
-    backend: &mut dyn crate::engine::Backend,
+    backend: &mut dyn crate::backend::Backend,
     max_request_tokens: usize,
     line: &str,
 ) -> String {

@@ -7,7 +7,7 @@ use laya_topics::{PredictResult, Request};
 
 use crate::bundle::HostBundle;
 use crate::decide::{self, AssembleError, RowOutput};
-use crate::engine::{Backend, BackendError};
+use crate::backend::{Backend, BackendError};
 use crate::prompt::{self, Limits, Prepared, Row, TokenizerError};
 
 /// Why a request as a whole could not be answered.

@@ -15,7 +15,7 @@ use laya_topics::json::{self, Style};
 use laya_topics::{Map, Value};
 
 use super::{AgentConfig, BundleError, HostBundle, MANIFEST, digest, graph_file, probe, read_json};
-use crate::engine::Backend;
+use crate::backend::Backend;
 
 /// What `laya-edge bundle` is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -118,10 +118,10 @@ fn file_name(file: &Path) -> Result<String, String> {
 #[cfg(feature = "qnn")]
 fn qnn_entry(
     file: &Path,
-    system: &crate::npu::qnn::abi::SystemFunctions,
+    system: &crate::backend::npu::qnn::abi::SystemFunctions,
     hidden: usize,
 ) -> Result<(Map, String), String> {
-    use crate::npu::qnn::binary::{self, Encoding};
+    use crate::backend::npu::qnn::binary::{self, Encoding};
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let meta = binary::read(system, &bytes).map_err(|e| format!("{}: {e}", file.display()))?;
     let g = &meta.graph;
@@ -191,8 +191,8 @@ fn qnn_entry(
 }
 
 #[cfg(feature = "qnn")]
-fn tensor_value(role: &str, logical: &str, t: &crate::npu::qnn::binary::TensorMeta) -> Value {
-    use crate::npu::qnn::binary::Encoding;
+fn tensor_value(role: &str, logical: &str, t: &crate::backend::npu::qnn::binary::TensorMeta) -> Value {
+    use crate::backend::npu::qnn::binary::Encoding;
     let mut m = Map::new();
     m.insert("role".into(), role.into());
     m.insert("logical".into(), logical.into());
@@ -221,7 +221,7 @@ fn qnn_graphs(plan: &Plan, hidden: usize, graphs_dir: &Path) -> Result<(Vec<Valu
     let lib = plan.qnn_system_lib.as_deref().ok_or(
         "reading QNN context binaries needs libQnnSystem.so: pass --qnn-system-lib (or set qnn.system_lib in --config)",
     )?;
-    let system = crate::npu::qnn::load_system(lib).map_err(|e| e.to_string())?;
+    let system = crate::backend::npu::qnn::load_system(lib).map_err(|e| e.to_string())?;
     let mut entries = Vec::new();
     let mut releases = Vec::new();
     for file in &plan.qnn {
@@ -316,7 +316,7 @@ pub fn assemble(
     };
     copy_tree(&plan.checkpoint, &plan.out.join("checkpoint"))?;
     let hidden =
-        crate::model::config::EncoderConfig::load(&plan.out.join("checkpoint").join("encoder").join("config.json"))
+        crate::backend::cpu::config::EncoderConfig::load(&plan.out.join("checkpoint").join("encoder").join("config.json"))
             .map(|c| c.hidden_size)
             .map_err(|e| e.to_string())?;
     let graphs_dir = plan.out.join("graphs");
@@ -395,7 +395,7 @@ pub fn check(dir: &Path) -> Result<String, BundleError> {
     // bundle, after the sha256 (which says more precisely what happened to a file it lists).
     let check_weights = |required: bool| match &bundle.checkpoint {
         Some(ckpt) if required || ckpt.join("model.safetensors").exists() => {
-            crate::model::CpuModel::check(ckpt, &bundle.config)
+            crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)
                 .map(|()| true)
                 .map_err(|e| BundleError::Checkpoint(e.to_string()))
         }

@@ -14,7 +14,7 @@ use laya_topics::{Map, Request, Value};
 
 use super::{BundleError, HostBundle};
 use crate::engine::probe::{Probe, Thresholds};
-use crate::engine::{Backend, RowResult};
+use crate::backend::{Backend, RowResult};
 use crate::pipeline;
 use crate::prompt::Row;
 

@@ -1138,13 +1138,13 @@ fn runtime_rejected_event(n: &crate::engine::supervisor::Notice) -> Option<Engin
     if n.kind != NoticeKind::WorkerRestart {
         return None;
     }
-    let at = why.find(crate::engine::RUNTIME_REJECTED)?;
+    let at = why.find(crate::backend::RUNTIME_REJECTED)?;
     Some(EngineEvent {
         event: "runtime_rejected".into(),
         reason: Some("load_failed".into()),
         code: None,
         name: None,
-        message: why[at + crate::engine::RUNTIME_REJECTED.len()..].to_owned(),
+        message: why[at + crate::backend::RUNTIME_REJECTED.len()..].to_owned(),
         deadline_ms: None,
         role: n.role.as_str().into(),
         probe: None,

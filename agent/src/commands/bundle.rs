@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use laya_edge::backends::{self, BackendKind};
+use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::assemble::{self, Plan};
 use laya_edge::config::Config;
 
@@ -60,7 +60,7 @@ pub fn run(args: Args) -> Result<(), String> {
         let mut cpu = Config::default();
         cpu.model.dir = bundle.dir.display().to_string();
         cpu.engine.threads = config.engine.threads;
-        backends::load(BackendKind::Cpu, &cpu)
+        backend::load(BackendKind::Cpu, &cpu)
     })?;
     for w in &summary.warnings {
         tracing::warn!("{w}");

@@ -15,11 +15,11 @@ pub mod worker;
 
 use std::path::{Path, PathBuf};
 
-use laya_edge::backends::{self, BackendKind};
+use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
 use laya_edge::engine::process::{Engine, EngineError};
-use laya_edge::engine::{Backend, BackendError, RowResult};
+use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::prompt::Row;
 
 /// The flags of the commands that run a model themselves (`predict`, `probe`).
@@ -135,16 +135,16 @@ impl Backend for WorkerBackend {
 /// raw backend, so it runs the probe rows itself instead).
 pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Result<Box<dyn Backend>, String> {
     let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;
-    backends::set_threads(config.engine.threads)?;
+    backend::set_threads(config.engine.threads)?;
     if kind == BackendKind::Cpu {
-        return backends::load(kind, config);
+        return backend::load(kind, config);
     }
-    let program = backends::this_program().map_err(|e| e.to_string())?;
-    let mut engine_config = backends::engine_config(&program, config, bundle).map_err(|e| e.to_string())?;
+    let program = backend::this_program().map_err(|e| e.to_string())?;
+    let mut engine_config = backend::engine_config(&program, config, bundle).map_err(|e| e.to_string())?;
     if !with_probe {
         engine_config.probe = None;
         engine_config.fallback = None;
-        engine_config.policy = backends::policy(config, false);
+        engine_config.policy = backend::policy(config, false);
     }
     let runtime = runtime()?;
     let engine = {

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use laya_edge::backends::BackendKind;
+use laya_edge::backend::BackendKind;
 use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
 use laya_edge::lines;

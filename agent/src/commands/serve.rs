@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use laya_edge::backends::{self, BackendKind};
+use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
 use laya_edge::bus;
 use laya_edge::config::Config;
@@ -139,9 +139,9 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::proce
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
     // The weights the workers will load, checked here without loading them (a truncated file is
     // named now, not by a worker that fails at every restart).
-    backends::check_model(config, &bundle).map_err(|e| e.to_string())?;
-    let program = backends::this_program().map_err(|e| e.to_string())?;
-    let engine_config = backends::engine_config(&program, config, &bundle).map_err(|e| e.to_string())?;
+    backend::check_model(config, &bundle).map_err(|e| e.to_string())?;
+    let program = backend::this_program().map_err(|e| e.to_string())?;
+    let engine_config = backend::engine_config(&program, config, &bundle).map_err(|e| e.to_string())?;
     Ok((Arc::new(bundle), engine_config))
 }
 

@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use laya_edge::backends::{self, BackendKind};
+use laya_edge::backend::{self, BackendKind};
 use laya_edge::config::Config;
 
 #[derive(clap::Args)]
@@ -32,7 +32,7 @@ pub struct Args {
 impl Args {
     /// The agent's configuration with the flags applied.
     pub fn config(&self) -> Result<Config, String> {
-        let mut config = backends::worker_config().map_err(|e| e.to_string())?;
+        let mut config = backend::worker_config().map_err(|e| e.to_string())?;
         config.model.dir = self.model.display().to_string();
         if let Some(f) = &self.faults {
             config.engine.null_faults = f.clone();
@@ -51,10 +51,10 @@ pub fn run(args: Args, config: Config) -> Result<(), String> {
     if args.parent.is_some() {
         leave_stopping_to_the_agent();
     }
-    backends::set_threads(config.engine.threads)?;
+    backend::set_threads(config.engine.threads)?;
     tracing::debug!(pid = std::process::id(), backend = args.backend.name(), model = %config.model.dir, "worker: loading the backend");
     laya_edge::engine::worker::serve(
-        || backends::load(args.backend, &config),
+        || backend::load(args.backend, &config),
         std::io::stdin().lock(),
         std::io::stdout().lock(),
     )

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use super::RowResult;
+use crate::backend::RowResult;
 use crate::prompt::{self, Limits, Row, Tokenizer};
 
 /// The fixed request the health rows are laid out from.

@@ -10,7 +10,7 @@
 //! Probabilities here are the softmax of a row's option logits at temperature 1 (the same for
 //! both sides, so the figures compare the backends, not the temperatures).
 
-use super::RowResult;
+use crate::backend::RowResult;
 use crate::prompt::Row;
 
 /// A decision is clear when the float model's top two probabilities differ by more than this.

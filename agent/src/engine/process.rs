@@ -28,7 +28,7 @@ use super::supervisor::{
     Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, Policy, RestartReason, Role, Supervisor,
     Timer, TimerKind, WorkerId, WorkerState,
 };
-use super::{BackendError, RowResult};
+use crate::backend::{BackendError, RowResult};
 use crate::prompt::Row;
 
 /// How to start a worker process.

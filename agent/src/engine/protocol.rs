@@ -7,7 +7,7 @@
 
 use crate::prompt::{QType, Row};
 
-use super::{BackendError, RowResult};
+use crate::backend::{BackendError, RowResult};
 
 /// Frames larger than this are refused (a 512-token batch of 64 rows is ~130 KiB).
 pub const MAX_FRAME: usize = 64 << 20;

@@ -48,7 +48,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::BackendError;
+use crate::backend::BackendError;
 
 /// Identifies one call (a batch of rows) for the life of the engine.
 pub type CallId = u64;

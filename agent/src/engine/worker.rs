@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use super::Backend;
+use crate::backend::Backend;
 use super::protocol::{FromWorker, ToWorker, read_frame};
 use crate::prompt::Row;
 
@@ -61,7 +61,7 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::null::NullBackend;
+    use crate::backend::null::NullBackend;
     use crate::prompt::QType;
 
     fn frames(mut bytes: &[u8]) -> Vec<FromWorker> {

@@ -1,7 +1,7 @@
 //! Loading libQnnHtp.so and libQnnSystem.so from explicit paths, choosing the HTP provider, and
 //! the process-wide runtime objects: log, backend, device, and the device's power vote.
 //!
-//! Libraries are opened once per process and never unloaded ([`crate::npu::library`]): the HTP
+//! Libraries are opened once per process and never unloaded ([`crate::backend::npu::library`]): the HTP
 //! backend starts threads (and, on a board, a FastRPC session) that can outlive any handle, and
 //! QNN refuses to load a backend library twice in one process (`QNN_COMMON_ERROR_LOADING_BINARIES`,
 //! 1009).
@@ -11,7 +11,7 @@ use std::path::Path;
 
 use libloading::Library;
 
-use crate::npu::library::{self, OpenError};
+use crate::backend::npu::library::{self, OpenError};
 
 use super::abi::{self, CoreFunctions, Handle, SystemFunctions};
 use super::power::{self, PowerState, PowerVote};

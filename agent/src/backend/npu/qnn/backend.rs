@@ -17,8 +17,8 @@ use candle_core::Tensor;
 use laya_topics::Value;
 
 use crate::bundle::HostBundle;
-use crate::engine::{Backend, BackendError, RowResult};
-use crate::model::{CpuModel, ModelError};
+use crate::backend::{Backend, BackendError, RowResult};
+use crate::backend::cpu::{CpuModel, ModelError};
 use crate::prompt::Row;
 
 use super::binary::{self, Encoding};
@@ -157,7 +157,7 @@ impl QnnBackend {
 
     /// The NPU side of the backend and the host head, borrowed apart (the pipeline runs them
     /// on two threads).
-    fn stages(&mut self) -> (EncoderStage<'_>, &crate::model::head::Head) {
+    fn stages(&mut self) -> (EncoderStage<'_>, &crate::backend::cpu::head::Head) {
         let stage = EncoderStage {
             sessions: &mut self.sessions,
             shapes: &self.shapes,
@@ -175,7 +175,7 @@ struct EncoderStage<'a> {
     sessions: &'a mut [Session],
     shapes: &'a [(usize, bool)],
     runtime: &'a Runtime,
-    encoder: &'a crate::model::Encoder,
+    encoder: &'a crate::backend::cpu::Encoder,
     pad_id: u32,
     fault: HostFault,
 }
@@ -207,7 +207,7 @@ impl EncoderStage<'_> {
 }
 
 /// The head on one row's hidden states.
-fn head_row(head: &crate::model::Head, hidden: &Tensor, row: &Row) -> Result<RowResult, BackendError> {
+fn head_row(head: &crate::backend::cpu::Head, hidden: &Tensor, row: &Row) -> Result<RowResult, BackendError> {
     let len = row.input_ids.len();
     let out =
         head.forward(hidden, &[len], &[row.qtype.index() as u32], &[row.marker_pos.as_slice()]).map_err(model_fatal)?;
@@ -282,7 +282,7 @@ impl Backend for QnnBackend {
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let vocab = self.model.encoder.config.vocab_size;
         for (r, row) in rows.iter().enumerate() {
-            crate::model::check_row(r, row, Some(vocab)).map_err(|e| BackendError::Input(e.to_string()))?;
+            crate::backend::cpu::check_row(r, row, Some(vocab)).map_err(|e| BackendError::Input(e.to_string()))?;
         }
         if rows.len() == 1 {
             let hidden = self.encode(&rows[0].input_ids)?;

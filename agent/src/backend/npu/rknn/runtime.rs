@@ -12,11 +12,11 @@ use libloading::Library;
 
 use super::abi;
 use super::{DEFAULT_RUNTIME_ALLOWLIST, RknnError};
-use crate::npu::library::{self, OpenError};
+use crate::backend::npu::library::{self, OpenError};
 
 /// The function table of one loaded runtime library.
 ///
-/// The library is opened once per process and never unloaded ([`crate::npu::library`]):
+/// The library is opened once per process and never unloaded ([`crate::backend::npu::library`]):
 /// librknnrt (and the fake runtime's CPU reference) start threads that may outlive any handle.
 #[derive(Clone, Copy)]
 pub(crate) struct Runtime {

@@ -16,7 +16,7 @@ use super::inputs::choose_graph;
 use super::runtime::{Runtime, RuntimeVersions};
 use super::session::Session;
 use super::{CONTEXT_CORE_MASKS, RknnConfig, RknnError, RknnGraph};
-use crate::engine::{Backend, BackendError, RowResult};
+use crate::backend::{Backend, BackendError, RowResult};
 use crate::prompt::Row;
 
 /// What the backend returns as act logits: the RKNN graph has no act head output (the model
@@ -116,7 +116,7 @@ impl RknnBackend {
     fn session_for(&self, r: usize, row: &Row) -> Result<usize, BackendError> {
         let (n, k) = (row.input_ids.len(), row.marker_pos.len());
         // The graph itself has no vocabulary check to mirror: the ids go in as they are.
-        crate::model::check_row(r, row, None).map_err(|e| BackendError::Input(e.to_string()))?;
+        crate::backend::cpu::check_row(r, row, None).map_err(|e| BackendError::Input(e.to_string()))?;
         let shapes: Vec<(usize, usize)> =
             self.lanes[0].iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
         choose_graph(&shapes, n, k).ok_or_else(|| {

@@ -8,8 +8,8 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::model::encoder::Encoder;
-use crate::model::{ModelError, masks};
+use crate::backend::cpu::encoder::Encoder;
+use crate::backend::cpu::{ModelError, masks};
 
 use super::binary::Encoding;
 

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use crate::bundle::HostBundle;
 use crate::config::{Config, ConfigError};
-use crate::engine::Backend;
-use crate::engine::cpu::CpuBackend;
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
 use crate::engine::process::{EngineConfig, WorkerSpec};
 use crate::engine::supervisor::Policy;
 
@@ -73,7 +73,7 @@ pub enum SetupError {
     #[error("the bundle's probe: {0}")]
     Probe(String),
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] crate::backend::cpu::ModelError),
 }
 
 /// Checks, in this process and without loading it, the checkpoint a worker of `config` will load
@@ -87,7 +87,7 @@ pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupErro
     let reads_checkpoint = matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == "cpu";
     match &bundle.checkpoint {
         Some(ckpt) if reads_checkpoint || ckpt.join("model.safetensors").exists() => {
-            Ok(crate::model::CpuModel::check(ckpt, &bundle.config)?)
+            Ok(crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)?)
         }
         _ => Ok(()),
     }
@@ -189,8 +189,8 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Stri
             Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?))
         }
         BackendKind::Null => {
-            let faults = crate::engine::null::parse_faults(&config.engine.null_faults)?;
-            Ok(Box::new(crate::engine::null::NullBackend::new(faults)?))
+            let faults = crate::backend::null::parse_faults(&config.engine.null_faults)?;
+            Ok(Box::new(crate::backend::null::NullBackend::new(faults)?))
         }
         BackendKind::Rknn => load_rknn(model, config),
         BackendKind::Qnn => load_qnn(model, config),
@@ -199,7 +199,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Stri
 
 #[cfg(feature = "rknn")]
 fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
-    use crate::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+    use crate::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let manifest =
         bundle.manifest.as_ref().ok_or("the rknn backend needs an NPU bundle (a directory with laya-bundle.json)")?;
@@ -217,7 +217,7 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
     rknn.core_mask = config.rknn.core_mask;
     rknn.contexts = config.rknn.contexts;
     let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| match e {
-        crate::npu::rknn::RknnError::RuntimeRefused { .. } => format!("{}{e}", crate::engine::RUNTIME_REJECTED),
+        crate::backend::npu::rknn::RknnError::RuntimeRefused { .. } => format!("{}{e}", crate::backend::RUNTIME_REJECTED),
         e => e.to_string(),
     })?;
     let v = backend.versions();
@@ -237,7 +237,7 @@ fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
 
 #[cfg(feature = "qnn")]
 fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
-    use crate::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
+    use crate::backend::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let q = &config.qnn;
     if q.backend_lib.is_empty() || q.system_lib.is_empty() {
@@ -270,7 +270,7 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
         qnn.soc = q.soc.clone();
     }
     let backend = QnnBackend::load(&bundle, &qnn).map_err(|e| match e {
-        crate::npu::qnn::QnnError::RuntimeNotAllowed { .. } => format!("{}{e}", crate::engine::RUNTIME_REJECTED),
+        crate::backend::npu::qnn::QnnError::RuntimeNotAllowed { .. } => format!("{}{e}", crate::backend::RUNTIME_REJECTED),
         e => e.to_string(),
     })?;
     let info = backend.runtime_info();

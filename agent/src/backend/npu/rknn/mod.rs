@@ -18,7 +18,7 @@
 //! - `guard.rs`: the constant-output guard;
 //! - `session.rs`: one loaded graph (context): attribute checks, core mask, one row per run,
 //!   duplicates through `rknn_dup_context`;
-//! - `backend.rs`: [`RknnBackend`], the [`crate::engine::Backend`] over all loaded graphs, with
+//! - `backend.rs`: [`RknnBackend`], the [`crate::backend::Backend`] over all loaded graphs, with
 //!   up to three contexts per graph (one per NPU core) running a call's rows side by side.
 //!
 //! The decisions behind the loading rules are in `docs/decisions/0003-rknn-runtime-loading.md`.

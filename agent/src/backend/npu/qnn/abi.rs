@@ -25,7 +25,7 @@
 //! `hwInfoBlobVersion`, so `contextBlobSize` moves from offset 88 to 64), GraphInfo version and
 //! `Qnn_Tensor_t` version 2 with the array stride below (names, ranks and dims of every input of
 //! the fixture binaries read back correctly). Every size and offset the code relies on is asserted
-//! at compile time at the bottom of this file; [`crate::npu::qnn::binary`] checks what it reads
+//! at compile time at the bottom of this file; [`crate::backend::npu::qnn::binary`] checks what it reads
 //! (versions, ranks, names) before trusting it.
 //!
 //! `Qnn_ErrorHandle_t` is a `uint64_t`; only its low 16 bits carry the error code.

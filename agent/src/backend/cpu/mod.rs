@@ -1,10 +1,29 @@
-//! The CPU reference backend: the whole model on candle in this process.
+//! The CPU reference: the whole Laya model in Rust on candle, loaded from a laya checkpoint
+//! directory exactly as `laya.Agent` loads it.
+//!
+//! It is split into the stages the NPU backends share: [`Encoder::embed`] (host gather),
+//! [`Encoder::encode`] (what an NPU graph runs) and [`Head::forward`] (host, float). A batch is
+//! padded to its longest row, never to a fixed length.
+//!
+//! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
+
+pub mod config;
+pub mod dense;
+pub mod encoder;
+pub mod head;
+pub mod masks;
+pub mod weights;
+mod model;
+
+pub use config::EncoderConfig;
+pub use encoder::Encoder;
+pub use head::{Head, HeadOutput};
+pub use model::{CpuModel, ModelError, check_row};
 
 use std::path::Path;
 
 use super::{Backend, BackendError, RowResult};
 use crate::bundle::AgentConfig;
-use crate::model::{CpuModel, ModelError};
 use crate::prompt::Row;
 
 /// The Laya model on the CPU.

@@ -17,7 +17,7 @@
 //! - `session.rs`: one context and its graph, execution with tensors bound by name;
 //! - `host.rs`: graph choice, masks, quantization;
 //! - `generator.rs`: a context binary generated from a DLC once and cached;
-//! - `backend.rs`: [`QnnBackend`], the [`crate::engine::Backend`].
+//! - `backend.rs`: [`QnnBackend`], the [`crate::backend::Backend`].
 
 pub mod abi;
 mod backend;
@@ -141,7 +141,7 @@ pub enum QnnError {
     #[error("{}: {source}", file.display())]
     InFile { file: PathBuf, source: Box<QnnError> },
     #[error(transparent)]
-    Model(crate::model::ModelError),
+    Model(crate::backend::cpu::ModelError),
 }
 
 impl QnnError {
@@ -160,10 +160,10 @@ impl QnnError {
     }
 }
 
-impl From<QnnError> for crate::engine::BackendError {
+impl From<QnnError> for crate::backend::BackendError {
     /// A backend that cannot load is broken for the supervisor: fatal, with the QNN code when
     /// there is one (an incompatible binary's message says to regenerate it).
     fn from(e: QnnError) -> Self {
-        crate::engine::BackendError::Fatal { code: e.status().map(|s| s.0 as i64), message: e.to_string() }
+        crate::backend::BackendError::Fatal { code: e.status().map(|s| s.0 as i64), message: e.to_string() }
     }
 }

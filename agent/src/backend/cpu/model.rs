@@ -1,25 +1,13 @@
-//! The CPU reference: the whole Laya model in Rust on candle, loaded from a laya checkpoint
-//! directory exactly as `laya.Agent` loads it.
-//!
-//! It is split into the stages the NPU backends share: [`Encoder::embed`] (host gather),
-//! [`Encoder::encode`] (what an NPU graph runs) and [`Head::forward`] (host, float). A batch is
-//! padded to its longest row, never to a fixed length.
-
-pub mod config;
-pub mod dense;
-pub mod encoder;
-pub mod head;
-pub mod masks;
-pub mod weights;
+//! The CPU model itself: [`CpuModel`] loads a laya checkpoint and runs the encoder and the head
+//! over a batch of rows.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-pub use config::EncoderConfig;
-pub use encoder::Encoder;
-pub use head::{Head, HeadOutput};
-use weights::{Expected, Weights};
+use super::masks;
+use super::weights::{Expected, Weights};
+use super::{EncoderConfig, Encoder, Head, HeadOutput};
 
 use crate::bundle::{AgentConfig, BundleError};
 use crate::prompt::Row;

@@ -15,7 +15,7 @@ use super::inputs::Padded;
 use super::runtime::{Runtime, RuntimeVersions};
 use super::status::Status;
 use super::{RknnError, RknnGraph};
-use crate::engine::BackendError;
+use crate::backend::BackendError;
 use crate::prompt::Row;
 
 /// The graph's inputs, in the order the bundle's spec lists them.

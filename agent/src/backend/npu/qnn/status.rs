@@ -13,7 +13,7 @@
 //! | call timed out (QnnSignal) | 5013, 9004 | fatal (hung DSP) |
 //! | anything else | | fatal with the code's name |
 
-use crate::engine::BackendError;
+use crate::backend::BackendError;
 
 use super::abi::{self, ErrorHandle};
 
