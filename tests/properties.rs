@@ -1,7 +1,7 @@
 //! Arbitrary input never panics the host pipeline, and the JSON codec round-trips.
 
 use laya_edge::decide::{self, RowOutput, Temperatures};
-use laya_edge::lines;
+use laya_edge::cli::jsonl;
 use laya_edge::pipeline::limits_for;
 use laya_edge::prompt;
 use laya_edge_tests::bundle;

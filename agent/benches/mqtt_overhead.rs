@@ -18,7 +18,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
-use laya_edge::bus::admission::{Admission, Decision, Incoming, ReplyCache};
+use laya_edge::service::admission::{Admission, Decision, Incoming, ReplyCache};
 use laya_edge::config::Config;
 use laya_topics::Value;
 use laya_topics::topic::Schema;
@@ -165,7 +165,7 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(300));
                 port
             }
-            None => laya_edge::bus::demo::start_broker().expect("broker"),
+            None => laya_edge::service::demo::start_broker().expect("broker"),
         };
     let model = format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-t5", env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("laya-bench-{}", std::process::id()));
@@ -186,7 +186,7 @@ fn main() {
     // Per reply: the round trip and the agent's own stage timings.
     let measured: Vec<(Duration, Vec<f64>)> = rt.block_on(async {
         let watch = MqttOptions::new("bench-watch", "127.0.0.1", port);
-        laya_edge::bus::ask::wait_online(watch, &Schema::default(), "bench", Duration::from_secs(60))
+        laya_edge::client::ask::wait_online(watch, &Schema::default(), "bench", Duration::from_secs(60))
             .await
             .expect("the agent comes online");
         let mut options = MqttOptions::new("bench-client", "127.0.0.1", port);

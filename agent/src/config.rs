@@ -278,7 +278,7 @@ impl Default for Qnn {
     }
 }
 
-/// `[log]`: what the agent and its worker log (see `crate::logging`).
+/// `[log]`: what the agent and its worker log (see `crate::platform::logging`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Log {

@@ -4,14 +4,13 @@
 
 pub mod backend;
 pub mod bundle;
-pub mod bus;
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod decide;
 pub mod engine;
-pub mod heap;
-pub mod lines;
-pub mod logging;
+pub mod service;
+
 pub mod pipeline;
+pub mod platform;
 pub mod prompt;
-pub mod systemd;
-pub mod vitals;

@@ -1,14 +1,14 @@
 //! The `laya-edge` command line: parses it, installs logging and dispatches to a command, each in
-//! its own module under `commands/`. The commands that have a configuration (`serve`, `predict`,
+//! its own module under `cli/` (in the library). The commands that have a configuration (`serve`, `predict`,
 //! `check-config`, and the worker, which gets its agent's) load it here first, so that its
 //! `[log] level` can set up logging before the command runs.
 
-mod commands;
+
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{ask, bundle, check, check_config, fleet, layout, predict, probe, serve, worker};
+use laya_edge::cli::{ask, bundle, check, check_config, fleet, layout, predict, probe, serve, worker};
 
 #[derive(Parser)]
 #[command(name = "laya-edge", version, about = "Laya typed decisions on edge NPUs")]
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         None => Ok(c),
     });
     let filter = config.as_ref().ok().map(|c| c.log.level.as_str()).or(cli.log.as_deref());
-    laya_edge::logging::init(filter);
+    laya_edge::platform::logging::init(filter);
     let result = config.and_then(|config| match cli.command {
         Command::Layout(args) => layout::run(args),
         Command::Predict(_) => predict::run(config),

@@ -14,6 +14,9 @@ pub mod topic;
 pub mod value;
 pub mod wire;
 
+/// The `model` laya reports in every [`PredictResult`].
+pub const MODEL_NAME: &str = "laya-rl-agent";
+
 pub use answer::{Action, Answer, AnswerError, PredictResult, Usage};
 pub use request::{Request, RequestError};
 pub use value::{Integer, Map, Value};

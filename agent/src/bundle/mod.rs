@@ -7,7 +7,6 @@
 //! a `laya-bundle.json` manifest naming its backend, graph files, tokenizer, temperatures and
 //! token budget, and optionally a checkpoint (for the CPU fallback and the host-side head).
 
-pub mod assemble;
 pub mod digest;
 pub mod graph_file;
 pub mod probe;
@@ -23,9 +22,6 @@ use crate::prompt::{Capacity, Limits, RowShape, Tokenizer, TokenizerError};
 
 /// The manifest file that marks an NPU bundle.
 pub const MANIFEST: &str = "laya-bundle.json";
-
-/// The `model` laya reports in every result.
-pub const MODEL_NAME: &str = "laya-rl-agent";
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ pub use temperature::{TemperatureError, Temperatures};
 
 use laya_topics::{Answer, AnswerError, PredictResult, Usage};
 
-use crate::bundle::MODEL_NAME;
+use laya_topics::MODEL_NAME;
 use crate::prompt::Prepared;
 
 /// What the model returned for one question row.

@@ -373,7 +373,7 @@ async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<From
 const STDERR_LINE: usize = 8 * 1024;
 
 /// Logs each line of a worker's stderr in the agent's log, at the line's level, with the
-/// worker's pid and role (see `crate::logging::worker_line`), until the worker closes it.
+/// worker's pid and role (see `crate::platform::logging::worker_line`), until the worker closes it.
 async fn forward_stderr(mut stderr: tokio::process::ChildStderr, pid: u32, role: Role) {
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
@@ -384,7 +384,7 @@ async fn forward_stderr(mut stderr: tokio::process::ChildStderr, pid: u32, role:
             return;
         }
         let role = role.as_str();
-        let (level, text) = crate::logging::worker_line(line);
+        let (level, text) = crate::platform::logging::worker_line(line);
         match level {
             tracing::Level::ERROR => tracing::error!(target: "laya_worker", worker_pid = pid, role, "{text}"),
             tracing::Level::WARN => tracing::warn!(target: "laya_worker", worker_pid = pid, role, "{text}"),
@@ -679,7 +679,7 @@ impl Driver {
         cmd.args(&spec.args)
             .envs(spec.env.iter().cloned())
             .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
-            .env(crate::logging::PRIORITY_VAR, "1") // its stderr comes back through forward_stderr
+            .env(crate::platform::logging::PRIORITY_VAR, "1") // its stderr comes back through forward_stderr
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -201,7 +201,7 @@ impl Tokenizer {
         };
         // The parse's intermediate values are garbage now (15.6 MiB of RSS for a 50280-token
         // vocabulary): see `heap`.
-        crate::heap::release_freed();
+        crate::platform::heap::release_freed();
         Ok(tokenizer)
     }
 

@@ -1,5 +1,5 @@
 //! A fake QNN runtime (see README.md): the core and system provider tables of
-//! `laya_edge::npu::qnn::abi`, backed by the CPU reference encoder.
+//! `laya_edge::backend::npu::qnn::abi`, backed by the CPU reference encoder.
 //!
 //! Every exported function is `extern "C"` and never unwinds: failures are returned as QNN
 //! error codes, panics are caught at the boundary.
@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{Device, Tensor};
 use laya_edge::bundle::AgentConfig;
-use laya_edge::model::CpuModel;
-use laya_edge::npu::qnn::abi::{self, ErrorHandle, Handle};
+use laya_edge::backend::cpu::CpuModel;
+use laya_edge::backend::npu::qnn::abi::{self, ErrorHandle, Handle};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use laya_edge::bundle::AgentConfig;
-use laya_edge::model::CpuModel;
-use laya_edge::model::head::MISSING_MARKER_LOGIT;
+use laya_edge::backend::cpu::CpuModel;
+use laya_edge::backend::cpu::head::MISSING_MARKER_LOGIT;
 use laya_edge::prompt::{QType, Row};
 
 use crate::abi;

@@ -75,7 +75,7 @@ impl CpuModel {
         let model =
             CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? };
         // The copies made on the way are garbage now: see `heap`.
-        crate::heap::release_freed();
+        crate::platform::heap::release_freed();
         Ok(model)
     }
 

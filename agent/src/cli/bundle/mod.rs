@@ -1,12 +1,15 @@
 //! `laya-edge bundle`: assembles a board bundle from a laya checkpoint and the NPU graphs built
-//! from it (`laya_edge::bundle::assemble`), with every file's sha256 and the probe made by the
+//! from it ([`assemble`]), with every file's sha256 and the probe made by the
 //! CPU backend.
 
 use std::path::PathBuf;
 
-use laya_edge::backend::{self, BackendKind};
-use laya_edge::bundle::assemble::{self, Plan};
-use laya_edge::config::Config;
+use crate::backend::{self, BackendKind};
+pub mod assemble;
+pub mod make_probe;
+
+use assemble::Plan;
+use crate::config::Config;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -41,7 +44,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    let config = super::load_config(args.config.as_deref())?;
+    let config = crate::cli::load_config(args.config.as_deref())?;
     let system_lib = args
         .qnn_system_lib
         .clone()

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use laya_edge::bundle::{HostBundle, probe};
-use laya_edge::config::Config;
-use laya_edge::prompt::Row;
+use crate::bundle::{HostBundle, probe};
+use crate::config::Config;
+use crate::prompt::Row;
 
 /// `probe`'s flags, as `predict`'s: the configuration file, the bundle, the backend, the threads.
 pub type Args = super::BackendArgs;

@@ -6,11 +6,8 @@
 //! `server` runs the service loop.
 
 pub mod admission;
-pub mod ask;
 pub mod connection;
 pub mod demo;
-pub mod fleet;
-pub mod fleet_view;
 pub mod latency;
 pub mod link;
 pub mod liveness;

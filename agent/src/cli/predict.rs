@@ -1,15 +1,15 @@
 //! `laya-edge predict`: answers JSON-lines requests on stdin with laya's result per line, on the
 //! backend the configuration and flags name. The CPU backend runs in this process; any other runs
-//! in a supervised worker process built exactly as `serve` builds it (`laya_edge::backends`), so
+//! in a supervised worker process built exactly as `serve` builds it (`crate::backends`), so
 //! `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config` (and `[limits]
 //! max_request_tokens` bounds each line as it bounds a request to `serve`).
 
 use std::path::Path;
 
-use laya_edge::backend::BackendKind;
-use laya_edge::bundle::HostBundle;
-use laya_edge::config::Config;
-use laya_edge::lines;
+use crate::backend::BackendKind;
+use crate::bundle::HostBundle;
+use crate::config::Config;
+use crate::cli::jsonl;
 
 /// `predict`'s flags: the configuration file, the model, the backend, the threads.
 pub type Args = super::BackendArgs;
@@ -21,8 +21,8 @@ pub fn run(config: Config) -> Result<(), String> {
     tracing::debug!(backend = kind.name(), model = %config.model.dir, "predict: answering the lines on stdin");
     let out = std::io::BufWriter::new(std::io::stdout().lock());
     let max_tokens = config.limits.max_request_tokens;
-    lines::for_each_line(std::io::stdin().lock(), out, |line| {
-        lines::predict_line(&bundle, backend.as_mut(), max_tokens, line)
+    jsonl::for_each_line(std::io::stdin().lock(), out, |line| {
+        jsonl::predict_line(&bundle, backend.as_mut(), max_tokens, line)
     })
     .map_err(|e| e.to_string())
 }

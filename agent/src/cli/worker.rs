@@ -1,6 +1,6 @@
 //! `laya-edge worker` (hidden, not for humans): hosts one backend for a supervising agent and
-//! speaks frames on stdin/stdout (`laya_edge::engine::worker`). Its settings are the agent's
-//! effective configuration, handed over in `$LAYA_WORKER_CONFIG` (`laya_edge::backends`); the
+//! speaks frames on stdin/stdout (`crate::engine::worker`). Its settings are the agent's
+//! effective configuration, handed over in `$LAYA_WORKER_CONFIG` (`crate::backends`); the
 //! flags name the backend and model and override the fault and thread keys (tests, benchmarks).
 //!
 //! A worker never outlives its agent: it holds the NPU, and a stray one would keep it from the
@@ -9,8 +9,8 @@
 
 use std::path::PathBuf;
 
-use laya_edge::backend::{self, BackendKind};
-use laya_edge::config::Config;
+use crate::backend::{self, BackendKind};
+use crate::config::Config;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,7 +53,7 @@ pub fn run(args: Args, config: Config) -> Result<(), String> {
     }
     backend::set_threads(config.engine.threads)?;
     tracing::debug!(pid = std::process::id(), backend = args.backend.name(), model = %config.model.dir, "worker: loading the backend");
-    laya_edge::engine::worker::serve(
+    crate::engine::worker::serve(
         || backend::load(args.backend, &config),
         std::io::stdin().lock(),
         std::io::stdout().lock(),

@@ -7,6 +7,7 @@ pub mod bundle;
 pub mod check;
 pub mod check_config;
 pub mod fleet;
+pub mod jsonl;
 pub mod layout;
 pub mod predict;
 pub mod probe;
@@ -15,12 +16,12 @@ pub mod worker;
 
 use std::path::{Path, PathBuf};
 
-use laya_edge::backend::{self, BackendKind};
-use laya_edge::bundle::HostBundle;
-use laya_edge::config::Config;
-use laya_edge::engine::process::{Engine, EngineError};
-use laya_edge::backend::{Backend, BackendError, RowResult};
-use laya_edge::prompt::Row;
+use crate::backend::{self, BackendKind};
+use crate::bundle::HostBundle;
+use crate::config::Config;
+use crate::engine::process::{Engine, EngineError};
+use crate::backend::{Backend, BackendError, RowResult};
+use crate::prompt::Row;
 
 /// The flags of the commands that run a model themselves (`predict`, `probe`).
 #[derive(clap::Args)]
@@ -76,7 +77,7 @@ impl Login {
         if let Some(user) = &self.username {
             let password = match &self.password_file {
                 Some(p) => {
-                    laya_edge::bus::connection::read_password(&p.display().to_string()).map_err(|e| e.to_string())?
+                    crate::service::connection::read_password(&p.display().to_string()).map_err(|e| e.to_string())?
                 }
                 None => String::new(),
             };

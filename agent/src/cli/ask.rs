@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use laya_edge::bus;
+use crate::client;
+use crate::service;
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
@@ -39,16 +40,16 @@ pub fn run(args: Args) -> Result<(), String> {
 async fn ask(args: Args) -> Result<(), String> {
     let request = laya_topics::json::parse_str(&args.request, Default::default())
         .map_err(|e| format!("the request is not JSON: {e}"))?;
-    let (host, port, tls) = bus::connection::parse_broker(&args.broker).map_err(|e| e.to_string())?;
+    let (host, port, tls) = service::connection::parse_broker(&args.broker).map_err(|e| e.to_string())?;
     if tls {
         return Err("ask supports mqtt:// only".into());
     }
     let mut options = rumqttc::v5::MqttOptions::new(format!("laya-ask-{}", std::process::id()), host, port);
     args.login.apply(&mut options)?;
     let schema = Schema::new(&args.prefix).map_err(|e| e.to_string())?;
-    let target = bus::ask::Target { schema, device: args.device, fleet: args.fleet };
+    let target = client::ask::Target { schema, device: args.device, fleet: args.fleet };
     let encoding = if args.cbor { Encoding::Cbor } else { Encoding::Json };
-    let reply = bus::ask::ask(options, &target, &request, encoding, Duration::from_secs(args.timeout_s))
+    let reply = client::ask::ask(options, &target, &request, encoding, Duration::from_secs(args.timeout_s))
         .await
         .map_err(|e| e.to_string())?;
     println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::COMPACT));

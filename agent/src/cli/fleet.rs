@@ -1,6 +1,6 @@
 //! `laya-edge fleet`: a live view of every device under a prefix, from what they publish (status,
-//! telemetry, events); a client of the broker only. The state is `bus::fleet`, the drawing
-//! `bus::fleet_view`; this module connects, feeds and redraws.
+//! telemetry, events); a client of the broker only. The state is `service::fleet`, the drawing
+//! `service::fleet_view`; this module connects, feeds and redraws.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -9,7 +9,8 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
-use laya_edge::bus::{self, fleet::Fleet, fleet_view};
+use crate::client::{fleet::Fleet, fleet_view};
+use crate::service;
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
@@ -59,7 +60,7 @@ fn print(fleet: &Fleet, args: &Args, live: bool) {
 }
 
 async fn watch(args: Args) -> Result<(), String> {
-    let (host, port, tls) = bus::connection::parse_broker(&args.broker).map_err(|e| e.to_string())?;
+    let (host, port, tls) = service::connection::parse_broker(&args.broker).map_err(|e| e.to_string())?;
     if tls {
         return Err("fleet supports mqtt:// only".into());
     }

@@ -2,12 +2,12 @@
 //! configuration as TOML (every key, defaults filled in), which is itself a valid configuration
 //! file; the device id and MQTT client id it resolves to are printed as comments. It refuses
 //! what `serve` refuses before connecting: the file's values, and `[mqtt]` as the connection
-//! would take it (`bus::connection::preflight`: topics, password, CA, client certificate and key).
+//! would take it (`service::connection::preflight`: topics, password, CA, client certificate and key).
 
 use std::path::{Path, PathBuf};
 
-use laya_edge::bus;
-use laya_edge::config::Config;
+use crate::service;
+use crate::config::Config;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,7 +24,7 @@ impl Args {
 }
 
 pub fn run(args: Args, config: Config) -> Result<(), String> {
-    bus::connection::preflight(&config).map_err(|e| e.to_string())?;
+    service::connection::preflight(&config).map_err(|e| e.to_string())?;
     let text = config.to_toml().map_err(|e| e.to_string())?;
     let source = args.config.as_deref().unwrap_or(Path::new("(defaults)")).display().to_string();
     println!("# laya-edge: the effective configuration of {source}");

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use laya_topics::json::{self, Style};
 use laya_topics::{Map, Value};
 
-use super::{AgentConfig, BundleError, HostBundle, MANIFEST, digest, graph_file, probe, read_json};
+use super::make_probe;
+use crate::bundle::{AgentConfig, HostBundle, MANIFEST, digest, probe, read_json};
 use crate::backend::Backend;
 
 /// What `laya-edge bundle` is asked to do.
@@ -63,7 +64,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
 }
 
 /// Every file under `dir` (relative, `/`-separated), sorted, except the manifest.
-fn files_under(dir: &Path) -> Result<Vec<String>, String> {
+pub(crate) fn files_under(dir: &Path) -> Result<Vec<String>, String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), String> {
         for entry in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
             let path = entry.map_err(|e| e.to_string())?.path();
@@ -357,7 +358,7 @@ pub fn assemble(
         }
     }
     let mut cpu = load_cpu(&bundle)?;
-    let (text, rows) = probe::make(&bundle, cpu.as_mut(), &requests)?;
+    let (text, rows) = make_probe::make(&bundle, cpu.as_mut(), &requests)?;
     std::fs::write(plan.out.join("probe.jsonl"), text).map_err(|e| format!("cannot write the probe: {e}"))?;
     let mut p = Map::new();
     p.insert("file".into(), "probe.jsonl".into());
@@ -382,70 +383,4 @@ pub fn assemble(
         .map(|m| m.graphs.iter().map(|g| g.file.display().to_string()).collect())
         .unwrap_or_default();
     Ok(Summary { backend: backend.into(), graphs, files: names.len(), probe_rows: rows, warnings })
-}
-
-/// What `laya-edge check --model DIR` found: the bundle loads, the checkpoint's weights load as
-/// far as their header tells (`model::CpuModel::check`: byte ranges inside the file, names and
-/// shapes against the architecture), every file is what the manifest says, every graph file is
-/// complete as far as its layout tells (`graph_file`), the probe lays out as recorded.
-pub fn check(dir: &Path) -> Result<String, BundleError> {
-    let bundle = HostBundle::load(dir)?;
-    // The weights as the CPU model reads them (header, byte ranges, tensor names and shapes),
-    // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file. In a
-    // bundle, after the sha256 (which says more precisely what happened to a file it lists).
-    let check_weights = |required: bool| match &bundle.checkpoint {
-        Some(ckpt) if required || ckpt.join("model.safetensors").exists() => {
-            crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)
-                .map(|()| true)
-                .map_err(|e| BundleError::Checkpoint(e.to_string()))
-        }
-        _ => Ok(false),
-    };
-    let Some(m) = &bundle.manifest else {
-        check_weights(true)?;
-        return Ok(format!(
-            "{}: a laya checkpoint, its model.safetensors header checked against the file and the architecture (no manifest: no sha256 to verify)",
-            dir.display()
-        ));
-    };
-    let files = m.verify_files(dir)?;
-    let weights = check_weights(false)?;
-    let mut size_only = Vec::new();
-    for g in &m.graphs {
-        if !g.file.is_file() {
-            return Err(BundleError::Config {
-                path: dir.join(MANIFEST),
-                message: format!("graph {} does not exist", g.file.display()),
-            });
-        }
-        if graph_file::check(&m.backend, &g.file)? == graph_file::Checked::SizeOnly {
-            size_only.push(g.file.display().to_string());
-        }
-    }
-    let probe = probe::of_bundle(&bundle)?;
-    let unlisted: Vec<String> =
-        files_under(dir).unwrap_or_default().into_iter().filter(|f| !m.files.iter().any(|(n, _)| n == f)).collect();
-    let mut out = format!(
-        "{}: {} bundle, {} graph(s), {} file(s) verified by sha256, probe {}",
-        dir.display(),
-        m.backend,
-        m.graphs.len(),
-        files,
-        probe.map_or("none".to_owned(), |p| format!("{} rows", p.rows.len()))
-    );
-    if weights {
-        out.push_str("; checkpoint weights checked");
-    }
-    if m.files.is_empty() {
-        out.push_str("; the manifest lists no sha256 (not assembled by laya-edge bundle)");
-        if !size_only.is_empty() {
-            out.push_str(&format!("; graphs whose completeness only their runtime can tell: {size_only:?}"));
-        }
-    } else if !unlisted.is_empty() {
-        out.push_str(&format!("; files not in the manifest (not checked): {unlisted:?}"));
-    }
-    for g in m.graphs.iter().filter(|g| !m.usable(g)) {
-        out.push_str(&format!("; {} is min-max calibrated above 128 tokens and will not be used", g.file.display()));
-    }
-    Ok(out)
 }

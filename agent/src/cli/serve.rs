@@ -1,5 +1,5 @@
 //! `laya-edge serve`: the board's service. Answers questions over MQTT with the backend the
-//! configuration names, in a supervised worker process (`laya_edge::backends` builds it), until
+//! configuration names, in a supervised worker process (`crate::backends` builds it), until
 //! SIGTERM or Ctrl-C. `--demo` starts an in-process broker and the bundled demo model and asks
 //! the example questions itself.
 
@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use laya_edge::backend::{self, BackendKind};
-use laya_edge::bundle::HostBundle;
-use laya_edge::bus;
-use laya_edge::config::Config;
-use laya_edge::engine::process::Engine;
+use crate::backend::{self, BackendKind};
+use crate::bundle::HostBundle;
+use crate::client;
+use crate::service;
+use crate::config::Config;
+use crate::engine::process::Engine;
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
@@ -91,7 +92,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     if args.demo {
         // It waits (up to 2 s) for the broker to listen: not on the runtime's only thread.
-        let port = tokio::task::spawn_blocking(bus::demo::start_broker).await.map_err(|e| e.to_string())??;
+        let port = tokio::task::spawn_blocking(service::demo::start_broker).await.map_err(|e| e.to_string())??;
         if args.broker.is_none() {
             config.mqtt.broker = format!("mqtt://127.0.0.1:{port}");
         }
@@ -110,7 +111,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         Ok(ready) => ready,
         Err(e) => {
             // Said on the device's events topic too, for operators who do not log in to boards.
-            if let Err(why) = bus::report::config_error(&config, &e).await {
+            if let Err(why) = service::report::config_error(&config, &e).await {
                 tracing::warn!(error = %why, "the configuration error could not be reported to the broker");
             }
             return Err(e);
@@ -128,14 +129,14 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
     };
     let reloads = reload_on_sighup(hup, args, config.clone());
-    bus::server::run(config, engine, bundle, shutdown, reloads).await.map_err(|e| e.to_string())
+    service::server::run(config, engine, bundle, shutdown, reloads).await.map_err(|e| e.to_string())
 }
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and
 /// its engine's configuration. Also what a reload prepares.
-fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::process::EngineConfig), String> {
+fn prepare(config: &Config) -> Result<(Arc<HostBundle>, crate::engine::process::EngineConfig), String> {
     // What check-config checks of [mqtt], before the model: a refusal names the key.
-    bus::connection::preflight(config).map_err(|e| e.to_string())?;
+    service::connection::preflight(config).map_err(|e| e.to_string())?;
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
     // The weights the workers will load, checked here without loading them (a truncated file is
     // named now, not by a worker that fails at every restart).
@@ -147,13 +148,13 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::proce
 
 /// SIGHUP (`systemctl reload`, an OTA tool that installed a new model) re-reads the configuration
 /// file and the model bundle, with the command line's flags applied again, and hands the result
-/// to the service, which starts it beside the serving engine (`bus::server::Reload`). Loading
+/// to the service, which starts it beside the serving engine (`service::server::Reload`). Loading
 /// runs in the blocking pool: it reads and hashes the bundle's files.
 fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
     args: Args,
     started_with: Config,
-) -> tokio::sync::mpsc::UnboundedReceiver<bus::server::Reload> {
+) -> tokio::sync::mpsc::UnboundedReceiver<service::server::Reload> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let args = Arc::new(args);
     tokio::spawn(async move {
@@ -171,13 +172,13 @@ fn reload_on_sighup(
                     config.engine.backend = started_with.engine.backend.clone();
                 }
                 let (bundle, engine) = prepare(&config)?;
-                Ok::<_, String>(bus::server::Reload::Candidate { config: Box::new(config), bundle, engine })
+                Ok::<_, String>(service::server::Reload::Candidate { config: Box::new(config), bundle, engine })
             })
             .await;
             let reload = match prepared {
                 Ok(Ok(candidate)) => candidate,
-                Ok(Err(why)) => bus::server::Reload::Failed(format!("the new configuration or model cannot be used: {why}")),
-                Err(e) => bus::server::Reload::Failed(format!("loading the new configuration failed: {e}")),
+                Ok(Err(why)) => service::server::Reload::Failed(format!("the new configuration or model cannot be used: {why}")),
+                Err(e) => service::server::Reload::Failed(format!("loading the new configuration failed: {e}")),
             };
             if tx.send(reload).is_err() {
                 return;
@@ -189,7 +190,7 @@ fn reload_on_sighup(
 
 /// Asks the example questions once the agent is online, and prints the answers.
 fn ask_demo_questions(config: &Config) -> Result<(), String> {
-    let target = bus::ask::Target {
+    let target = client::ask::Target {
         schema: Schema::new(&config.mqtt.prefix).map_err(|e| e.to_string())?,
         device: Some(config.mqtt.device.clone()),
         fleet: None,
@@ -198,18 +199,18 @@ fn ask_demo_questions(config: &Config) -> Result<(), String> {
     tokio::spawn(async move {
         // Ask only once the agent is subscribed: on a fresh broker an early question has no
         // listener yet.
-        if let Ok((host, port, _)) = bus::connection::parse_broker(&broker) {
+        if let Ok((host, port, _)) = service::connection::parse_broker(&broker) {
             let options = rumqttc::v5::MqttOptions::new("demo-watch", host, port);
-            if let Err(e) = bus::ask::wait_online(options, &target.schema, &device, Duration::from_secs(120)).await {
+            if let Err(e) = client::ask::wait_online(options, &target.schema, &device, Duration::from_secs(120)).await {
                 tracing::error!(error = %e, "demo: the agent did not come online");
                 return;
             }
         }
         for (i, line) in DEMO_REQUESTS.lines().filter(|l| !l.trim().is_empty()).enumerate() {
             let Ok(request) = laya_topics::json::parse_str(line, Default::default()) else { continue };
-            let Ok((host, port, _)) = bus::connection::parse_broker(&broker) else { return };
+            let Ok((host, port, _)) = service::connection::parse_broker(&broker) else { return };
             let options = rumqttc::v5::MqttOptions::new(format!("demo-asker-{i}"), host, port);
-            match bus::ask::ask(options, &target, &request, Encoding::Json, Duration::from_secs(120)).await {
+            match client::ask::ask(options, &target, &request, Encoding::Json, Duration::from_secs(120)).await {
                 Ok(reply) => println!("{}", laya_topics::json::to_string(&reply, laya_topics::json::Style::PYTHON)),
                 Err(e) => tracing::error!(question = i, error = %e, "demo question failed"),
             }

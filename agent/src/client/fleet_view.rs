@@ -95,7 +95,7 @@ pub fn table(rows: &[Row], event_width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::fleet::Health;
+    use crate::client::fleet::Health;
     use laya_topics::json as codec;
 
     fn row(device: &str, health: Health) -> Row {

@@ -44,7 +44,7 @@ use crate::decide::{self, RowOutput};
 use crate::engine::process::{Engine, EngineError};
 use crate::pipeline;
 use crate::prompt::Row;
-use crate::systemd::Notifier;
+use crate::platform::systemd::Notifier;
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -497,9 +497,9 @@ impl Shared {
             latency_ms,
             busy: per(busy_in.as_secs_f64()).clamp(0.0, 1.0),
             queue_depth: (es.queued + self.waiting_questions.load(Ordering::Relaxed)) as u64,
-            rss_kb_agent: crate::vitals::own_rss_kb(),
-            rss_kb_worker: es.worker_pid.and_then(crate::vitals::rss_kb),
-            temperature_c: crate::vitals::max_temperature_c(),
+            rss_kb_agent: crate::platform::vitals::own_rss_kb(),
+            rss_kb_worker: es.worker_pid.and_then(crate::platform::vitals::rss_kb),
+            temperature_c: crate::platform::vitals::max_temperature_c(),
         }
     }
 
@@ -855,7 +855,7 @@ pub async fn run(
                     && shared.waiting_questions.load(Ordering::Relaxed) == 0
                     && shared.trim_due.swap(false, Ordering::Relaxed)
                 {
-                    crate::heap::release_freed();
+                    crate::platform::heap::release_freed();
                 }
             }
             // Pings only while the connection task beats too: a stalled one stops them, and

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use laya_edge::bundle::HostBundle;
-use laya_edge::lines;
+use crate::bundle::HostBundle;
+use crate::cli::jsonl;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,6 +17,6 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), String> {
     let bundle = HostBundle::load(&args.model).map_err(|e| e.to_string())?;
     let out = std::io::BufWriter::new(std::io::stdout().lock());
-    lines::for_each_line(std::io::stdin().lock(), out, |line| lines::layout_line(&bundle, line))
+    jsonl::for_each_line(std::io::stdin().lock(), out, |line| jsonl::layout_line(&bundle, line))
         .map_err(|e| e.to_string())
 }

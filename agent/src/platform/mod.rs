@@ -1,0 +1,8 @@
+//! What the agent asks of the machine it runs on: systemd's notify socket and watchdog
+//! ([`systemd`]), handing freed heap back ([`heap`]), the board's vitals for telemetry
+//! ([`vitals`]), and log lines in journald's or a terminal's form ([`logging`]).
+
+pub mod heap;
+pub mod logging;
+pub mod systemd;
+pub mod vitals;
