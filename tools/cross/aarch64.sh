@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every board laya-edge runs on (QCS6490, RK3588) is aarch64. This cross-builds the agent for
-# aarch64-unknown-linux-gnu (release profile, both NPU features) and the fake vendor runtimes, and
+# aarch64-unknown-linux-gnu (profile `cross`: the release profile without LTO, both NPU features,
+# no `demo`, as the Yocto recipe builds it) and the fake vendor runtimes, and
 # runs the end-to-end tests against that build under qemu-user: the x86 test binaries drive the
 # aarch64 `laya-edge` (LAYA_EDGE_BIN) and hand it the aarch64 fake runtimes (LAYA_FAKE_LIB_DIR), so
 #   - `layout` and `predict --backend cpu` on every fixture request against laya's recorded answers
@@ -10,14 +11,13 @@
 #   - one `serve` round trip over mosquitto (x86 broker, emulated agent) with a worker killed and
 #     replaced (agent/tests/serve_restart.rs)
 # run on the board's instruction set, with the board's `#[repr(C)]` layouts (`rknn_context` is a
-# u64 there). It also type-checks the agent for 32-bit ARM (armv7-unknown-linux-gnueabihf, where
-# `rknn_context` is a u32), which meta-qcom's 32-bit machines would build.
+# u64 there). No supported board is 32-bit, so nothing is built for 32-bit ARM (issue #26).
 #
 # An emulated agent starts its worker process with execve, so the kernel must run aarch64 ELF
 # files itself: the script registers qemu-aarch64 with binfmt_misc (root or sudo; idempotent).
 #
 # Installs what it needs on a Debian machine (as root or through sudo): gcc-aarch64-linux-gnu,
-# libc6-dev-arm64-cross, gcc-arm-linux-gnueabihf, libc6-dev-armhf-cross, qemu-user; the two Rust
+# libc6-dev-arm64-cross, qemu-user; the Rust target through rustup.
 # targets through rustup.
 # Usage: tools/cross/aarch64.sh            (from anywhere; called by tools/test.sh)
 set -euo pipefail
@@ -26,15 +26,12 @@ cd "$(dirname "$0")/../.."
 say() { printf '== cross: %s\n' "$*"; }
 total=$(date +%s)
 TARGET=aarch64-unknown-linux-gnu
-ARMV7=armv7-unknown-linux-gnueabihf
 SYSROOT=/usr/aarch64-linux-gnu
 
 # --- tools ------------------------------------------------------------------------------
 need=()
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
 [ -e "$SYSROOT/lib/ld-linux-aarch64.so.1" ] || need+=(libc6-dev-arm64-cross)
-command -v arm-linux-gnueabihf-gcc >/dev/null 2>&1 || need+=(gcc-arm-linux-gnueabihf)
-[ -e /usr/arm-linux-gnueabihf/lib/ld-linux-armhf.so.3 ] || need+=(libc6-dev-armhf-cross)
 command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
 # As root, or through sudo (as tools/test.sh).
 if [ "$(id -u)" = 0 ]; then
@@ -51,9 +48,7 @@ if [ "${#need[@]}" -gt 0 ]; then
         apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 installed="$(rustup target list --installed)"
-for t in "$TARGET" "$ARMV7"; do
-    grep -qx "$t" <<<"$installed" || rustup target add "$t"
-done
+grep -qx "$TARGET" <<<"$installed" || rustup target add "$TARGET"
 
 # --- binfmt_misc: the kernel runs aarch64 executables through qemu-aarch64 --------------------
 binfmt=/proc/sys/fs/binfmt_misc
@@ -71,15 +66,13 @@ export QEMU_LD_PREFIX="$SYSROOT"
 # --- build ------------------------------------------------------------------------------
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CARGO_TARGET_ARMV7_UNKNOWN_LINUX_GNUEABIHF_LINKER=arm-linux-gnueabihf-gcc
-export CC_armv7_unknown_linux_gnueabihf=arm-linux-gnueabihf-gcc
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-out="$target_dir/$TARGET/release"
+out="$target_dir/$TARGET/cross"
 
-say "cargo build --release --target $TARGET (laya-edge with qnn+rknn, fake-rknn, fake-qnn)"
+say "cargo build --profile cross --target $TARGET (laya-edge with qnn+rknn and no demo, fake-rknn, fake-qnn)"
 start=$(date +%s)
-cargo build --locked --release --target "$TARGET" -p laya-edge -p fake-rknn -p fake-qnn \
-    --features laya-edge/qnn,laya-edge/rknn
+cargo build --locked --profile cross --target "$TARGET" -p laya-edge -p fake-rknn -p fake-qnn \
+    --no-default-features --features laya-edge/qnn,laya-edge/rknn
 say "built in $(( $(date +%s) - start )) s"
 for f in "$out/laya-edge" "$out/libfake_rknn.so" "$out/libfake_qnn.so"; do
     # e_machine at offset 18: 0xb7 0x00 is aarch64.
@@ -136,9 +129,4 @@ print(sum(1 for l in sys.stdin for q in json.loads(l).get("questions", {}).value
     say "emulated predict --backend cpu on $model: $rows rows in $ms ms ($(( ms / rows )) ms per row)"
 done
 
-# rknn only: the QNN mirrors assert an LP64 target (agent/src/npu/qnn/abi.rs).
-say "cargo check --target $ARMV7 (laya-edge with rknn: the 32-bit rknn_context)"
-start=$(date +%s)
-cargo check --locked --target "$ARMV7" -p laya-edge --features rknn
-say "checked in $(( $(date +%s) - start )) s"
 say "all done in $(( $(date +%s) - total )) s"

@@ -68,6 +68,18 @@ fn demo_model() -> PathBuf {
     if built_in.is_dir() { built_in } else { PathBuf::from("models/demo") }
 }
 
+/// The demo's in-process broker, in a build with the `demo` feature.
+#[cfg(feature = "demo")]
+fn start_demo_broker() -> Result<u16, String> {
+    service::demo::start_broker()
+}
+
+/// A build without the `demo` feature (a board's) has no broker of its own.
+#[cfg(not(feature = "demo"))]
+fn start_demo_broker() -> Result<u16, String> {
+    Err("--demo needs the in-process broker, which this build leaves out (cargo feature `demo`); run `cargo run -- serve --demo` from a checkout, or serve against a broker with --broker".into())
+}
+
 const DEMO_REQUESTS: &str = include_str!("../../../config/demo-requests.jsonl");
 
 /// The service's runtime: one thread. Its work is I/O and short host steps (the model runs in the
@@ -92,7 +104,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     if args.demo {
         // It waits (up to 2 s) for the broker to listen: not on the runtime's only thread.
-        let port = tokio::task::spawn_blocking(service::demo::start_broker).await.map_err(|e| e.to_string())??;
+        let port = tokio::task::spawn_blocking(start_demo_broker).await.map_err(|e| e.to_string())??;
         if args.broker.is_none() {
             config.mqtt.broker = format!("mqtt://127.0.0.1:{port}");
         }

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod connection;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod latency;
 pub mod link;
