@@ -18,7 +18,6 @@
 #
 # Installs what it needs on a Debian machine (as root or through sudo): gcc-aarch64-linux-gnu,
 # libc6-dev-arm64-cross, qemu-user; the Rust target through rustup.
-# targets through rustup.
 # Usage: tools/cross/aarch64.sh            (from anywhere; called by tools/test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
