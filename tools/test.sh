@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The test suite on a fresh Debian machine (and what .ci/run runs): installs what the tests need,
-# then runs the Yocto layer checks, `cargo test --workspace --locked`, and the aarch64 build's
-# end-to-end tests under emulation (tools/cross/aarch64.sh, which installs its own cross tools).
+# then runs `cargo fmt --check`, the Yocto layer checks, `cargo clippy --all-targets -D warnings`,
+# `cargo test --workspace --locked` (one test binary per test crate, RUST_TEST_THREADS=4 by
+# default: most tests wait on a broker or a worker process, not on the CPU), and the aarch64
+# build's end-to-end tests under emulation (tools/cross/aarch64.sh, which installs its own cross
+# tools). Each step says how long it took.
 #
 #   tools/test.sh [extra cargo test arguments]
 #
@@ -74,8 +77,25 @@ fi
 export LAYA_QNN_LIB_DIR
 echo "== QNN simulator: $LAYA_QNN_LIB_DIR"
 
+# rustfmt and clippy come with rustup's default profile; a minimal toolchain lacks them.
+if command -v rustup >/dev/null 2>&1; then
+    for c in rustfmt clippy; do
+        rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+    done
+fi
+
+step() { printf '== %s took %d s\n' "$1" "$(( $(date +%s) - $2 ))"; }
+all=$(date +%s)
+
+# Formatting first: it takes a second and fails for the smallest reason.
+t=$(date +%s)
+cargo fmt --all --check
+step "cargo fmt --check" "$t"
+
 # The Yocto layer: oelint-adv, crates.inc in sync with Cargo.lock, licences, kas, the systemd unit.
+t=$(date +%s)
 bash .ci/yocto-checks.sh
+step "yocto checks" "$t"
 
 # The Python and Node client examples (agent/tests/examples.rs runs them against `serve`): their
 # pinned packages in a venv and examples/node/node_modules.
@@ -83,8 +103,18 @@ LAYA_EXAMPLES_PYTHON="$(tools/examples.sh)"
 export LAYA_EXAMPLES_PYTHON
 echo "== examples: $LAYA_EXAMPLES_PYTHON, node $(node --version)"
 
-cargo test --workspace --locked "$@"
+# Lints ([workspace.lints] in Cargo.toml): every target, both NPU features.
+t=$(date +%s)
+cargo clippy --workspace --all-targets --locked --features laya-edge/qnn,laya-edge/rknn -- -D warnings
+step "cargo clippy" "$t"
+
+t=$(date +%s)
+RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}" cargo test --workspace --locked "$@"
+step "cargo test" "$t"
 
 # The boards are aarch64: the agent cross-built and its end-to-end tests run under qemu-user,
 # reusing the x86 test binaries just built (tools/cross/aarch64.sh).
+t=$(date +%s)
 bash tools/cross/aarch64.sh
+step "aarch64 cross build and emulated tests" "$t"
+step "tools/test.sh" "$all"

@@ -12,7 +12,7 @@ Runs in the toolkit's own venv (python3.11, tools/rknn/requirements.txt):
 2. Writes the sidecar FILE.json beside it: {"seq_len", "marker_slots", "target", "dtype", "toolkit",
    "checkpoint", "onnx_sha256", ...}; `laya-edge bundle --rknn FILE.rknn` reads seq_len and marker_slots.
 3. With --rows (rknn_rows.py's output: laya's own layout and float logits), pads every row to the graph's
-   shape exactly as laya-edge's RKNN backend does (agent/src/npu/rknn/inputs.rs: input_ids padded with the
+   shape exactly as laya-edge's RKNN backend does (agent/src/backend/npu/rknn/inputs.rs: input_ids padded with the
    pad id and attention_mask 0 there, marker_pos padded with 0 and marker_mask 0 there), runs it on
    Rockchip's simulator (`init_runtime()` with no target) and on onnxruntime (CPU, float32), and writes
    FILE.sim.json: per row the five padded inputs, the simulator's 64 logits, the float model's logits and
@@ -46,7 +46,7 @@ def repo_relative(path):
 
 
 def pad_row(row, pad_id, L, K):
-    """The row padded like agent/src/npu/rknn/inputs.rs `Padded::fill`."""
+    """The row padded like agent/src/backend/npu/rknn/inputs.rs `Padded::fill`."""
     ids, markers = row["input_ids"], row["marker_pos"]
     assert len(ids) <= L and len(markers) <= K, (len(ids), len(markers))
     f = {
@@ -187,7 +187,7 @@ def run(a):
     }
     doc = {
         "what": "Rockchip's RKNN-Toolkit2 x86 simulator (init_runtime() with no target) on the probe rows, padded "
-                "like agent/src/npu/rknn/inputs.rs; torch_logits: laya 0.3.20's own float forward, unpadded",
+                "like agent/src/backend/npu/rknn/inputs.rs; torch_logits: laya 0.3.20's own float forward, unpadded",
         "rknn": os.path.basename(a.out),
         "rknn_sha256": sidecar["rknn_sha256"],
         "rows_from": repo_relative(a.rows),

@@ -75,7 +75,7 @@ def load_agent(ckpt):
 
 
 def pad_row(ids, markers, qtype, pad_id, L, K):
-    """One row padded to (L, K) exactly as laya-edge's RKNN backend pads it (agent/src/npu/rknn/inputs.rs)."""
+    """One row padded to (L, K) exactly as laya-edge's RKNN backend pads it (agent/src/backend/npu/rknn/inputs.rs)."""
     assert len(ids) <= L and len(markers) <= K, (len(ids), len(markers))
     f = {
         "input_ids": np.full((1, L), pad_id, dtype=np.int64),

@@ -16,7 +16,7 @@
 //! Every export catches panics (unwinding into C is not allowed) and reports them as
 //! `RKNN_ERR_FAIL`.
 
-#[path = "../../../agent/src/npu/rknn/abi.rs"]
+#[path = "../../../agent/src/backend/npu/rknn/abi.rs"]
 #[allow(dead_code)]
 mod abi;
 mod context;

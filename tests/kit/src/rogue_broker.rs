@@ -222,7 +222,7 @@ fn serve(mut conn: TcpStream, out: Arc<Mutex<TcpStream>>, s: &Shared, receive_ma
         }
         let reply = {
             let mut seen = s.seen.lock().unwrap();
-            let reply = match packet {
+            match packet {
                 Packet::Connect(c, _, _) => {
                     seen.connects += 1;
                     seen.keep_alive = c.keep_alive;
@@ -284,8 +284,7 @@ fn serve(mut conn: TcpStream, out: Arc<Mutex<TcpStream>>, s: &Shared, receive_ma
                     None
                 }
                 _ => None,
-            };
-            reply
+            }
         };
         if let Some(r) = reply
             && write_packet(&mut out.lock().unwrap(), &r).is_err()

@@ -142,11 +142,12 @@ unsafe fn tensor(t: *const abi::Tensor, what: &str) -> Result<TensorMeta, QnnErr
                     reason: "UFIXED_POINT_16 without defined quantization".into(),
                 });
             }
-            // SAFETY: the encoding tag selects the union member; both members are plain data.
             let (scale, offset) = match q.quantization_encoding {
+                // SAFETY: the encoding tag selects the union member; both members are plain data.
                 abi::ENCODING_SCALE_OFFSET => unsafe {
                     (q.encoding.scale_offset.scale, q.encoding.scale_offset.offset)
                 },
+                // SAFETY: as above, the tag says this member is the one written.
                 abi::ENCODING_BW_SCALE_OFFSET => unsafe {
                     (q.encoding.bw_scale_offset.scale, q.encoding.bw_scale_offset.offset)
                 },
@@ -214,9 +215,10 @@ pub fn read(system: &SystemFunctions, binary: &[u8]) -> Result<BinaryMeta, QnnEr
 /// # Safety
 /// `info` and everything it points to must belong to a live system context.
 unsafe fn walk(info: &abi::BinaryInfo) -> Result<BinaryMeta, QnnError> {
-    // SAFETY: the version tag selects the union member; V1 and V2 share the V1 prefix.
     let (head, num_graphs, graphs) = match info.version {
+        // SAFETY: the version tag selects the union member; V1 and V2 share the V1 prefix.
         1 | 2 => unsafe { (info.info.v1.head, info.info.v1.num_graphs, info.info.v1.graphs) },
+        // SAFETY: version 3 says the V3 member is the one written.
         3 => unsafe { (info.info.v3.head, info.info.v3.num_graphs, info.info.v3.graphs) },
         v => return Err(bad(format!("QnnSystemContext_BinaryInfo_t version {v} is not one of 1, 2, 3"))),
     };
