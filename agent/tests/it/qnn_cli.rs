@@ -11,13 +11,11 @@
 //! the simulator cannot do on demand (hang, fail) the watchdog test does with the fake runtime
 //! (tests/fake-qnn).
 
-mod common;
-
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use laya_edge::backends::BackendKind;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::{Policy, RestartReason};

@@ -1,13 +1,12 @@
 //! The engine's recovery seen from MQTT: `laya-edge serve` with the `null` backend's faults,
 //! against a real mosquitto. Events and the retained status go out when they happen (here with
-//! telemetry off), and READY=1 does not wait for the backend.
-
-mod common;
+//! telemetry off), READY=1 does not wait for the backend, and a worker slower to load than
+//! `startup_timeout_s` is replaced (counted in telemetry).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::wire::Encoding;
 
@@ -163,4 +162,31 @@ async fn concurrent_requests_merged_into_a_batch_that_kills_the_worker_are_each_
         }
     }
     assert_eq!(restarts, ["crash"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_slower_to_load_than_the_configured_startup_timeout_is_replaced() {
+    let broker = Broker::start("startup", "");
+    // The first worker takes 30 s to load; the ones after it load at once.
+    let marker = temp_dir("startup-once").join("loaded-slowly");
+    let _ = std::fs::remove_file(&marker);
+    let engine = format!(
+        "[engine]\nbackend = \"null\"\nstartup_timeout_s = 1\nnull_faults = \"load-sleep=30000,once={}\"\n",
+        marker.display()
+    );
+    let _agent = Agent::start(&broker, "dev-startup", &engine);
+    wait_online(broker.port, "dev-startup").await;
+    let mut watch = Client::connect(broker.port, "startup-watch").await;
+    watch.subscribe("laya/v1/dev-startup/telemetry").await;
+    let mut c = Client::connect(broker.port, "startup-asker").await;
+    c.subscribe("laya/v1/reply/startup-asker/#").await;
+    let reply_to = "laya/v1/reply/startup-asker/s1";
+    c.ask("laya/v1/dev-startup/ask", Encoding::Json.encode(&request("s1")), Some(reply_to), None, Encoding::Json).await;
+    // Well before the slow worker would have loaded.
+    let reply = decode(&c.next(Duration::from_secs(20)).await.expect("answered by the replacement worker"));
+    assert!(reply.get("answers").is_some(), "{reply:?}");
+    telemetry_where(&mut watch, "the restart counted", |v| {
+        v.get("restarts").and_then(|r| r.get("load_failed")).and_then(Value::as_i64) == Some(1)
+    })
+    .await;
 }

@@ -5,15 +5,13 @@
 //! share-group member holds (and a killed member's share is answered when it returns), and the
 //! shipped broker configuration serves a flood without loss.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5::Publish;
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 

@@ -4,12 +4,10 @@
 //! qemu-user against the x86 broker, so it proves the board's binary speaks MQTT, supervises its
 //! worker and computes the same answers.
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::wire::Encoding;
 

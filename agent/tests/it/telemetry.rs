@@ -3,12 +3,10 @@
 //! the status's identity, CBOR telemetry, events with reasons on a hang and a fatal error, and
 //! `laya-edge fleet --once --json` over three agents, one killed (its Last Will).
 
-mod common;
-
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;

@@ -3,12 +3,10 @@
 //! commands that answer questions refuse a bundle whose files are not what its manifest says.
 //! The NPU round trips are in `rknn_cli.rs` (fake librknnrt) and `qnn_cli.rs` (the simulator).
 
-mod common;
-
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 

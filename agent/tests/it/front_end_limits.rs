@@ -3,13 +3,11 @@
 //! `serve` over mosquitto, answered at the model's own budget with a small peak RSS, and
 //! `[limits] max_request_tokens` refusing a request beyond it.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::wire::Encoding;

@@ -2,13 +2,11 @@
 //! (tests/fake-rknn): `predict --backend rknn`, `serve` with `backend = "rknn"`, and the
 //! watchdog restarting a hung or failing runtime in the worker process.
 
-mod common;
-
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use laya_edge::backends::BackendKind;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::Policy;

@@ -3,12 +3,10 @@
 //! answers the CPU backend gives in process. Their pinned packages come from tools/examples.sh
 //! (tools/test.sh runs it); without them the test says so loudly and skips, except under CI.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::support::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;

@@ -1,10 +1,9 @@
 //! The `laya-edge` binary end to end.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
+use crate::support;
 use laya_topics::Value;
 use laya_topics::json::{ParseOptions, parse_str};
 
@@ -14,7 +13,7 @@ fn fixtures() -> PathBuf {
 
 fn run(args: &[&str], stdin: &str) -> (String, String, bool) {
     let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    common::run_cli(&args, &[], stdin)
+    support::run_cli(&args, &[], stdin)
 }
 
 #[test]
@@ -85,7 +84,7 @@ fn predict_answers_each_line_and_reports_bad_lines() {
 }
 
 fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = common::temp_dir(&format!("cli-{name}"));
+    let dir = support::temp_dir(&format!("cli-{name}"));
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write");
     path
@@ -125,7 +124,7 @@ fn check_config_prints_the_effective_configuration_as_toml_that_reads_back_the_s
 
 #[test]
 fn check_config_refuses_what_serve_refuses_before_connecting_and_names_it() {
-    let dir = common::temp_dir("cli-preflight");
+    let dir = support::temp_dir("cli-preflight");
     // A CA certificate that parses, so that the client key is what is missing.
     let ca = dir.join("ca.pem");
     let made = std::process::Command::new("openssl")
@@ -207,7 +206,7 @@ fn predict_stderr(args: &[&str], env: &[(&str, &std::path::Path)]) -> String {
     let mut all = vec!["predict", "--backend", "null", "--model", model.to_str().expect("utf-8")];
     all.extend_from_slice(args);
     let all: Vec<&OsStr> = all.iter().map(OsStr::new).collect();
-    let (stdout, stderr, ok) = common::run_cli(&all, env, &one_request());
+    let (stdout, stderr, ok) = support::run_cli(&all, env, &one_request());
     assert!(ok && stdout.contains("answers"), "{stdout}\n{stderr}");
     stderr
 }
@@ -249,7 +248,7 @@ fn under_the_journal_each_line_starts_with_its_syslog_priority() {
     assert!(debug.iter().all(|l| !l.contains('\x1b') && !l.contains("\\x1b")), "{stderr:?}");
     // An error line of a failing command: <3>.
     let (_, stderr, ok) =
-        common::run_cli(&[OsStr::new("layout"), OsStr::new("--model"), OsStr::new("/nonexistent/model")], &env, "");
+        support::run_cli(&[OsStr::new("layout"), OsStr::new("--model"), OsStr::new("/nonexistent/model")], &env, "");
     assert!(!ok);
     let line = stderr.lines().find(|l| l.contains("/nonexistent/model")).expect("the error line");
     assert!(line.starts_with("<3>"), "{stderr}");

@@ -11,12 +11,11 @@
 //! the binary a board runs: tools/cross/aarch64.sh runs them against an aarch64 release build under
 //! qemu-user (`LAYA_EDGE_BIN`).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
+use crate::support;
 use laya_edge::bundle::HostBundle;
 use laya_edge::pipeline;
 use laya_edge::prompt::Limits;
@@ -88,7 +87,7 @@ fn run_on_cases(command: &str, model: &str, cases: &[Value], extra: &[&str]) -> 
     let dir = fixtures().join("models").join(model);
     let mut args: Vec<&OsStr> = vec![OsStr::new(command), OsStr::new("--model"), dir.as_os_str()];
     args.extend(extra.iter().map(OsStr::new));
-    let (stdout, stderr, ok) = common::run_cli(&args, &[], &input);
+    let (stdout, stderr, ok) = support::run_cli(&args, &[], &input);
     assert!(ok, "laya-edge {command} on {model} failed: {stderr}");
     let lines: Vec<Value> =
         stdout.lines().map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).expect("a JSON line")).collect();
