@@ -36,13 +36,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::support::{bundle, cases, json_str, model_dir, read_json, test_path};
 use laya_edge::bundle::HostBundle;
 use laya_edge::engine::cpu::CpuBackend;
 use laya_edge::engine::{Backend, BackendError};
 use laya_edge::npu::qnn::{HostFault, Performance, PowerState, QnnBackend, QnnConfig, QnnError};
 use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
-use laya_edge_tests::{bundle, cases, json_str, model_dir, read_json};
 use laya_topics::json::{self, Style, to_string};
 use laya_topics::{Answer, Request, Value};
 use test_kit::qnn_simulator;
@@ -51,7 +51,7 @@ const CHILD: &str = "LAYA_QNN_TEST_CHILD";
 const FAKE_LIB: &str = "LAYA_QNN_TEST_FAKE_LIB";
 
 fn workspace() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().and_then(Path::parent).unwrap()
 }
 
 /// One HTP runtime at a time in this process.
@@ -735,13 +735,13 @@ fn the_binary_metadata_read_through_libqnnsystem_matches_the_fixture_description
 
 /// Builds the fake runtime (once per process) and returns the path of `libfake_qnn.so`.
 fn fake_library() -> &'static Path {
-    laya_edge_tests::cached_fake_library(FAKE_LIB, "fake-qnn", "fake_qnn")
+    crate::support::cached_fake_library(FAKE_LIB, "fake-qnn", "fake_qnn")
 }
 
 /// Runs `body` in a child process of this test binary with `env` set (the fake's knobs are
 /// process-wide).
 fn in_child(test: &str, env: &[(&str, &str)], body: impl FnOnce()) {
-    laya_edge_tests::in_child(CHILD, FAKE_LIB, fake_library(), test, env, body)
+    crate::support::in_child(CHILD, FAKE_LIB, fake_library(), &test_path(module_path!(), test), env, body)
 }
 
 fn fake_binary(model: &str, seq_len: usize, suffix: &str) -> PathBuf {

@@ -1,10 +1,10 @@
 //! Arbitrary input never panics the host pipeline, and the JSON codec round-trips.
 
+use crate::support::bundle;
 use laya_edge::decide::{self, RowOutput, Temperatures};
 use laya_edge::lines;
 use laya_edge::pipeline::limits_for;
 use laya_edge::prompt;
-use laya_edge_tests::bundle;
 use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::{Map, Request, Value};
 use proptest::prelude::*;

@@ -15,12 +15,12 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support::{bundle, cases, json_str, model_dir, test_path};
 use laya_edge::engine::cpu::CpuBackend;
 use laya_edge::engine::{Backend, BackendError, RowResult};
 use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnError, RknnGraph, Status};
 use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
-use laya_edge_tests::{bundle, cases, json_str, model_dir};
 use laya_topics::{Request, Value};
 
 /// Set in the child processes [`in_child`] starts.
@@ -30,7 +30,7 @@ const FAKE_LIB: &str = "LAYA_RKNN_TEST_FAKE_LIB";
 
 /// Builds the fake runtime (once per process) and returns the path of `libfake_rknn.so`.
 fn fake_library() -> &'static Path {
-    laya_edge_tests::cached_fake_library(FAKE_LIB, "fake-rknn", "fake_rknn")
+    crate::support::cached_fake_library(FAKE_LIB, "fake-rknn", "fake_rknn")
 }
 
 /// Writes a fake graph file for `checkpoint` compiled to `seq_len` tokens and 64 marker slots.
@@ -81,11 +81,11 @@ fn row(n: usize, k: usize, seed: u32) -> Row {
 /// Runs `body` in a child process (this test binary, only this test) with `env` set, and
 /// asserts that it passed. In the child, runs `body` directly.
 fn in_child(test: &str, env: &[(&str, &str)], body: impl FnOnce()) {
-    laya_edge_tests::in_child(CHILD, FAKE_LIB, fake_library(), test, env, body)
+    crate::support::in_child(CHILD, FAKE_LIB, fake_library(), &test_path(module_path!(), test), env, body)
 }
 
 fn child(test: &str, env: &[(&str, &str)]) -> Command {
-    laya_edge_tests::child_command(CHILD, FAKE_LIB, fake_library(), test, env)
+    crate::support::child_command(CHILD, FAKE_LIB, fake_library(), &test_path(module_path!(), test), env)
 }
 
 fn fatal(e: BackendError) -> (Option<i64>, String) {
@@ -393,7 +393,7 @@ fn no_library_given_is_an_error_never_a_guess() {
         // In a child without RKNN_LIB, whatever this process's environment says.
         let test = "no_library_given_is_an_error_never_a_guess";
         let out = child(test, &[]).env_remove("RKNN_LIB").output().unwrap();
-        laya_edge_tests::assert_child_ran_one_test(&out, test);
+        crate::support::assert_child_ran_one_test(&out, test);
         return;
     }
     let err = RknnConfig::from_config_or_env(None).expect_err("no library");

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::support::{bundle, cases, f32s, laya_limits, model_dir};
 use laya_edge::decide;
 use laya_edge::model::{CpuModel, ModelError};
 use laya_edge::prompt::{self, Row};
-use laya_edge_tests::{bundle, cases, f32s, laya_limits, model_dir};
 use laya_topics::Request;
 
 fn model(name: &str) -> Arc<CpuModel> {

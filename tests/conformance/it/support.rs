@@ -1,4 +1,4 @@
-//! Shared helpers of the integration tests: where the fixtures are and how to read them.
+//! Shared helpers of this binary's modules: where the fixtures are and how to read them.
 //!
 //! The fixtures in `tests/fixtures/laya-0.3.20` were recorded by `tools/fixtures/generate.py`
 //! from laya's own code; nothing here computes an expected value.
@@ -15,7 +15,7 @@ pub use test_kit::build_fake_library;
 
 /// `tests/fixtures/laya-0.3.20`.
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("laya-0.3.20")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures").join("laya-0.3.20")
 }
 
 /// A fixture checkpoint directory by name (`bpe-t5`, `wp-t4`, `bpe-small`).
@@ -130,8 +130,17 @@ pub fn cached_fake_library(lib_var: &str, package: &str, target: &str) -> &'stat
     })
 }
 
-/// The command that runs only the test `test` of this test binary in a child process, with
-/// `child_var=1`, `lib_var` = `lib` (the fake library) and `env` set.
+/// The name libtest gives test `test` of the module at `module_path` (its `module_path!()`: this
+/// binary's crate name, then the modules), which `--exact` matches: `rknn::some_test`.
+pub fn test_path(module_path: &str, test: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_crate, modules)) => format!("{modules}::{test}"),
+        None => test.to_owned(),
+    }
+}
+
+/// The command that runs only the test `test` (its full name, [`test_path`]) of this test binary
+/// in a child process, with `child_var=1`, `lib_var` = `lib` (the fake library) and `env` set.
 pub fn child_command(child_var: &str, lib_var: &str, lib: &Path, test: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([test, "--exact", "--test-threads=1", "--nocapture"])

@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 
+use crate::support::{Case, bundle, cases, f32s, fixtures_dir, ints, laya_limits, model_dir, read_json, text};
 use laya_edge::bundle::HostBundle;
 use laya_edge::decide::{self, RowOutput, answer::probabilities, numpy};
 use laya_edge::prompt::{self, QuestionErrorKind};
-use laya_edge_tests::{Case, bundle, cases, f32s, fixtures_dir, ints, laya_limits, model_dir, read_json, text};
 use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::{Request, Value, pyfloat};
 

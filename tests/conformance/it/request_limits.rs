@@ -5,9 +5,9 @@
 //! The front ends (`predict`, `serve` over mosquitto, the NPU backends) are tested in
 //! agent/tests/limits.rs, rknn_cli.rs and qnn_cli.rs.
 
+use crate::support::{bundle, cases, laya_limits, model_dir};
 use laya_edge::engine::cpu::CpuBackend;
 use laya_edge::pipeline::{self, PipelineError};
-use laya_edge_tests::{bundle, cases, laya_limits, model_dir};
 use laya_topics::wire::ErrorCode;
 use laya_topics::{Request, Value};
 

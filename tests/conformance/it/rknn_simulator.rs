@@ -20,12 +20,12 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::support::{f32s, ints, json_str, read_json, test_path};
 use laya_edge::bundle::HostBundle;
 use laya_edge::engine::Backend;
 use laya_edge::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
 use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
-use laya_edge_tests::{f32s, ints, json_str, read_json};
 use laya_topics::{Request, Value};
 
 const CHILD: &str = "LAYA_RKNN_SIM_TEST_CHILD";
@@ -50,15 +50,15 @@ fn fp16_tolerance(tokens: usize) -> f32 {
 const MISSING: f32 = -10000.0;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("rknn").join("demo").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join("rknn").join("demo").join(name)
 }
 
 fn demo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("models").join("demo")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join("models").join("demo")
 }
 
 fn fake_library() -> &'static Path {
-    laya_edge_tests::cached_fake_library(FAKE_LIB, "fake-rknn", "fake_rknn")
+    crate::support::cached_fake_library(FAKE_LIB, "fake-rknn", "fake_rknn")
 }
 
 /// A fake graph file for the demo checkpoint with the shape the real .rknn's sidecar declares.
@@ -134,11 +134,11 @@ fn the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator() {
     }
     let test = "the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator";
     let dump_env = dump.to_str().unwrap().to_owned();
-    laya_edge_tests::in_child(
+    crate::support::in_child(
         CHILD,
         FAKE_LIB,
         fake_library(),
-        test,
+        &test_path(module_path!(), test),
         &[("FAKE_RKNN_DUMP", &dump_env), (DUMP, &dump_env)],
         || {
             let dump = PathBuf::from(std::env::var(DUMP).unwrap());
@@ -213,7 +213,7 @@ fn the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator() {
 
 /// The held-out request `id` of tests/fixtures/demo/heldout.jsonl.
 fn heldout_request(id: &str) -> Request {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("demo").join("heldout.jsonl");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join("demo").join("heldout.jsonl");
     let text = std::fs::read_to_string(&path).unwrap();
     text.lines()
         .map(|l| laya_topics::json::parse_str(l, Default::default()).unwrap())
