@@ -6,10 +6,7 @@ use std::path::PathBuf;
 use crate::support;
 use laya_topics::Value;
 use laya_topics::json::{ParseOptions, parse_str};
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20")
-}
+use test_kit::fixtures_dir;
 
 fn run(args: &[&str], stdin: &str) -> (String, String, bool) {
     let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
@@ -18,14 +15,14 @@ fn run(args: &[&str], stdin: &str) -> (String, String, bool) {
 
 #[test]
 fn layout_prints_lavas_rows_and_goes_on_after_a_bad_line() {
-    let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
+    let cases = std::fs::read_to_string(fixtures_dir().join("cases.jsonl")).expect("cases");
     let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
     let request =
         laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
     let input = format!(
         "{request}\nnot json\n\n{{\"state\": 1, \"questions\": {{\"q\": {{\"type\": \"bogus\"}}}}}}\n{request}\n"
     );
-    let model = fixtures().join("models/bpe-t5");
+    let model = fixtures_dir().join("models/bpe-t5");
     let (stdout, stderr, ok) = run(&["layout", "--model", model.to_str().expect("utf-8 path")], &input);
     assert!(ok, "stderr: {stderr}");
     let lines: Vec<Value> = stdout.lines().map(|l| parse_str(l, ParseOptions::default()).expect("json line")).collect();
@@ -55,14 +52,14 @@ fn a_missing_model_directory_is_a_clear_error() {
 
 #[test]
 fn predict_answers_each_line_and_reports_bad_lines() {
-    let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
+    let cases = std::fs::read_to_string(fixtures_dir().join("cases.jsonl")).expect("cases");
     let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
     let request =
         laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT);
     let input = format!(
         "{request}\n[1, 2]\n{{\"id\": 7, \"state\": \"x\", \"questions\": {{\"ok\": {{\"type\": \"noul\", \"instructions\": \"fine?\"}}, \"bad\": {{\"type\": \"score\", \"instructions\": \"?\", \"criteria\": []}}}}}}\n"
     );
-    let model = fixtures().join("models/bpe-t5");
+    let model = fixtures_dir().join("models/bpe-t5");
     let (stdout, stderr, ok) =
         run(&["predict", "--model", model.to_str().expect("utf-8 path"), "--threads", "1"], &input);
     assert!(ok, "stderr: {stderr}");
@@ -92,7 +89,7 @@ fn temp_file(name: &str, text: &str) -> PathBuf {
 
 /// One request line of the fixtures, for commands that only need something to answer.
 fn one_request() -> String {
-    let cases = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases");
+    let cases = std::fs::read_to_string(fixtures_dir().join("cases.jsonl")).expect("cases");
     let first = parse_str(cases.lines().next().expect("a case"), ParseOptions::default()).expect("json");
     laya_topics::json::to_string(first.get("request").expect("request"), laya_topics::json::Style::COMPACT) + "\n"
 }
@@ -136,7 +133,7 @@ fn check_config_refuses_what_serve_refuses_before_connecting_and_names_it() {
         .output()
         .expect("openssl runs");
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let model = fixtures().join("models/bpe-small");
+    let model = fixtures_dir().join("models/bpe-small");
     let cases = [
         ("device = \"board/+7\"\n".to_owned(), "board/+7"),
         ("broker = \"mqtts://127.0.0.1:1\"\nca_file = \"/nonexistent/ca.pem\"\n".to_owned(), "/nonexistent/ca.pem"),
@@ -176,7 +173,7 @@ fn check_config_refuses_what_serve_refuses_before_connecting_and_names_it() {
 
 #[test]
 fn predict_takes_its_model_and_engine_keys_from_config_and_flags_override_them() {
-    let model = fixtures().join("models/bpe-t5");
+    let model = fixtures_dir().join("models/bpe-t5");
     // The [engine] keys reach the worker: every call fails with the injected input error.
     let file = temp_file(
         "predict.toml",
@@ -202,7 +199,7 @@ fn predict_takes_its_model_and_engine_keys_from_config_and_flags_override_them()
 
 /// `predict --backend null` on one request with `args` and `env`: its stderr.
 fn predict_stderr(args: &[&str], env: &[(&str, &std::path::Path)]) -> String {
-    let model = fixtures().join("models/bpe-t5");
+    let model = fixtures_dir().join("models/bpe-t5");
     let mut all = vec!["predict", "--backend", "null", "--model", model.to_str().expect("utf-8")];
     all.extend_from_slice(args);
     let all: Vec<&OsStr> = all.iter().map(OsStr::new).collect();
@@ -231,7 +228,7 @@ fn debug_lines_of_the_agent_and_its_worker_show_only_when_the_filter_asks_for_th
     let flag_wins = predict_stderr(&["--log", "info"], &env);
     assert!(!flag_wins.contains(WORKER_DEBUG), "{flag_wins}");
     // A filter that is not one is refused with its name.
-    let model = fixtures().join("models/bpe-t5");
+    let model = fixtures_dir().join("models/bpe-t5");
     let (_, stderr, ok) = run(&["predict", "--model", model.to_str().expect("utf-8"), "--log", "laya_edge=loud"], "");
     assert!(!ok && stderr.contains("log.level"), "{stderr}");
 }
@@ -256,7 +253,7 @@ fn under_the_journal_each_line_starts_with_its_syslog_priority() {
 
 #[test]
 fn predict_names_the_root_cause_on_every_line_while_the_backend_is_degraded() {
-    let model = fixtures().join("models/bpe-t5");
+    let model = fixtures_dir().join("models/bpe-t5");
     let file = temp_file(
         "degraded.toml",
         &format!("[model]\ndir = \"{}\"\n[engine]\nbackend = \"null\"\nnull_faults = \"load-fail\"\n", model.display()),

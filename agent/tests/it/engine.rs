@@ -8,6 +8,8 @@ use laya_edge::engine::process::{Engine, EngineConfig, EngineError, RunOutput, W
 use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
 use laya_edge::prompt::{QType, Row};
 
+use crate::support::model;
+
 fn worker(backend: &str, model: &str, faults: Option<&str>) -> WorkerSpec {
     let mut args: Vec<OsString> =
         vec!["worker".into(), "--backend".into(), backend.into(), "--model".into(), model.into()];
@@ -16,10 +18,6 @@ fn worker(backend: &str, model: &str, faults: Option<&str>) -> WorkerSpec {
         args.push(f.into());
     }
     WorkerSpec { program: test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")), args, env: Vec::new() }
-}
-
-fn fixture_model(name: &str) -> String {
-    format!("{}/../tests/fixtures/laya-0.3.20/models/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn marker(name: &str) -> String {
@@ -164,7 +162,7 @@ async fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_reply_names_who_answe
     let policy =
         Policy { fallback: true, max_restarts: 2, backoff_min: Duration::from_millis(20), ..fast_policy(20_000) };
     let engine = Engine::start(EngineConfig {
-        fallback: Some(worker("cpu", &fixture_model("bpe-small"), None)),
+        fallback: Some(worker("cpu", &model("bpe-small"), None)),
         ..EngineConfig::new(policy, worker("null", "-", Some("load-fail")))
     });
     let out = engine

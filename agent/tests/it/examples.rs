@@ -10,10 +10,7 @@ use crate::support::*;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use test_kit::workspace;
 
 /// The examples' interpreters, or why not.
 fn interpreters() -> Result<(PathBuf, PathBuf), String> {

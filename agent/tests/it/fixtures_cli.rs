@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::path::PathBuf;
 
 use crate::support;
 use laya_edge::bundle::HostBundle;
@@ -21,15 +20,12 @@ use laya_edge::pipeline;
 use laya_edge::prompt::Limits;
 use laya_topics::json::{self, ParseOptions, Style};
 use laya_topics::{Request, Value};
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20")
-}
+use test_kit::fixtures_dir;
 
 /// The recorded cases, by model, in file order, without those over the model's budget; and how
 /// many were left out.
 fn cases_by_model() -> (BTreeMap<String, Vec<Value>>, usize) {
-    let text = std::fs::read_to_string(fixtures().join("cases.jsonl")).expect("cases.jsonl");
+    let text = std::fs::read_to_string(fixtures_dir().join("cases.jsonl")).expect("cases.jsonl");
     let mut by_model: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let case = json::parse_str(line, ParseOptions { max_depth: 10_000 }).expect("a case");
@@ -38,7 +34,7 @@ fn cases_by_model() -> (BTreeMap<String, Vec<Value>>, usize) {
     }
     let mut over = 0;
     for (model, cases) in &mut by_model {
-        let bundle = HostBundle::load(&fixtures().join("models").join(model)).expect("the fixture model");
+        let bundle = HostBundle::load(&fixtures_dir().join("models").join(model)).expect("the fixture model");
         let before = cases.len();
         cases.retain(|c| !over_budget(c, &bundle));
         over += before - cases.len();
@@ -84,7 +80,7 @@ fn case_id(case: &Value) -> String {
 /// line per request.
 fn run_on_cases(command: &str, model: &str, cases: &[Value], extra: &[&str]) -> Vec<Value> {
     let input: String = cases.iter().map(|c| json::to_string(field(c, "request"), Style::COMPACT) + "\n").collect();
-    let dir = fixtures().join("models").join(model);
+    let dir = fixtures_dir().join("models").join(model);
     let mut args: Vec<&OsStr> = vec![OsStr::new(command), OsStr::new("--model"), dir.as_os_str()];
     args.extend(extra.iter().map(OsStr::new));
     let (stdout, stderr, ok) = support::run_cli(&args, &[], &input);

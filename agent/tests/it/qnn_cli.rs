@@ -23,13 +23,9 @@ use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
-use test_kit::{build_fake_library, qnn_simulator};
+use test_kit::{build_fake_library, qnn_simulator, workspace};
 
 const QNN: Closeness = Closeness { tol: 0.1, clear_gap: 0.02, skip: &[] };
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The checkpoint the fixture binaries of `model` were built from.
 fn checkpoint(model: &str) -> PathBuf {

@@ -8,7 +8,7 @@
 //! `laya-accuracy.json` the share of held-out decisions `laya.Agent` got right (measured by laya's
 //! own code). Nothing here computes an expected value.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use laya_edge::bundle::HostBundle;
@@ -32,11 +32,11 @@ const PER_KIND_FLOOR: f64 = 0.90;
 const LAYA_SLACK: f64 = 0.01;
 
 fn demo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join("models").join("demo")
+    test_kit::workspace().join("models").join("demo")
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join("demo").join(name)
+    test_kit::workspace().join("tests/fixtures").join("demo").join(name)
 }
 
 fn lines(name: &str) -> Vec<Value> {
@@ -196,8 +196,7 @@ fn assert_same_answer(id: &str, ours: &Value, laya: &Value, tol: f64, path: &str
 fn laya_itself_gives_the_demo_model_the_same_answers_as_laya_edge() {
     let recorded = lines("laya-answers.jsonl");
     let demo_requests =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/demo-requests.jsonl"))
-            .expect("the demo requests");
+        std::fs::read_to_string(test_kit::workspace().join("config/demo-requests.jsonl")).expect("the demo requests");
     let n_demo = demo_requests.lines().filter(|l| !l.trim().is_empty()).count();
     assert!(recorded.len() >= n_demo + 20, "only {} recorded answers", recorded.len());
     let mut decisions = 0;

@@ -45,14 +45,10 @@ use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
 use laya_topics::json::{self, Style, to_string};
 use laya_topics::{Answer, Request, Value};
-use test_kit::qnn_simulator;
+use test_kit::{qnn_simulator, workspace};
 
 const CHILD: &str = "LAYA_QNN_TEST_CHILD";
 const FAKE_LIB: &str = "LAYA_QNN_TEST_FAKE_LIB";
-
-fn workspace() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().and_then(Path::parent).unwrap()
-}
 
 /// One HTP runtime at a time in this process.
 fn one_at_a_time() -> MutexGuard<'static, ()> {

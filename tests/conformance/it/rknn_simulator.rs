@@ -50,11 +50,11 @@ fn fp16_tolerance(tokens: usize) -> f32 {
 const MISSING: f32 = -10000.0;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join("rknn").join("demo").join(name)
+    test_kit::workspace().join("tests/fixtures").join("rknn").join("demo").join(name)
 }
 
 fn demo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join("models").join("demo")
+    test_kit::workspace().join("models").join("demo")
 }
 
 fn fake_library() -> &'static Path {
@@ -213,7 +213,7 @@ fn the_fake_runtime_answers_the_probe_rows_like_rockchips_simulator() {
 
 /// The held-out request `id` of tests/fixtures/demo/heldout.jsonl.
 fn heldout_request(id: &str) -> Request {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join("demo").join("heldout.jsonl");
+    let path = test_kit::workspace().join("tests/fixtures").join("demo").join("heldout.jsonl");
     let text = std::fs::read_to_string(&path).unwrap();
     text.lines()
         .map(|l| laya_topics::json::parse_str(l, Default::default()).unwrap())

@@ -11,17 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use laya_edge::bundle::HostBundle;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
-pub use test_kit::build_fake_library;
-
-/// `tests/fixtures/laya-0.3.20`.
-pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures").join("laya-0.3.20")
-}
-
-/// A fixture checkpoint directory by name (`bpe-t5`, `wp-t4`, `bpe-small`).
-pub fn model_dir(name: &str) -> PathBuf {
-    fixtures_dir().join("models").join(name)
-}
+pub use test_kit::{build_fake_library, fixtures_dir, model_dir, text};
 
 /// Reads a JSON file with Python's semantics.
 pub fn read_json(path: &Path) -> Value {
@@ -102,11 +92,6 @@ pub fn f32s(v: &Value) -> Vec<f32> {
 /// A JSON array of integers.
 pub fn ints(v: &Value) -> Vec<i64> {
     v.as_array().expect("an array").iter().map(|x| x.as_i64().expect("an integer")).collect()
-}
-
-/// Compact JSON text, for exact comparisons with readable failures.
-pub fn text(v: &Value) -> String {
-    json::to_string(v, json::Style::COMPACT)
 }
 
 /// A string as a JSON string literal (quoted and escaped), for writing JSON files by hand.

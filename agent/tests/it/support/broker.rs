@@ -104,7 +104,7 @@ impl ShippedBroker {
     pub fn start(name: &str, users: &[(&str, &str)]) -> ShippedBroker {
         let dir = temp_dir(name);
         let port = free_port();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = test_kit::workspace();
         let conf = std::fs::read_to_string(root.join("config/mosquitto.conf")).expect("config/mosquitto.conf");
         std::fs::copy(root.join("config/mosquitto.acl"), dir.join("mosquitto.acl")).expect("the ACL file");
         let mut out = String::from("user root\n");

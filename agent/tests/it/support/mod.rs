@@ -15,13 +15,11 @@ pub use cli::*;
 pub use client::*;
 #[cfg(any(feature = "rknn", feature = "qnn"))]
 pub use npu::*;
+pub use test_kit::text;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-use laya_topics::Value;
-use laya_topics::json::{self, Style};
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
@@ -41,10 +39,7 @@ pub fn wait_for_port(port: u16) {
     }
 }
 
+/// A fixture checkpoint directory by name (`bpe-t5`, `wp-t4`, `bpe-small`), as config text wants it.
 pub fn model(name: &str) -> String {
-    format!("{}/../tests/fixtures/laya-0.3.20/models/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-pub fn text(v: &Value) -> String {
-    json::to_string(v, Style::COMPACT)
+    test_kit::model_dir(name).display().to_string()
 }

@@ -3,7 +3,6 @@
 //! close an NPU backend's answers must be to the CPU backend's. Compiled with either NPU feature.
 
 use std::ffi::OsStr;
-use std::path::Path;
 use std::time::Duration;
 
 use laya_topics::Value;
@@ -86,10 +85,7 @@ pub fn assert_answers_close(ours: &Value, cpu: &Value, c: &Closeness, at: &str) 
 /// The first `n` recorded requests of fixture model `model` (as JSON lines) none of whose token
 /// rows is longer than `max_tokens` (requests laya refused have no rows and are kept).
 pub fn fixture_requests(model: &str, n: usize, max_tokens: usize) -> String {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/cases.jsonl"),
-    )
-    .expect("cases");
+    let text = std::fs::read_to_string(test_kit::fixtures_dir().join("cases.jsonl")).expect("cases");
     let fits = |c: &Value| {
         c.get("layout").and_then(Value::as_object).is_none_or(|layout| {
             layout
