@@ -77,7 +77,7 @@ echo "== QNN simulator: $LAYA_QNN_LIB_DIR"
 # The Yocto layer: oelint-adv, crates.inc in sync with Cargo.lock, licences, kas, the systemd unit.
 bash .ci/yocto-checks.sh
 
-# The Python and Node client examples (agent/tests/examples.rs runs them against `serve`): their
+# The Python and Node client examples (agent/tests/it/examples.rs runs them against `serve`): their
 # pinned packages in a venv and examples/node/node_modules.
 LAYA_EXAMPLES_PYTHON="$(tools/examples.sh)"
 export LAYA_EXAMPLES_PYTHON

@@ -1,15 +1,15 @@
 //! The `laya-edge` binary on every request recorded from laya 0.3.20: `layout` gives laya's token
 //! rows and validation messages exactly, `predict --backend cpu` laya's answers within the
-//! tolerance of the in-process CPU model test (tests/cpu_model.rs: 1e-3, the same choice wherever
-//! laya's decision is clear) and laya's usage.
+//! tolerance of the in-process CPU model test (tests/conformance/it/cpu_model.rs: 1e-3, the same
+//! choice wherever laya's decision is clear) and laya's usage.
 //!
 //! Cases that ask more than the model's budget (`max_len`/`head_max_len` above the checkpoint's)
-//! are left out: laya-edge answers them at the model's budget (tests/limits.rs), laya at the
-//! request's, as tests/cpu_model.rs does.
+//! are left out: laya-edge answers them at the model's budget
+//! (tests/conformance/it/request_limits.rs), laya at the request's, as cpu_model.rs does.
 //!
-//! The in-process tests (tests/host_pipeline.rs, tests/cpu_model.rs) prove the library; these prove
-//! the binary a board runs: tools/cross/aarch64.sh runs them against an aarch64 release build under
-//! qemu-user (`LAYA_EDGE_BIN`).
+//! The in-process tests (tests/conformance/it/host_pipeline.rs and cpu_model.rs) prove the library;
+//! these prove the binary a board runs: tools/cross/aarch64.sh runs them against an aarch64 release
+//! build under qemu-user (`LAYA_EDGE_BIN`).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -3,8 +3,8 @@
 //! committed V68 context binaries: `predict --backend qnn` and `serve` with `backend = "qnn"`,
 //! each against the CPU backend on the same checkpoint. The worker process loads the runtime.
 //!
-//! Tolerances as in tests/qnn.rs (which measures them over every fitting fixture case): every
-//! clear decision the CPU's, every probability within 0.1.
+//! Tolerances as in tests/conformance/it/qnn.rs (which measures them over every fitting fixture
+//! case): every clear decision the CPU's, every probability within 0.1.
 //!
 //! Without the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`) those tests
 //! are skipped with a loud message, and fail under CI (`CI=true`; tools/test.sh fetches them). What

@@ -109,7 +109,7 @@ fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
         let request = Request::from_value(case.field("request").clone()).unwrap();
         if pipeline::limits_for(&request, b.capacity.limits) != laya_limits(&request, &b) {
             // It asks more than the model's budget: laya-edge answers it at the model's own
-            // (tests/limits.rs), laya at the request's.
+            // (request_limits.rs), laya at the request's.
             continue;
         }
         let ours = pipeline::answer(&b, backend, &request).unwrap_or_else(|e| panic!("{}: {e}", case.id)).to_value();

@@ -3,7 +3,7 @@
 //! one request carry at most `[limits] max_request_tokens` tokens.
 //!
 //! The front ends (`predict`, `serve` over mosquitto, the NPU backends) are tested in
-//! agent/tests/limits.rs, rknn_cli.rs and qnn_cli.rs.
+//! agent/tests/it/front_end_limits.rs, rknn_cli.rs and qnn_cli.rs.
 
 use crate::support::{bundle, cases, laya_limits, model_dir};
 use laya_edge::engine::cpu::CpuBackend;
