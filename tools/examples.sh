@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the client examples need, pinned, for agent/tests/examples.rs (tools/test.sh
+# Installs what the client examples need, pinned, for agent/tests/it/examples.rs (tools/test.sh
 # runs this before the tests): a venv with examples/python/requirements.txt in
 # target/examples/venv, and examples/node/node_modules from package-lock.json (`npm ci`).
 # Prints the venv's python; the test finds both at these places (or LAYA_EXAMPLES_PYTHON).

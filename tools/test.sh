@@ -97,7 +97,7 @@ t=$(date +%s)
 bash .ci/yocto-checks.sh
 step "yocto checks" "$t"
 
-# The Python and Node client examples (agent/tests/examples.rs runs them against `serve`): their
+# The Python and Node client examples (agent/tests/it/examples.rs runs them against `serve`): their
 # pinned packages in a venv and examples/node/node_modules.
 LAYA_EXAMPLES_PYTHON="$(tools/examples.sh)"
 export LAYA_EXAMPLES_PYTHON

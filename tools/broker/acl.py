@@ -21,7 +21,7 @@ Roles (docs/security.md explains the threat model):
 mosquitto's `pattern` lines apply to every user, `user` blocks to one: devices need a block
 each because nothing in a user name tells a device from a client. The prefix must be the
 agents' `mqtt.prefix` (and the clients' `--prefix`). config/mosquitto.acl is this script's
-output for the example fleet in its first line; agent/tests/mqtt.rs checks that it still is.
+output for the example fleet in its first line; agent/tests/it/security.rs checks that it still is.
 """
 import argparse
 import re

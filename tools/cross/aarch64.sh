@@ -5,11 +5,11 @@
 # runs the end-to-end tests against that build under qemu-user: the x86 test binaries drive the
 # aarch64 `laya-edge` (LAYA_EDGE_BIN) and hand it the aarch64 fake runtimes (LAYA_FAKE_LIB_DIR), so
 #   - `layout` and `predict --backend cpu` on every fixture request against laya's recorded answers
-#     (agent/tests/fixtures_cli.rs, the tolerances of the x86 tests),
+#     (agent/tests/it/fixtures_cli.rs, the tolerances of the x86 tests),
 #   - `predict --backend rknn` and `--backend qnn` through the fake runtimes, the RKNN `serve` round
-#     trip and both watchdog tests (agent/tests/rknn_cli.rs, the fake-runtime tests of qnn_cli.rs),
+#     trip and both watchdog tests (agent/tests/it/rknn_cli.rs, the fake-runtime tests of qnn_cli.rs),
 #   - one `serve` round trip over mosquitto (x86 broker, emulated agent) with a worker killed and
-#     replaced (agent/tests/serve_restart.rs)
+#     replaced (agent/tests/it/serve_restart.rs)
 # run on the board's instruction set, with the board's `#[repr(C)]` layouts (`rknn_context` is a
 # u64 there). No supported board is 32-bit, so nothing is built for 32-bit ARM (issue #26).
 #
@@ -82,7 +82,9 @@ done
 # --- the end-to-end tests, emulated ------------------------------------------------------------
 # The x86 test binaries of the workspace build (tools/test.sh has built them already: nothing is
 # rebuilt; `--workspace`, not `-p laya-edge --features`, so the features unify as in that build).
-tests=(--test fixtures_cli --test serve_restart --test rknn_cli --test qnn_cli)
+# The agent's test binary (agent/tests/it); the filters match the names of these tests only, in its
+# fixtures_cli, serve_restart, rknn_cli and qnn_cli modules.
+tests=(--test it)
 filters=(
     layout_gives_layas_rows predict_on_the_cpu_gives_layas serve_answers_like_the_cpu_pipeline
     predict_with_the_rknn_backend serve_with_the_rknn_backend rknn_runtime_is_restarted

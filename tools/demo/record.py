@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record the demo model's test material for laya-edge (tests/demo_model.rs).
+"""Record the demo model's test material for laya-edge (tests/conformance/it/demo_model.rs).
 
 Usage:  python tools/demo/record.py --model models/demo --out tests/fixtures/demo
 

@@ -1,14 +1,36 @@
-//! Test helpers shared by the agent's integration tests (`agent/tests`) and laya-edge-tests
-//! (`tests/`) that need nothing of laya-edge itself: the vendor runtimes the tests load (a fake
-//! one built from this workspace, Qualcomm's HTP simulator when fetched), reading answers, and a
-//! misbehaving MQTT broker (`rogue_broker`).
+//! Test helpers shared by the agent's integration tests (`agent/tests/it`) and the conformance
+//! tests (`tests/conformance`) that need nothing of laya-edge itself: where the workspace and its
+//! fixtures are, the vendor runtimes the tests load (a fake one built from this workspace,
+//! Qualcomm's HTP simulator when fetched), reading answers, and a misbehaving MQTT broker
+//! (`rogue_broker`).
 
 use std::path::{Path, PathBuf};
 
 pub mod rogue_broker;
 
 use laya_topics::Value;
-use laya_topics::json::{self, ParseOptions};
+use laya_topics::json::{self, ParseOptions, Style};
+
+/// The workspace's root directory (this crate is `tests/kit` in it): the test crates find the
+/// fixtures, models and configs from here, wherever their own manifests are.
+pub fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().and_then(Path::parent).expect("tests/kit is two levels down")
+}
+
+/// `tests/fixtures/laya-0.3.20`: the requests, answers and checkpoints recorded from laya's code.
+pub fn fixtures_dir() -> PathBuf {
+    workspace().join("tests").join("fixtures").join("laya-0.3.20")
+}
+
+/// A fixture checkpoint directory by name (`bpe-t5`, `wp-t4`, `bpe-small`).
+pub fn model_dir(name: &str) -> PathBuf {
+    fixtures_dir().join("models").join(name)
+}
+
+/// Compact JSON text, for exact comparisons with readable failures.
+pub fn text(v: &Value) -> String {
+    json::to_string(v, Style::COMPACT)
+}
 
 /// Removes what cargo tells a test process about its package: build scripts that track one of
 /// these (ring's tracks `CARGO_MANIFEST_DIR`) would otherwise be rebuilt by this nested build and
@@ -70,10 +92,9 @@ pub fn build_fake_library(package: &str, target: &str) -> PathBuf {
 /// as CI services set it) a missing simulator panics instead: cargo's capture hides the message,
 /// and a skipped test would pass unseen.
 pub fn qnn_simulator() -> Option<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = std::env::var_os("LAYA_QNN_LIB_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target").join("qnn-runtime"));
+        .unwrap_or_else(|| workspace().join("target").join("qnn-runtime"));
     if dir.join("libQnnHtp.so").is_file() && dir.join("libQnnSystem.so").is_file() {
         return Some(dir);
     }

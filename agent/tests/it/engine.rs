@@ -1,0 +1,831 @@
+//! The engine with real worker processes (the `laya-edge worker` binary) and injected faults.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use laya_edge::engine::null::NullBackend;
+use laya_edge::engine::process::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
+use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
+use laya_edge::prompt::{QType, Row};
+
+use crate::support::model;
+
+fn worker(backend: &str, model: &str, faults: Option<&str>) -> WorkerSpec {
+    let mut args: Vec<OsString> =
+        vec!["worker".into(), "--backend".into(), backend.into(), "--model".into(), model.into()];
+    if let Some(f) = faults {
+        args.push("--faults".into());
+        args.push(f.into());
+    }
+    WorkerSpec { program: test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")), args, env: Vec::new() }
+}
+
+fn marker(name: &str) -> String {
+    let p = std::env::temp_dir().join(format!("laya-engine-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p.display().to_string()
+}
+
+fn row(seed: u32) -> Row {
+    Row { input_ids: vec![1, 4, seed, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice }
+}
+
+fn fast_policy(deadline_ms: u64) -> Policy {
+    Policy {
+        fixed_deadline: Some(Duration::from_millis(deadline_ms)),
+        load_allowance: Duration::ZERO,
+        backoff_min: Duration::from_millis(100),
+        startup_timeout: Duration::from_secs(20),
+        ..Policy::default()
+    }
+}
+
+/// Restarts a failed worker at once and never degrades: for tests that count many restarts.
+fn restarting_at_once() -> Policy {
+    Policy {
+        max_restarts: 1000,
+        backoff_min: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(1),
+        ..fast_policy(20_000)
+    }
+}
+
+/// The agent's defaults (`[engine]` with nothing set) with these changes.
+fn defaults(change: impl FnOnce(&mut laya_edge::config::Engine)) -> Policy {
+    let mut e = laya_edge::config::Engine::default();
+    change(&mut e);
+    Policy::from_config(&e, false)
+}
+
+/// A null primary with the health call of every worker (two different rows), as `serve` runs it.
+fn with_health(policy: Policy, faults: &str) -> EngineConfig {
+    EngineConfig {
+        health: vec![row(200), row(201)],
+        queue: 64,
+        ..EngineConfig::new(policy, worker("null", "-", Some(faults)))
+    }
+}
+
+/// Waits (up to `within`) until `done` holds.
+async fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while !done() {
+        if t.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// Child processes of this test process that are zombies.
+fn zombie_children() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // pid (comm) state ppid ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 1 && fields[0] == "Z" && fields[1].parse() == Ok(me) {
+            out.push(entry.file_name().to_string_lossy().parse().unwrap_or(0));
+        }
+    }
+    out
+}
+
+fn kill_9(pid: u32) {
+    let status = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_worker_is_killed_within_its_deadline_and_the_call_is_answered_after_the_restart() {
+    let faults = format!("hang@1,once={}", marker("hang"));
+    let engine = Engine::start(EngineConfig::new(fast_policy(500), worker("null", "-", Some(&faults))));
+    let t = Instant::now();
+    let out = engine.run(vec![row(5)], None).await.expect("answered after the restart");
+    let elapsed = t.elapsed();
+    assert_eq!(out.rows[0], NullBackend::logits_for(&row(5)));
+    assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
+    // Generous for a loaded CI machine; without the deadline the call would never return.
+    assert!(elapsed < Duration::from_millis(500 + 3000), "killed and replaced within deadline + 3 s: {elapsed:?}");
+    assert_eq!(engine.restarts()[0].reason, RestartReason::Deadline(Duration::from_millis(500)));
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_is_answered_while_the_worker_hangs() {
+    let engine = Engine::start(EngineConfig::new(fast_policy(1500), worker("null", "-", Some("hang"))));
+    let e2 = engine.clone();
+    let call = tokio::spawn(async move { e2.run(vec![row(1)], None).await });
+    // Wait for the call to reach the worker (it hangs there).
+    assert!(wait_for(Duration::from_secs(10), || matches!(engine.status().worker, WorkerState::Busy(_))).await);
+    let t = Instant::now();
+    let status = engine.status();
+    assert!(t.elapsed() < Duration::from_millis(250), "status waited for the hung worker");
+    assert!(matches!(status.worker, WorkerState::Busy(_)) && status.in_flight == 1, "{status:?}");
+    // It hangs again after the restart, so the second failure is final: this request alone fails.
+    let result = call.await.expect("the call task");
+    assert!(matches!(&result, Err(EngineError::Quarantined(m)) if m.contains("deadline")), "{result:?}");
+    assert_eq!(engine.restarts().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_or_exiting_worker_is_replaced_and_the_call_rerun() {
+    for fault in ["abort@1", "exit@1", "error=fatal@1"] {
+        let faults = format!("{fault},once={}", marker(&fault.replace(['@', '='], "-")));
+        let engine = Engine::start(EngineConfig::new(fast_policy(5000), worker("null", "-", Some(&faults))));
+        let out = engine.run(vec![row(7)], None).await.unwrap_or_else(|e| panic!("{fault}: {e}"));
+        assert_eq!(out.rows[0], NullBackend::logits_for(&row(7)), "{fault}");
+        let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+        assert_eq!(reasons, [if fault.starts_with("error") { "fatal" } else { "crash" }], "{fault}");
+    }
+    // Reaping happens on the reaper task: wait for it.
+    assert!(
+        wait_for(Duration::from_secs(5), || zombie_children().is_empty()).await,
+        "zombies: {:?}",
+        zombie_children()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_error_is_the_callers_and_restarts_nothing() {
+    let engine = Engine::start(EngineConfig::new(fast_policy(5000), worker("null", "-", Some("error=input@1"))));
+    assert!(matches!(engine.run(vec![row(1)], None).await, Err(EngineError::Input(_))));
+    assert!(engine.run(vec![row(2)], None).await.is_ok());
+    assert!(engine.restarts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_reply_names_who_answered() {
+    let policy =
+        Policy { fallback: true, max_restarts: 2, backoff_min: Duration::from_millis(20), ..fast_policy(20_000) };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("cpu", &model("bpe-small"), None)),
+        ..EngineConfig::new(policy, worker("null", "-", Some("load-fail")))
+    });
+    let out = engine
+        .run(vec![Row { input_ids: vec![1, 50, 60, 2, 4, 70, 2], marker_pos: vec![4], qtype: QType::Noul }], None)
+        .await;
+    let out = out.expect("served by the fallback");
+    assert_eq!((out.role, out.backend.as_str()), (Role::Fallback, "cpu"));
+    assert_eq!(out.rows[0].logits.len(), 1);
+    let status = engine.status();
+    assert!(status.degraded && status.role == Role::Fallback && status.state == BackendState::Degraded, "{status:?}");
+    assert_eq!(status.backend.as_deref(), Some("cpu"));
+    assert!(engine.restarts().iter().all(|r| r.reason.label() == "load_failed" && r.role == Role::Primary));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_reports_a_load_failure_and_exits_is_never_taken_for_a_crash() {
+    // The LoadFailed frame and the process exit reach the driver on different paths; the exit
+    // must be reported only after the worker's last frames, however the two race.
+    let engine = Engine::start(EngineConfig::new(restarting_at_once(), worker("null", "-", Some("load-fail"))));
+    assert!(
+        wait_for(Duration::from_secs(60), || engine.restart_total() >= 25).await,
+        "only {} restarts in 60 s",
+        engine.restart_total()
+    );
+    let labels: Vec<&'static str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+    assert!(labels.iter().all(|l| *l == "load_failed"), "{labels:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_defaults_six_kill_9s_then_questions_are_answered_again_within_retry_primary_s() {
+    let engine = Engine::start(with_health(defaults(|e| e.retry_primary_s = 3), ""));
+    let mut notices = engine.notices();
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+    for i in 0..6 {
+        let ready = wait_for(Duration::from_secs(20), || engine.status().state == BackendState::Ready).await;
+        assert!(ready, "kill {i}: {:?}", engine.status());
+        let pid = engine.status().worker_pid.expect("a worker");
+        kill_9(pid);
+        assert!(wait_for(Duration::from_secs(10), || engine.restart_total() == i + 1).await, "kill {i}");
+    }
+    assert!(wait_for(Duration::from_secs(5), || engine.status().degraded).await, "{:?}", engine.status());
+    let degraded_at = Instant::now();
+    // Refused at once with the root cause and the time of the next try; no agent restart needed.
+    match engine.run(vec![row(2)], None).await {
+        Err(EngineError::Unavailable(m)) => assert!(m.contains("signal: 9") && m.contains("next try in"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let mut answered = false;
+    while degraded_at.elapsed() < Duration::from_secs(3 + 3) {
+        if engine.run(vec![row(3)], None).await.is_ok() {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "not answered within retry_primary_s + 3 s: {:?}", engine.status());
+    assert_eq!(engine.status().state, BackendState::Ready);
+    let mut kinds = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        kinds.push(n.kind);
+    }
+    assert_eq!(kinds.iter().filter(|k| **k == NoticeKind::WorkerRestart).count(), 6, "{kinds:?}");
+    assert_eq!(kinds[6..], [NoticeKind::BackendDegraded, NoticeKind::BackendRecovered]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_defaults_a_hang_on_the_second_call_after_start_is_answered_within_5_s() {
+    // Call 1 of each worker is its health call, call 2 the first question, call 3 the second.
+    let engine = Engine::start(with_health(defaults(|_| {}), "hang@3"));
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+    let t = Instant::now();
+    let out = engine.run(vec![row(2)], None).await.expect("answered by the next worker");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(out.rows[0], NullBackend::logits_for(&row(2)));
+    assert!(
+        matches!(&engine.restarts()[..], [laya_edge::engine::process::RestartRecord { reason: RestartReason::Deadline(d), .. }] if *d <= Duration::from_secs(1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_defaults_an_8_question_call_at_200_ms_a_row_after_six_1_question_calls_is_not_killed() {
+    let engine = Engine::start(with_health(defaults(|_| {}), "row-sleep=200"));
+    for i in 0..6 {
+        engine.run(vec![row(i)], None).await.expect("one question");
+    }
+    let rows: Vec<Row> = (10..18).map(row).collect();
+    let out = engine.run(rows, None).await.expect("eight questions");
+    assert!(out.elapsed >= Duration::from_millis(1600), "{:?}", out.elapsed);
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_calls_never_reach_the_worker_and_the_engine_queue_is_bounded() {
+    let engine = Engine::start(with_health(defaults(|_| {}), "sleep=200"));
+    assert!(engine.run(vec![row(0)], None).await.is_ok());
+    let mut calls = Vec::new();
+    for i in 0..30 {
+        let e = engine.clone();
+        let deadline = Some(Instant::now() + Duration::from_millis(100));
+        calls.push(tokio::spawn(async move { e.run(vec![row(i)], deadline).await }));
+    }
+    let mut expired = 0;
+    for c in calls {
+        if matches!(c.await.expect("task"), Err(EngineError::Expired)) {
+            expired += 1;
+        }
+    }
+    assert!(expired >= 28, "{expired} of 30 expired");
+    // The expired calls did not run: the next question waits for at most the one running call.
+    let t = Instant::now();
+    assert!(engine.run(vec![row(99)], None).await.is_ok());
+    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+
+    // A queue of 2: the third concurrent call is refused, and in_flight counts what is there.
+    let engine = Engine::start(EngineConfig { queue: 2, ..with_health(defaults(|_| {}), "sleep=300") });
+    assert!(engine.run(vec![row(0)], None).await.is_ok());
+    let mut calls = Vec::new();
+    for i in 0..5 {
+        let e = engine.clone();
+        calls.push(tokio::spawn(async move { e.run(vec![row(i)], None).await }));
+    }
+    assert!(wait_for(Duration::from_secs(5), || engine.status().in_flight == 2).await, "{:?}", engine.status());
+    let mut overloaded = 0;
+    for c in calls {
+        if matches!(c.await.expect("task"), Err(EngineError::Overloaded(_))) {
+            overloaded += 1;
+        }
+    }
+    assert_eq!(overloaded, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_kills_the_worker_twice_is_quarantined_and_counts_once() {
+    // Calls of 3 rows or more abort the worker (like an input that makes the runtime allocate 25 GB).
+    let engine = Engine::start(with_health(defaults(|_| {}), "abort-rows=3"));
+    for i in 0..3 {
+        let result = engine.run(vec![row(i), row(i + 10), row(i + 20)], None).await;
+        assert!(matches!(&result, Err(EngineError::Quarantined(m)) if m.contains("died")), "{result:?}");
+    }
+    // Six crashes, three counted: the backend is not degraded and answers everyone else.
+    assert_eq!(engine.restart_total(), 6);
+    assert!(!engine.status().degraded);
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_output_runtime_is_caught_by_every_workers_health_call_and_the_refusal_says_so() {
+    let engine = Engine::start(with_health(defaults(|_| {}), "constant"));
+    let result = engine.run(vec![row(1)], None).await;
+    assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
+    let restarts = engine.restarts();
+    // Every failure is a failed health call: the third in a row degrades (issue #31; it was the
+    // sixth restart within the window).
+    assert_eq!(restarts.len(), 3);
+    assert!(
+        restarts
+            .iter()
+            .all(|r| matches!(&r.reason, RestartReason::Fatal { message, .. } if message.contains("constant output"))),
+        "{restarts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_primary_takes_over_from_the_fallback_once_its_health_call_passes() {
+    // The first primary fails to load (degrading at once); later primaries load fine.
+    let faults = format!("load-fail,once={}", marker("candidate"));
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.retry_primary_s = 1;
+        })
+    };
+    let engine =
+        Engine::start(EngineConfig { fallback: Some(worker("null", "-", None)), ..with_health(policy, &faults) });
+    let mut notices = engine.notices();
+    let first = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(first.role, Role::Fallback);
+    assert!(
+        wait_for(Duration::from_secs(10), || engine.status().state == BackendState::Ready).await,
+        "{:?}",
+        engine.status()
+    );
+    let again = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(again.role, Role::Primary);
+    assert_eq!(again.rows, first.rows);
+    let mut kinds = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        kinds.push(n.kind);
+    }
+    assert!(kinds.ends_with(&[NoticeKind::BackendRecovered]), "{kinds:?}");
+}
+
+fn signal(sig: &str, pid: u32) {
+    let status = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_reading_its_stdin_does_not_freeze_the_timers_or_the_queue() {
+    let engine = Engine::start(with_health(defaults(|_| {}), ""));
+    assert!(engine.run(vec![row(1)], None).await.is_ok());
+    let pid = engine.status().worker_pid.expect("a worker");
+    // The worker stops reading: a frame far larger than a pipe buffer (64 KiB) blocks its writer.
+    signal("-STOP", pid);
+    let big = Row {
+        input_ids: (0..50_000).map(|i| 5 + i % 200).collect(),
+        marker_pos: vec![1, 25_000],
+        qtype: QType::Choice,
+    };
+    let e2 = engine.clone();
+    let big_call = tokio::spawn({
+        let big = big.clone();
+        async move { e2.run(vec![big], None).await }
+    });
+    let busy = wait_for(Duration::from_secs(5), || matches!(engine.status().worker, WorkerState::Busy(_))).await;
+    // While the write is blocked, the driver still takes calls (and status is answered at once).
+    let e3 = engine.clone();
+    let small_call = tokio::spawn(async move { e3.run(vec![row(2)], None).await });
+    let queued = wait_for(Duration::from_secs(5), || engine.status().in_flight == 2).await;
+    // The deadline (1 s with the defaults) kills the stopped worker; the call runs on a new one.
+    let answered = tokio::time::timeout(Duration::from_secs(15), big_call).await;
+    if answered.is_err() {
+        signal("-KILL", pid); // unblock a frozen driver before failing
+    }
+    let out = answered.expect("answered within 15 s").expect("task").expect("answered by the next worker");
+    assert!(busy, "the big call never showed as running");
+    assert!(queued, "a second call was not taken while the write was blocked");
+    assert_eq!(out.rows[0], NullBackend::logits_for(&big));
+    assert_ne!(engine.status().worker_pid, Some(pid));
+    assert!(
+        matches!(
+            engine.restarts()[..],
+            [laya_edge::engine::process::RestartRecord { reason: RestartReason::Deadline(_), .. }]
+        ),
+        "{:?}",
+        engine.restarts()
+    );
+    let small = small_call.await.expect("task").expect("the queued call is answered too");
+    assert_eq!(small.rows[0], NullBackend::logits_for(&row(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_candidate_primary_hangs_loading_the_fallback_keeps_answering() {
+    // Every primary takes 30 s to load (startup timeout 1 s): degraded at once, and each retry's
+    // candidate hangs loading until it is killed. The fallback must serve all the while.
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.retry_primary_s = 1;
+            e.startup_timeout_s = 1;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", None)),
+        ..with_health(policy, "load-sleep=30000")
+    });
+    let mut notices = engine.notices();
+    let first = engine.run(vec![row(1)], None).await.expect("served by the fallback");
+    assert_eq!(first.role, Role::Fallback);
+    let t = Instant::now();
+    let mut tries = 0;
+    let mut i = 0;
+    while tries < 3 {
+        assert!(t.elapsed() < Duration::from_secs(20), "only {tries} candidate tries in 20 s");
+        i += 1;
+        let asked = Instant::now();
+        let out = engine.run(vec![row(i)], None).await.unwrap_or_else(|e| panic!("question {i}: {e}"));
+        assert_eq!(out.role, Role::Fallback, "question {i}");
+        assert!(asked.elapsed() < Duration::from_secs(1), "question {i} waited {:?}", asked.elapsed());
+        while let Ok(n) = notices.try_recv() {
+            if n.kind == NoticeKind::WorkerRestart && n.message.contains("degraded primary failed its try") {
+                tries += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(engine.restarts().iter().all(|r| r.role == Role::Primary), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_log_keeps_the_last_64_records_and_counts_every_restart() {
+    let engine = Engine::start(EngineConfig::new(restarting_at_once(), worker("null", "-", Some("load-fail"))));
+    let kept = laya_edge::engine::process::RESTARTS_KEPT;
+    assert!(
+        wait_for(Duration::from_secs(90), || engine.restart_total() > kept as u64 + 6).await,
+        "only {} restarts in 90 s",
+        engine.restart_total()
+    );
+    assert_eq!(engine.restarts().len(), kept);
+    let counted: u64 = engine.status().restarts.iter().map(|(_, n)| *n).sum();
+    assert!(counted > kept as u64, "{:?}", engine.status().restarts);
+}
+
+/// A probe of four rows (three options each) with the null backend's own answers as the "float
+/// model": the null backend is deterministic, so a healthy worker agrees exactly.
+fn null_probe() -> laya_edge::engine::probe::Probe {
+    null_probe_of(4)
+}
+
+/// [`null_probe`] with `n` rows (an RKNN bundle's probe has 34).
+fn null_probe_of(n: u32) -> laya_edge::engine::probe::Probe {
+    use laya_edge::engine::Backend;
+    let rows: Vec<Row> = (0..n)
+        .map(|i| Row { input_ids: vec![1, 4, 300 + i, 9, 5, 2], marker_pos: vec![1, 3, 4], qtype: QType::Choice })
+        .collect();
+    let refs: Vec<&Row> = rows.iter().collect();
+    let expected = NullBackend::new(Vec::new()).expect("null").run(&refs).expect("run");
+    laya_edge::engine::probe::Probe { rows, expected, thresholds: Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_runs_on_every_new_worker_and_every_interval_and_a_failed_run_restarts_the_worker() {
+    // Call 1 of each worker process is its health call (with the probe), calls 2, 3, ... the
+    // periodic probes: the third call of every worker answers every row the same.
+    let config = EngineConfig {
+        probe: Some(std::sync::Arc::new(null_probe())),
+        probe_every: Some(Duration::from_millis(300)),
+        ..with_health(restarting_at_once(), "constant@3")
+    };
+    let engine = Engine::start(config);
+    let mut runs = engine.probe_runs();
+    let mut notices = engine.notices();
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let run = tokio::time::timeout(Duration::from_secs(30), runs.recv()).await.expect("a probe run").expect("open");
+        seen.push(run);
+    }
+    let passed: Vec<bool> = seen.iter().map(|r| r.passed()).collect();
+    // Health call, first periodic run, the constant third call, the new worker's health call,
+    // its first periodic run.
+    assert_eq!(passed, [true, true, false, true, true], "{seen:#?}");
+    let failed = &seen[2];
+    let report = failed.report.as_ref().expect("the failing run has figures");
+    assert!(report.collapse.is_some(), "a constant answer is a collapse: {report:?}");
+    assert_eq!(failed.backend, "null");
+    assert_eq!(seen[0].report.as_ref().map(|r| r.agree), Some(4));
+    // The failed run restarted the worker, with the probe's verdict as the reason.
+    let restart = loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await.expect("a notice").expect("open");
+        if n.kind == NoticeKind::WorkerRestart {
+            break n;
+        }
+    };
+    assert!(restart.message.contains("probe failed"), "{restart:?}");
+    // Telemetry's view: the last run.
+    assert!(engine.status().last_probe.is_some());
+    // And the engine still answers.
+    let out = engine.run(vec![row(7)], None).await.expect("answered");
+    assert_eq!(out.rows.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_happens_before_the_agent_listens_is_not_lost() {
+    // A worker that fails its first probe (constant on its first call, the health call) and
+    // passes on the next: the agent subscribes only after both runs happened.
+    let config = EngineConfig {
+        probe: Some(std::sync::Arc::new(null_probe())),
+        ..with_health(restarting_at_once(), &format!("constant@1,once={}", marker("early-probe")))
+    };
+    let engine = Engine::start(config);
+    assert!(
+        wait_for(Duration::from_secs(30), || engine.status().last_probe.as_ref().is_some_and(|r| r.passed())).await,
+        "no passing probe run"
+    );
+    let mut runs = engine.probe_runs();
+    let first = runs.try_recv().expect("the first run, from before the subscription");
+    assert!(!first.passed(), "{first:?}");
+    assert!(runs.try_recv().expect("the second run").passed());
+    let mut notices = engine.notices();
+    let restart = notices.try_recv().expect("the restart, from before the subscription");
+    assert_eq!(restart.kind, NoticeKind::WorkerRestart);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_fails_its_probe_degrades_to_the_fallback_and_recovers_once_a_candidate_passes_it() {
+    // The first primary answers every row the same (its probe collapses); later primaries are
+    // sound. The probe runs in every worker's health call: the primary's, the fallback's and each
+    // candidate's.
+    let faults = format!("constant,once={}", marker("probe-recover"));
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.retry_primary_s = 1;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", None)),
+        probe: Some(std::sync::Arc::new(null_probe())),
+        ..with_health(policy, &faults)
+    });
+    let mut runs = engine.probe_runs();
+    let first = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(first.role, Role::Fallback, "a primary that failed its probe must not serve");
+    assert!(
+        wait_for(Duration::from_secs(15), || engine.status().state == BackendState::Ready).await,
+        "{:?}",
+        engine.status()
+    );
+    let again = engine.run(vec![row(1)], None).await.expect("served");
+    assert_eq!(again.role, Role::Primary);
+    let mut seen = Vec::new();
+    while let Ok(r) = runs.try_recv() {
+        seen.push((r.role, r.passed()));
+    }
+    // The failed primary, the fallback's pass, the candidate's pass (in the order they ran).
+    assert_eq!(seen.first(), Some(&(Role::Primary, false)), "{seen:?}");
+    assert!(seen.contains(&(Role::Fallback, true)), "{seen:?}");
+    assert_eq!(seen.last(), Some(&(Role::Primary, true)), "{seen:?}");
+}
+
+/// The agent's defaults with calls merged up to 64 rows, as `serve` runs an NPU backend.
+fn merging(faults: &str) -> EngineConfig {
+    with_health(Policy { merge_rows: 64, ..defaults(|_| {}) }, faults)
+}
+
+/// Starts a call of `rows` rows and waits until the worker runs it (the calls started next queue
+/// behind it).
+async fn busy_with(engine: &Engine, rows: Vec<Row>) -> tokio::task::JoinHandle<Result<RunOutput, EngineError>> {
+    let e = engine.clone();
+    let call = tokio::spawn(async move { e.run(rows, None).await });
+    assert!(wait_for(Duration::from_secs(20), || matches!(engine.status().worker, WorkerState::Busy(_))).await);
+    call
+}
+
+/// Starts a one-row call per row, and waits until all of them are queued.
+async fn queue_behind(engine: &Engine, rows: &[Row]) -> Vec<tokio::task::JoinHandle<Result<RunOutput, EngineError>>> {
+    let queued = engine.status().queued;
+    let calls = rows
+        .iter()
+        .map(|r| {
+            let (e, r) = (engine.clone(), r.clone());
+            tokio::spawn(async move { e.run(vec![r], None).await })
+        })
+        .collect();
+    let all = wait_for(Duration::from_secs(5), || engine.status().queued == queued + rows.len()).await;
+    assert!(all, "not all queued behind the running call: {:?}", engine.status());
+    calls
+}
+
+/// A row holding the null backend's poison token.
+fn poison() -> Row {
+    Row { input_ids: vec![1, 4, 666, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_question_calls_queued_behind_a_busy_worker_run_as_one_batch_and_each_gets_its_own_rows() {
+    // 300 ms per row: a batch of four one-row calls takes 1.2 s, each alone 0.3 s.
+    let engine = Engine::start(merging("row-sleep=300"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let rows: Vec<Row> = (1..=4).map(row).collect();
+    let calls = queue_behind(&engine, &rows).await;
+    assert_eq!(engine.status().in_flight, 5);
+    assert_eq!(blocker.await.expect("task").expect("answered").rows.len(), 5);
+    for (call, r) in calls.into_iter().zip(&rows) {
+        let out = call.await.expect("task").expect("answered");
+        assert_eq!(out.rows, [NullBackend::logits_for(r)], "each call gets its own rows, in order");
+        // Sent together: each waited for the whole batch's four rows.
+        assert!(out.elapsed >= Duration::from_millis(1200), "{:?}: not run in one batch", out.elapsed);
+    }
+    assert_eq!((engine.status().in_flight, engine.status().queued), (0, 0));
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_question_merged_with_two_good_ones_hangs_is_isolated_through_a_crash_during_recovery_and_alone_refused()
+ {
+    // Every worker takes 400 ms to load; a row with token 666 hangs the runtime.
+    let engine = Engine::start(merging("row-sleep=300,load-sleep=400,hang-token=666"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let calls = queue_behind(&engine, &[row(1), poison(), row(3)]).await;
+    assert!(blocker.await.expect("task").is_ok());
+    // The merged batch hangs and is killed at its deadline; the next worker is killed while it
+    // loads (a crash during recovery).
+    assert!(wait_for(Duration::from_secs(20), || engine.restart_total() == 1).await, "{:?}", engine.restarts());
+    let starting = wait_for(Duration::from_secs(10), || {
+        let s = engine.status();
+        s.worker == WorkerState::Starting && s.worker_pid.is_some()
+    })
+    .await;
+    assert!(starting, "{:?}", engine.status());
+    kill_9(engine.status().worker_pid.expect("a loading worker"));
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(tokio::time::timeout(Duration::from_secs(60), call).await.expect("answered").expect("task"));
+    }
+    assert_eq!(results[0].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(1))]));
+    assert_eq!(results[2].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(3))]));
+    assert!(matches!(&results[1], Err(EngineError::Quarantined(m)) if m.contains("deadline")), "{:?}", results[1]);
+    let reasons: Vec<&str> = engine.restarts().iter().map(|r| r.reason.label()).collect();
+    // The merged hang, the crash while loading, the poison's two hangs alone.
+    assert_eq!(reasons, ["deadline", "crash", "deadline", "deadline"]);
+    assert!(!engine.status().degraded, "the poison counted once alone, the merged hang once");
+    assert!(engine.run(vec![row(7)], None).await.is_ok());
+    assert!(
+        wait_for(Duration::from_secs(5), || zombie_children().is_empty()).await,
+        "zombies: {:?}",
+        zombie_children()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_model_refuses_fails_only_its_own_call_of_a_merged_batch() {
+    // The worker refuses a call holding token 666 as a whole, as a backend does.
+    let engine = Engine::start(merging("row-sleep=300,input-token=666"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let calls = queue_behind(&engine, &[row(1), poison(), row(3)]).await;
+    assert!(blocker.await.expect("task").is_ok());
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(tokio::time::timeout(Duration::from_secs(30), call).await.expect("answered").expect("task"));
+    }
+    assert_eq!(results[0].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(1))]));
+    assert!(matches!(&results[1], Err(EngineError::Input(m)) if m.contains("666")), "{:?}", results[1]);
+    assert_eq!(results[2].as_ref().map(|o| o.rows.clone()), Ok(vec![NullBackend::logits_for(&row(3))]));
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_gives_up_leaves_the_queue_and_the_others_are_merged_without_it() {
+    let engine = Engine::start(merging("row-sleep=500"));
+    let blocker = busy_with(&engine, (20..25).map(row).collect()).await;
+    let calls = queue_behind(&engine, &[row(1), row(2), row(3)]).await;
+    let mut calls = calls.into_iter();
+    let (a, gone, c) = (calls.next().expect("a"), calls.next().expect("b"), calls.next().expect("c"));
+    gone.abort();
+    assert!(blocker.await.expect("task").is_ok());
+    for (call, r) in [(a, row(1)), (c, row(3))] {
+        let out = call.await.expect("task").expect("answered");
+        assert_eq!(out.rows, [NullBackend::logits_for(&r)]);
+        // Two rows sent together (1 s), not three (1.5 s).
+        let elapsed = out.elapsed;
+        assert!(elapsed >= Duration::from_millis(1000) && elapsed < Duration::from_millis(1450), "{elapsed:?}");
+    }
+}
+
+/// The notices received so far.
+fn drain(
+    notices: &mut tokio::sync::broadcast::Receiver<laya_edge::engine::supervisor::Notice>,
+) -> Vec<laya_edge::engine::supervisor::Notice> {
+    let mut out = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        out.push(n);
+    }
+    out
+}
+
+/// Asks questions until `done` holds for an answer (or `within` passes); returns that answer.
+async fn ask_until(engine: &Engine, within: Duration, mut done: impl FnMut(&RunOutput) -> bool) -> Option<RunOutput> {
+    let t = Instant::now();
+    let mut i = 0;
+    while t.elapsed() < within {
+        i += 1;
+        if let Ok(Ok(out)) = tokio::time::timeout(within, engine.run(vec![row(i)], None)).await
+            && done(&out)
+        {
+            return Some(out);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_hanging_in_every_health_call_degrades_after_three_and_the_fallback_answers_until_a_candidate_passes()
+{
+    // Every primary worker hangs in its health call (its first call), the first four of them;
+    // the fifth is sound. The defaults but a 1 s load allowance and a 5 s window (five
+    // restarts 1 s apart never fit in it, as 60 s apart never fit in 300 s) and a 2 s retry.
+    let counter = marker("hang-health");
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.load_allowance_ms = 1000;
+            e.restart_window_s = 5;
+            e.retry_primary_s = 2;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", None)),
+        ..with_health(policy, &format!("hang@1,workers=4:{counter}"))
+    });
+    let mut notices = engine.notices();
+    let first = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(1)], None)).await;
+    let first = first.expect("answered within 30 s").expect("answered");
+    assert_eq!(first.role, Role::Fallback);
+    let seen = drain(&mut notices);
+    let kinds: Vec<&NoticeKind> = seen.iter().map(|n| &n.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            &NoticeKind::WorkerRestart,
+            &NoticeKind::WorkerRestart,
+            &NoticeKind::WorkerRestart,
+            &NoticeKind::BackendDegraded
+        ],
+        "{seen:#?}"
+    );
+    assert!(seen[3].message.contains("3 failed health calls in a row"), "{:?}", seen[3]);
+    assert!(seen[..3].iter().all(|n| matches!(n.reason, Some(RestartReason::Deadline(_)))), "{seen:#?}");
+    // The retry's candidate (the fourth worker) hangs too: the fallback answers meanwhile;
+    // the fifth passes and takes over.
+    let recovered = ask_until(&engine, Duration::from_secs(30), |out| out.role == Role::Primary).await;
+    assert!(recovered.is_some(), "the primary never took over: {:?}", engine.status());
+    let seen = drain(&mut notices);
+    let tries = seen.iter().filter(|n| n.message.contains("degraded primary failed its try")).count();
+    assert_eq!(tries, 1, "{seen:#?}");
+    assert_eq!(seen.last().map(|n| &n.kind), Some(&NoticeKind::BackendRecovered), "{seen:#?}");
+    assert!(engine.restarts().iter().all(|r| r.role == Role::Primary), "{:?}", engine.restarts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_fallback_a_question_waiting_on_a_primary_hanging_in_its_health_call_is_refused_with_the_cause() {
+    // The defaults (a 60 s load allowance) but questions wait 2 s for a backend not serving.
+    let engine = Engine::start(with_health(defaults(|e| e.ready_wait_s = 2), "hang@1"));
+    let result = tokio::time::timeout(Duration::from_secs(20), engine.run(vec![row(1)], None)).await;
+    let result = result.expect("answered or refused within 20 s, never silence");
+    assert!(
+        matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("not ready after 2 s") && m.contains("health call has been running")),
+        "{result:?}"
+    );
+    assert_eq!(engine.status().state, BackendState::Starting);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_whose_health_call_and_34_row_probe_outlast_the_load_allowance_serves_while_it_makes_progress() {
+    // The primary never loads (degraded at once); the fallback runs 100 ms a row with a sign of
+    // progress after each: its health call of 2 + 34 rows takes 3.6 s, the allowance is 1 s.
+    let policy = Policy {
+        fallback: true,
+        ..defaults(|e| {
+            e.max_restarts = 0;
+            e.load_allowance_ms = 1000;
+        })
+    };
+    let engine = Engine::start(EngineConfig {
+        fallback: Some(worker("null", "-", Some("row-sleep=100"))),
+        probe: Some(std::sync::Arc::new(null_probe_of(34))),
+        ..with_health(policy, "load-fail")
+    });
+    let mut runs = engine.probe_runs();
+    let out = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(1)], None)).await;
+    let out = out.expect("answered within 30 s").expect("answered by the fallback");
+    assert_eq!(out.role, Role::Fallback);
+    let fallback_restarts: Vec<_> = engine.restarts().into_iter().filter(|r| r.role == Role::Fallback).collect();
+    assert!(fallback_restarts.is_empty(), "{fallback_restarts:?}");
+    let run = runs.try_recv().expect("the fallback's probe run");
+    assert!(run.passed() && run.role == Role::Fallback && run.rows == 34, "{run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_slowed_by_contention_that_shows_progress_is_never_killed_nor_the_backend_degraded() {
+    // The health call at full speed (a 1 s derived deadline: the floor), then every question
+    // takes 1.5 s, ten steps of 150 ms with a sign after each: six of them, which the 1 s
+    // deadline would kill twice each and degrade the backend for.
+    let engine = Engine::start(with_health(defaults(|_| {}), "step-sleep=150x10@2+"));
+    for i in 10..16 {
+        let out = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(i)], None)).await;
+        let out = out.expect("answered within 30 s").unwrap_or_else(|e| panic!("slow question {i}: {e}"));
+        assert_eq!(out.rows[0], NullBackend::logits_for(&row(i)));
+    }
+    assert!(engine.restarts().is_empty(), "{:?}", engine.restarts());
+    assert!(!engine.status().degraded);
+}

@@ -1,0 +1,28 @@
+//! The agent's integration tests, one binary (rust-analyzer's `tests/slow-tests`): each module
+//! holds the tests of one concern, `support` the brokers, agents and clients they start.
+//!
+//! Run one module with `cargo test -p laya-edge --test it <module>::`.
+
+mod admission;
+mod bundle;
+mod cli;
+mod delivery;
+mod engine;
+mod examples;
+mod fixtures_cli;
+mod front_end_limits;
+mod healing;
+#[cfg(feature = "qnn")]
+mod qnn_cli;
+mod reload;
+#[cfg(feature = "rknn")]
+mod rknn_cli;
+mod round_trips;
+mod security;
+mod serve_restart;
+mod sessions;
+mod support;
+mod systemd;
+mod telemetry;
+mod tls_and_login;
+mod topic_tree;
