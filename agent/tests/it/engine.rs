@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
-use laya_edge::engine::null::NullBackend;
+use laya_edge::backend::null::NullBackend;
 use laya_edge::engine::process::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
 use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
 use laya_edge::prompt::{QType, Row};
@@ -466,7 +466,7 @@ fn null_probe() -> laya_edge::engine::probe::Probe {
 
 /// [`null_probe`] with `n` rows (an RKNN bundle's probe has 34).
 fn null_probe_of(n: u32) -> laya_edge::engine::probe::Probe {
-    use laya_edge::engine::Backend;
+    use laya_edge::backend::Backend;
     let rows: Vec<Row> = (0..n)
         .map(|i| Row { input_ids: vec![1, 4, 300 + i, 9, 5, 2], marker_pos: vec![1, 3, 4], qtype: QType::Choice })
         .collect();

@@ -50,7 +50,7 @@ async fn the_python_and_node_examples_get_the_cpu_backends_answers_in_json_and_c
     let model_dir = model("bpe-small");
     let bundle = laya_edge::bundle::HostBundle::load(Path::new(&model_dir)).expect("bundle");
     let mut cpu =
-        laya_edge::engine::cpu::CpuBackend::load(Path::new(&model_dir), &bundle.config, bundle.tokenizer.pad.id)
+        laya_edge::backend::cpu::CpuBackend::load(Path::new(&model_dir), &bundle.config, bundle.tokenizer.pad.id)
             .expect("cpu");
     let examples = workspace().join("examples");
     let runs: [(&str, &Path, PathBuf); 2] =

@@ -101,7 +101,7 @@ async fn telemetry_percentiles_are_within_a_bucket_of_the_backends_known_latency
         assert!(i64_at(&t, &["rss_kb", "worker"]) > 1000, "{t:?}");
         assert_eq!(i64_at(&t, &["queue_depth"]), 0, "questions asked one at a time: {t:?}");
         let temp = t.get("temperature_c").expect("temperature_c");
-        match laya_edge::vitals::max_temperature_c() {
+        match laya_edge::platform::vitals::max_temperature_c() {
             Some(_) => assert!(temp.as_f64().is_some_and(|c| (-60.0..=250.0).contains(&c)), "{t:?}"),
             None => assert_eq!(temp, &Value::Null, "no readable thermal zone here"),
         }

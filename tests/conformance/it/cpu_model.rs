@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::support::{bundle, cases, f32s, laya_limits, model_dir};
 use laya_edge::decide;
-use laya_edge::model::{CpuModel, ModelError};
+use laya_edge::backend::cpu::{CpuModel, ModelError};
 use laya_edge::prompt::{self, Row};
 use laya_topics::Request;
 
@@ -93,7 +93,7 @@ fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
 
 #[test]
 fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
-    use laya_edge::engine::cpu::CpuBackend;
+    use laya_edge::backend::cpu::CpuBackend;
     use laya_edge::pipeline;
     let mut backends: HashMap<String, CpuBackend> = HashMap::new();
     let mut compared = 0;

@@ -106,7 +106,7 @@ proptest! {
     #[test]
     fn arbitrary_lines_get_an_answer_line(line in ".{0,200}") {
         let b = bundle("bpe-small");
-        let out = lines::layout_line(&b, &line);
+        let out = jsonl::layout_line(&b, &line);
         prop_assert!(json::parse_str(&out, ParseOptions::default()).is_ok());
     }
 

@@ -38,9 +38,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::support::{bundle, cases, json_str, model_dir, read_json, test_path};
 use laya_edge::bundle::HostBundle;
-use laya_edge::engine::cpu::CpuBackend;
-use laya_edge::engine::{Backend, BackendError};
-use laya_edge::npu::qnn::{HostFault, Performance, PowerState, QnnBackend, QnnConfig, QnnError};
+use laya_edge::backend::cpu::CpuBackend;
+use laya_edge::backend::{Backend, BackendError};
+use laya_edge::backend::npu::qnn::{HostFault, Performance, PowerState, QnnBackend, QnnConfig, QnnError};
 use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
 use laya_topics::json::{self, Style, to_string};
@@ -715,11 +715,11 @@ fn the_binary_metadata_read_through_libqnnsystem_matches_the_fixture_description
                 let offset = t.get("quantization").unwrap().get("offset").unwrap().as_i64().unwrap() as i32;
                 assert_eq!(
                     m.encoding,
-                    laya_edge::npu::qnn::binary::Encoding::Ufixed16 { scale: *scale as f32, offset },
+                    laya_edge::backend::npu::qnn::binary::Encoding::Ufixed16 { scale: *scale as f32, offset },
                     "{name}"
                 );
             } else {
-                assert_eq!(m.encoding, laya_edge::npu::qnn::binary::Encoding::Float32, "{name}");
+                assert_eq!(m.encoding, laya_edge::backend::npu::qnn::binary::Encoding::Float32, "{name}");
             }
         }
     }

@@ -6,7 +6,7 @@
 //! agent/tests/it/front_end_limits.rs, rknn_cli.rs and qnn_cli.rs.
 
 use crate::support::{bundle, cases, laya_limits, model_dir};
-use laya_edge::engine::cpu::CpuBackend;
+use laya_edge::backend::cpu::CpuBackend;
 use laya_edge::pipeline::{self, PipelineError};
 use laya_topics::wire::ErrorCode;
 use laya_topics::{Request, Value};
