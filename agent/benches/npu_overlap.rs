@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use laya_edge::bundle::HostBundle;
 use laya_edge::backend::Backend;
-use laya_edge::engine::process::Engine;
+use laya_edge::engine::Engine;
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::npu::qnn::{QnnBackend, QnnConfig};
 use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};

@@ -18,7 +18,7 @@ use crate::bundle::HostBundle;
 use crate::config::{Config, ConfigError};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::engine::process::{EngineConfig, WorkerSpec};
+use crate::engine::{EngineConfig, WorkerSpec};
 use crate::engine::supervisor::Policy;
 
 /// The environment variable that carries the agent's effective configuration (TOML) to its

@@ -41,7 +41,7 @@ use super::outbox::{self, Item, Outbox};
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::decide::{self, RowOutput};
-use crate::engine::process::{Engine, EngineError};
+use crate::engine::{Engine, EngineError};
 use crate::pipeline;
 use crate::prompt::Row;
 use crate::systemd::Notifier;
@@ -99,7 +99,7 @@ impl Serving {
 /// A reload's candidate, made by the command line from the re-read configuration: the new
 /// configuration, its bundle and the engine to start for it; or why none could be made.
 pub enum Reload {
-    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: crate::engine::process::EngineConfig },
+    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: crate::engine::EngineConfig },
     Failed(String),
 }
 
@@ -474,7 +474,7 @@ impl Shared {
     }
 
     /// The load figures of the interval that ends now, and the start of the next.
-    fn load(&self, engine: &Engine, es: &crate::engine::process::EngineStatus) -> Load {
+    fn load(&self, engine: &Engine, es: &crate::engine::EngineStatus) -> Load {
         let now = Instant::now();
         let busy = engine.busy_time();
         let (questions, latency_ms, span, busy_in) = match self.interval.lock() {
@@ -1098,7 +1098,7 @@ fn refusal_when_full(s: &Shared, p: &Publish) -> Option<Outbound> {
 }
 
 /// The wire figures of a probe run.
-fn probe_figures(run: &crate::engine::process::ProbeRun) -> ProbeFigures {
+fn probe_figures(run: &crate::engine::ProbeRun) -> ProbeFigures {
     let r = run.report.as_ref();
     ProbeFigures {
         role: run.role.as_str().into(),
@@ -1117,7 +1117,7 @@ fn probe_figures(run: &crate::engine::process::ProbeRun) -> ProbeFigures {
 }
 
 /// The `probe_failed` event of a failed probe run.
-fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
+fn probe_event(run: &crate::engine::ProbeRun) -> EngineEvent {
     EngineEvent {
         event: "probe_failed".into(),
         reason: None,

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
-use laya_edge::engine::process::{Engine, EngineError};
+use laya_edge::engine::{Engine, EngineError};
 use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::prompt::Row;
 

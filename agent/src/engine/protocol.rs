@@ -3,7 +3,8 @@
 //! Small and binary on purpose: token ids and markers go in, logits come out, nothing else. Every
 //! frame is a little-endian `u32` payload length followed by the payload, whose first byte says
 //! what it is. Decoding is defensive: a truncated or oversized frame is an error, never a panic
-//! (a crashing worker may leave half a frame behind).
+//! (a crashing worker may leave half a frame behind). The worker reads with [`read_frame`]
+//! (blocking), the agent with [`read_from_worker`] (async).
 
 use crate::prompt::{QType, Row};
 
@@ -310,6 +311,21 @@ pub fn read_frame(input: &mut impl std::io::Read) -> Result<Option<Vec<u8>>, std
     let mut payload = vec![0u8; n];
     input.read_exact(&mut payload)?;
     Ok(Some(payload))
+}
+
+/// Reads one frame from a worker's stdout and decodes it: the agent's side of [`read_frame`].
+/// `None` at the end of the stream, or when it cannot be read any more.
+pub async fn read_from_worker(out: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<Result<FromWorker, FrameError>> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    out.read_exact(&mut len).await.ok()?;
+    let n = match frame_len(len) {
+        Ok(n) => n,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut payload = vec![0u8; n];
+    out.read_exact(&mut payload).await.ok()?;
+    Some(FromWorker::decode(&payload))
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use crate::backend::Backend;
 use super::protocol::{FromWorker, ToWorker, read_frame};
+use crate::backend::Backend;
 use crate::prompt::Row;
 
 /// Loads the backend with `load`, announces it, then runs batches until stdin closes or a

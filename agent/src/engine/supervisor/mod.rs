@@ -2,7 +2,7 @@
 //!
 //! NPU runtimes hang and crash, and a thread stuck in a vendor call cannot be cancelled, so the
 //! backend lives in a worker process the agent can kill. This module decides *what* to do; the
-//! driver (`engine::process`) does it. Every input is an [`Event`] with the current time, every
+//! driver (`engine::driver`) does it. Every input is an [`Event`] with the current time, every
 //! output an [`Action`], so the policy is tested without processes or clocks (`tests.rs`).
 //!
 //! ```text

@@ -1,222 +1,38 @@
-//! The engine's driver: runs the [`Supervisor`]'s actions on real worker processes.
+//! The engine's driver: executes the [`Supervisor`]'s actions on real worker processes.
 //!
 //! One task owns the supervisor, the calls and the timers, and does all its I/O without waiting
 //! on a worker, in a single `tokio::select!` loop: calls from the agent, frames and exits from
-//! the workers, timers. Each worker process has a reader task (frames in), a writer task (frames
-//! out, through a channel, so a worker that stops reading never freezes the timers) and a reaper
-//! task that owns its `Child` and either reaps it when it exits or SIGKILLs and reaps it on
-//! request, so no zombie is ever left behind. Up to two workers run at once: the serving one and,
-//! while the primary is degraded, a candidate primary being health-checked beside the fallback.
-//! Every answer is checked against the constant-output evidence (`engine::health`) before it is
+//! the workers (`child.rs`), timers. Up to two workers run at once: the serving one and, while
+//! the primary is degraded, a candidate primary being health-checked beside the fallback. It
+//! decides nothing itself: every input becomes an [`Event`], every [`Action`] is carried out.
+//! What it adds is answer verification: every answer is checked against the constant-output
+//! evidence (`engine::health`) and, on probe calls, judged by the bundle's probe before it is
 //! delivered.
 
-use std::collections::{HashMap, VecDeque};
-use std::ffi::OsString;
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use super::child::{self, Worker, WorkerMsg};
 use super::health::Evidence;
-use super::probe::{Probe, Report};
-use super::protocol::{FromWorker, ToWorker, frame_len};
+use super::probe::Report;
+use super::protocol::{FromWorker, ToWorker};
 use super::supervisor::{
-    Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, Policy, RestartReason, Role, Supervisor,
-    Timer, TimerKind, WorkerId, WorkerState,
+    Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Supervisor,
+    Timer, TimerKind, WorkerId,
 };
+use super::{EngineConfig, EngineError, EngineStatus, ProbeRun, RESTARTS_KEPT, RestartLog, RestartRecord, RunOutput};
 use crate::backend::{BackendError, RowResult};
 use crate::prompt::Row;
 
-/// How to start a worker process.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkerSpec {
-    pub program: PathBuf,
-    pub args: Vec<OsString>,
-    pub env: Vec<(OsString, OsString)>,
-}
-
-/// The engine's configuration.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub policy: Policy,
-    pub primary: WorkerSpec,
-    /// The CPU worker used while the primary is degraded (`policy.fallback` must be set).
-    pub fallback: Option<WorkerSpec>,
-    /// The health call every new worker answers before any question: two different valid rows
-    /// (`engine::health::rows`); empty for none.
-    pub health: Vec<Row>,
-    /// Calls queued or running beyond this are refused (`limits.queue`).
-    pub queue: usize,
-    /// The bundle's probe: run after the health rows in every health call, and every
-    /// `probe_every` on the serving worker; a worker that fails it is treated as broken.
-    pub probe: Option<Arc<Probe>>,
-    /// How often the serving worker runs the probe again (`probe.interval_min`; none: only at start).
-    pub probe_every: Option<Duration>,
-}
-
-impl EngineConfig {
-    /// A primary backend alone: no fallback, no health call, a queue of 1024.
-    pub fn new(policy: Policy, primary: WorkerSpec) -> EngineConfig {
-        EngineConfig {
-            policy,
-            primary,
-            fallback: None,
-            health: Vec::new(),
-            queue: 1024,
-            probe: None,
-            probe_every: None,
-        }
-    }
-}
-
-/// A successful call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunOutput {
-    pub rows: Vec<RowResult>,
-    /// Which worker answered: the configured backend or the fallback.
-    pub role: Role,
-    /// The backend the answering worker runs (`cpu`, `rknn`, ...).
-    pub backend: String,
-    /// Time from the call being sent to the worker to its answer.
-    pub elapsed: Duration,
-}
-
-/// Why a call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EngineError {
-    #[error("the model rejected the input: {0}")]
-    Input(String),
-    #[error("backend unavailable: {0}")]
-    Unavailable(String),
-    #[error("the engine is overloaded: {0}")]
-    Overloaded(String),
-    #[error("the deadline passed before the call reached the backend")]
-    Expired,
-    /// The call failed fatally on two workers: it is not run again.
-    #[error("the backend failed on this request: {0}")]
-    Quarantined(String),
-    #[error("the engine has stopped")]
-    Stopped,
-}
-
-/// A restart, for telemetry and events.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestartRecord {
-    pub role: Role,
-    pub reason: RestartReason,
-}
-
-/// How many restart records are kept (the counts are kept for ever).
-pub const RESTARTS_KEPT: usize = 64;
-
-#[derive(Debug, Default)]
-struct RestartLog {
-    total: u64,
-    recent: VecDeque<RestartRecord>,
-}
-
-/// The engine's state, readable at any time without waiting for a worker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineStatus {
-    /// Who serves questions.
-    pub role: Role,
-    pub degraded: bool,
-    pub state: BackendState,
-    /// The serving worker's state.
-    pub worker: WorkerState,
-    /// Calls waiting for a worker.
-    pub queued: usize,
-    /// Calls queued or running.
-    pub in_flight: usize,
-    /// Restarts by reason.
-    pub restarts: Vec<(String, u64)>,
-    /// The backend name the serving worker announced.
-    pub backend: Option<String>,
-    /// The serving worker's process id.
-    pub worker_pid: Option<u32>,
-    /// The vendor runtime version the serving worker announced (empty: none).
-    pub runtime: String,
-    /// The last probe's figures, and which worker ran it.
-    pub last_probe: Option<ProbeRun>,
-    /// How long the backend has had a call running since the engine started, up to
-    /// `busy_since` (see [`Engine::busy_time`]).
-    pub busy_total: Duration,
-    /// Since when a call has been running, if one is.
-    pub busy_since: Option<Instant>,
-}
-
-/// One run of the bundle's probe on a worker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProbeRun {
-    pub role: Role,
-    /// The backend the worker runs (`qnn`, `cpu`, ...).
-    pub backend: String,
-    /// How many rows the probe has.
-    pub rows: usize,
-    /// The figures, when the worker answered the probe rows.
-    pub report: Option<Report>,
-    /// Why the worker did not answer them (its own guard, a runtime error), when it did not.
-    pub error: Option<String>,
-}
-
-impl ProbeRun {
-    pub fn passed(&self) -> bool {
-        self.report.as_ref().is_some_and(|r| r.passed)
-    }
-
-    /// What failed, in a sentence (empty when passed).
-    pub fn verdict(&self) -> String {
-        match (&self.report, &self.error) {
-            (_, Some(e)) => format!("the backend failed on the probe rows: {e}"),
-            (Some(r), None) => r.verdict.clone(),
-            (None, None) => String::new(),
-        }
-    }
-}
-
-enum Request {
+/// What the [`Engine`](super::Engine) handle asks of the driver.
+pub(super) enum Request {
     Run { rows: Vec<Row>, deadline: Option<Instant>, reply: oneshot::Sender<Result<RunOutput, EngineError>> },
 }
 
-/// Handle to a running engine.
-#[derive(Clone)]
-pub struct Engine {
-    tx: mpsc::Sender<Request>,
-    status: Arc<Mutex<EngineStatus>>,
-    restarts: Arc<Mutex<RestartLog>>,
-    notices: broadcast::Sender<Notice>,
-    probes: broadcast::Sender<ProbeRun>,
-    /// Receivers made when the engine started, handed to the first caller of [`Engine::notices`]
-    /// and [`Engine::probe_runs`]: what happens before the agent listens (the first worker's
-    /// health call and probe, its restarts) is not lost.
-    first: Arc<Mutex<FirstReceivers>>,
-    state: watch::Receiver<BackendState>,
-}
-
-#[derive(Default)]
-struct FirstReceivers {
-    notices: Option<broadcast::Receiver<Notice>>,
-    probes: Option<broadcast::Receiver<ProbeRun>>,
-}
-
-enum WorkerMsg {
-    Frame(FromWorker),
-    Exited(String),
-}
-
-struct Worker {
-    role: Role,
-    frames: mpsc::UnboundedSender<Vec<u8>>,
-    kill: Option<oneshot::Sender<()>>,
-    backend: Option<String>,
-    pid: Option<u32>,
-    runtime: String,
-}
-
+/// A call the driver holds for its caller, from submission to answer.
 struct Pending {
     rows: Vec<Row>,
     reply: oneshot::Sender<Result<RunOutput, EngineError>>,
@@ -224,112 +40,16 @@ struct Pending {
     result: Option<(Vec<RowResult>, Role, String)>,
 }
 
-impl Engine {
-    /// Starts the engine on the current tokio runtime (it spawns the first worker at once).
-    pub fn start(config: EngineConfig) -> Engine {
-        let (tx, rx) = mpsc::channel(1024);
-        let mut policy = config.policy.clone();
-        policy.queue_limit = config.queue.max(1);
-        let mut health_rows = config.health.clone();
-        if let Some(p) = &config.probe {
-            health_rows.extend(p.rows.iter().cloned());
-        }
-        policy.health_rows = health_rows.len();
-        let sup = Supervisor::new(policy);
-        let status = Arc::new(Mutex::new(EngineStatus {
-            role: Role::Primary,
-            degraded: false,
-            state: BackendState::Starting,
-            worker: WorkerState::Down,
-            queued: 0,
-            in_flight: 0,
-            restarts: Vec::new(),
-            backend: None,
-            worker_pid: None,
-            runtime: String::new(),
-            last_probe: None,
-            busy_total: Duration::ZERO,
-            busy_since: None,
-        }));
-        let restarts = Arc::new(Mutex::new(RestartLog::default()));
-        let (notices, first_notices) = broadcast::channel(256);
-        let (probes, first_probes) = broadcast::channel(64);
-        let first = Arc::new(Mutex::new(FirstReceivers { notices: Some(first_notices), probes: Some(first_probes) }));
-        let (state_tx, state) = watch::channel(BackendState::Starting);
-        let driver = Driver {
-            config,
-            sup,
-            rx,
-            pending: HashMap::new(),
-            next_call: HEALTH_CALL + 1,
-            timers: HashMap::new(),
-            workers: HashMap::new(),
-            status: status.clone(),
-            restarts: restarts.clone(),
-            notices: notices.clone(),
-            state: state_tx,
-            evidence: Evidence::default(),
-            health_rows,
-            probe_calls: std::collections::HashSet::new(),
-            sent: HashMap::new(),
-            probes: probes.clone(),
-        };
-        tokio::spawn(driver.run());
-        Engine { tx, status, restarts, notices, probes, first, state }
-    }
-
-    /// Runs a batch of rows; waits for the result however the workers fare. A call whose
-    /// `deadline` passes while it is queued, or whose caller stops waiting, never reaches a worker.
-    pub async fn run(&self, rows: Vec<Row>, deadline: Option<Instant>) -> Result<RunOutput, EngineError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Request::Run { rows, deadline, reply }).await.map_err(|_| EngineError::Stopped)?;
-        rx.await.map_err(|_| EngineError::Stopped)?
-    }
-
-    /// The engine's current state.
-    pub fn status(&self) -> EngineStatus {
-        self.status.lock().map(|s| s.clone()).unwrap_or_else(|e| e.into_inner().clone())
-    }
-
-    /// The last [`RESTARTS_KEPT`] restarts, oldest first.
-    pub fn restarts(&self) -> Vec<RestartRecord> {
-        let log = self.restarts.lock().unwrap_or_else(|e| e.into_inner());
-        log.recent.iter().cloned().collect()
-    }
-
-    /// How many restarts happened in all.
-    pub fn restart_total(&self) -> u64 {
-        self.restarts.lock().map(|l| l.total).unwrap_or_else(|e| e.into_inner().total)
-    }
-
-    /// Restarts, degradation and recovery as they happen.
-    /// The first caller gets every notice since the engine started.
-    pub fn notices(&self) -> broadcast::Receiver<Notice> {
-        let first = self.first.lock().ok().and_then(|mut f| f.notices.take());
-        first.unwrap_or_else(|| self.notices.subscribe())
-    }
-
-    /// Every probe run, as it happens.
-    /// The first caller gets every run since the engine started.
-    pub fn probe_runs(&self) -> broadcast::Receiver<ProbeRun> {
-        let first = self.first.lock().ok().and_then(|mut f| f.probes.take());
-        first.unwrap_or_else(|| self.probes.subscribe())
-    }
-
-    /// How long the backend has had a call running since the engine started (telemetry's busy
-    /// fraction is the growth of this over an interval).
-    pub fn busy_time(&self) -> Duration {
-        let s = self.status();
-        s.busy_total + s.busy_since.map(|t| t.elapsed()).unwrap_or_default()
-    }
-
-    /// The backend's state (`starting | ready | degraded`), to be told when it changes.
-    pub fn backend_state(&self) -> watch::Receiver<BackendState> {
-        self.state.clone()
-    }
+/// Where the driver reports to the [`Engine`](super::Engine) handle.
+pub(super) struct Shared {
+    pub(super) status: Arc<Mutex<EngineStatus>>,
+    pub(super) restarts: Arc<Mutex<RestartLog>>,
+    pub(super) notices: broadcast::Sender<Notice>,
+    pub(super) probes: broadcast::Sender<ProbeRun>,
+    pub(super) state: watch::Sender<BackendState>,
 }
 
-struct Driver {
+pub(super) struct Driver {
     config: EngineConfig,
     sup: Supervisor,
     rx: mpsc::Receiver<Request>,
@@ -346,72 +66,45 @@ struct Driver {
     /// The health call's rows: the health rows, then the probe's.
     health_rows: Vec<Row>,
     /// The periodic probe calls in progress.
-    probe_calls: std::collections::HashSet<CallId>,
+    probe_calls: HashSet<CallId>,
     /// The calls whose rows each frame on a worker carries, in order, by the frame's call id (its
     /// first call's): one call, or several the supervisor merged.
     sent: HashMap<CallId, Vec<CallId>>,
     probes: broadcast::Sender<ProbeRun>,
 }
 
-/// How long an exited worker's stdout may take to drain before its exit is reported.
-const LAST_WORDS: Duration = Duration::from_secs(2);
-
-/// Reads one frame from the worker's stdout.
-async fn read_frame(out: &mut tokio::process::ChildStdout) -> Option<Result<FromWorker, String>> {
-    let mut len = [0u8; 4];
-    out.read_exact(&mut len).await.ok()?;
-    let n = match frame_len(len) {
-        Ok(n) => n,
-        Err(e) => return Some(Err(e.to_string())),
-    };
-    let mut payload = vec![0u8; n];
-    out.read_exact(&mut payload).await.ok()?;
-    Some(FromWorker::decode(&payload).map_err(|e| e.to_string()))
-}
-
-/// The longest line of a worker's stderr logged whole; a longer one is logged in pieces of this size.
-const STDERR_LINE: usize = 8 * 1024;
-
-/// Logs each line of a worker's stderr in the agent's log, at the line's level, with the
-/// worker's pid and role (see `crate::logging::worker_line`), until the worker closes it.
-async fn forward_stderr(mut stderr: tokio::process::ChildStderr, pid: u32, role: Role) {
-    let mut buf: Vec<u8> = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let emit = |line: &[u8]| {
-        let line = String::from_utf8_lossy(line);
-        let line = line.trim_end_matches('\r');
-        if line.is_empty() {
-            return;
-        }
-        let role = role.as_str();
-        let (level, text) = crate::logging::worker_line(line);
-        match level {
-            tracing::Level::ERROR => tracing::error!(target: "laya_worker", worker_pid = pid, role, "{text}"),
-            tracing::Level::WARN => tracing::warn!(target: "laya_worker", worker_pid = pid, role, "{text}"),
-            tracing::Level::INFO => tracing::info!(target: "laya_worker", worker_pid = pid, role, "{text}"),
-            _ => tracing::debug!(target: "laya_worker", worker_pid = pid, role, "{text}"),
-        }
-    };
-    loop {
-        let n = match stderr.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some(at) = buf.iter().position(|b| *b == b'\n') {
-            emit(&buf[..at.min(STDERR_LINE)]);
-            buf.drain(..=at);
-        }
-        if buf.len() > STDERR_LINE {
-            emit(&buf[..STDERR_LINE]);
-            buf.clear();
+impl Driver {
+    /// A driver for `config`, supervised by `sup`, taking requests from `rx`.
+    pub(super) fn new(
+        config: EngineConfig,
+        sup: Supervisor,
+        health_rows: Vec<Row>,
+        rx: mpsc::Receiver<Request>,
+        shared: Shared,
+    ) -> Driver {
+        let Shared { status, restarts, notices, probes, state } = shared;
+        Driver {
+            config,
+            sup,
+            rx,
+            pending: HashMap::new(),
+            next_call: HEALTH_CALL + 1,
+            timers: HashMap::new(),
+            workers: HashMap::new(),
+            status,
+            restarts,
+            notices,
+            state,
+            evidence: Evidence::default(),
+            health_rows,
+            probe_calls: HashSet::new(),
+            sent: HashMap::new(),
+            probes,
         }
     }
-    emit(&buf);
-}
 
-impl Driver {
-    async fn run(mut self) {
+    /// Runs until the last [`Engine`](super::Engine) handle is dropped, then stops the workers.
+    pub(super) async fn run(mut self) {
         let (wtx, mut wrx) = mpsc::channel::<(WorkerId, WorkerMsg)>(64);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let probe_every = self.config.probe_every.filter(|_| self.config.probe.is_some());
@@ -620,10 +313,8 @@ impl Driver {
     }
 
     fn kill(&mut self, id: WorkerId) {
-        if let Some(mut w) = self.workers.remove(&id)
-            && let Some(k) = w.kill.take()
-        {
-            let _ = k.send(());
+        if let Some(mut w) = self.workers.remove(&id) {
+            w.kill();
         }
     }
 
@@ -665,8 +356,7 @@ impl Driver {
 
     fn send(&mut self, id: WorkerId, frame: Vec<u8>) {
         if let Some(w) = self.workers.get(&id) {
-            // A closed channel means the worker is gone: its exit event follows.
-            let _ = w.frames.send(frame);
+            w.send(frame);
         }
     }
 
@@ -675,78 +365,13 @@ impl Driver {
             Role::Primary => &self.config.primary,
             Role::Fallback => self.config.fallback.as_ref().unwrap_or(&self.config.primary),
         };
-        let mut cmd = Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .envs(spec.env.iter().cloned())
-            .env_remove("NOTIFY_SOCKET") // only the agent talks to systemd (NotifyAccess=main)
-            .env(crate::logging::PRIORITY_VAR, "1") // its stderr comes back through forward_stderr
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return Some(Event::LoadFailed(id, format!("cannot start {}: {e}", spec.program.display()))),
-        };
-        let (Some(mut stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Some(Event::LoadFailed(id, "the worker has no pipes".into()));
-        };
-        let pid = child.id();
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(forward_stderr(stderr, pid.unwrap_or(0), role));
+        match child::spawn(id, role, spec, wtx) {
+            Ok(worker) => {
+                self.workers.insert(id, worker);
+                None
+            }
+            Err(why) => Some(Event::LoadFailed(id, why)),
         }
-        let frames = wtx.clone();
-        let reader = tokio::spawn(async move {
-            while let Some(frame) = read_frame(&mut stdout).await {
-                let (msg, garbled) = match frame {
-                    Ok(f) => (WorkerMsg::Frame(f), false),
-                    Err(e) => {
-                        let message = format!("garbled frame: {e}");
-                        (WorkerMsg::Frame(FromWorker::LoadFailed { message }), true)
-                    }
-                };
-                // After a garbled frame the stream is out of step: nothing more can be read.
-                if frames.send((id, msg)).await.is_err() || garbled {
-                    break;
-                }
-            }
-        });
-        // The writer: the driver never waits on a worker's stdin.
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        tokio::spawn(async move {
-            while let Some(frame) = out_rx.recv().await {
-                if stdin.write_all(&frame).await.is_err() || stdin.flush().await.is_err() {
-                    break;
-                }
-            }
-        });
-        let (kill_tx, kill_rx) = oneshot::channel::<()>();
-        let exits = wtx.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                status = child.wait() => {
-                    let how = match status {
-                        Ok(s) => s.to_string(),
-                        Err(e) => e.to_string(),
-                    };
-                    // The worker's last frames (a LoadFailed, a Failed) are queued before its
-                    // exit: the reader sends them before it sees EOF. Without this wait a worker
-                    // that reports a load failure and exits could be taken for a crash. A
-                    // grandchild holding the pipe open must not stall us, hence the bound.
-                    let _ = tokio::time::timeout(LAST_WORDS, reader).await;
-                    let _ = exits.send((id, WorkerMsg::Exited(how))).await;
-                }
-                _ = kill_rx => {
-                    let _ = child.start_kill();
-                    let _ = child.wait().await; // reap: no zombie
-                }
-            }
-        });
-        self.workers.insert(
-            id,
-            Worker { role, frames: out_tx, kill: Some(kill_tx), backend: None, pid, runtime: String::new() },
-        );
-        None
     }
 
     /// Performs one action; a failure to do it, or a call found abandoned, comes back as an event.
@@ -819,7 +444,7 @@ impl Driver {
             }
             Action::Notify(notice) => {
                 match notice.kind {
-                    super::supervisor::NoticeKind::BackendRecovered => {
+                    NoticeKind::BackendRecovered => {
                         tracing::info!(role = notice.role.as_str(), "{}", notice.message)
                     }
                     _ => {
