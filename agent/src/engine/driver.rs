@@ -107,10 +107,6 @@ impl Driver {
     pub(super) async fn run(mut self) {
         let (wtx, mut wrx) = mpsc::channel::<(WorkerId, WorkerMsg)>(64);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let probe_every = self.config.probe_every.filter(|_| self.config.probe.is_some());
-        let mut probe_tick = tokio::time::interval(probe_every.unwrap_or(Duration::from_secs(3600)));
-        probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        probe_tick.tick().await; // the first run is the health call's
         self.apply(Event::Start, &wtx);
         loop {
             let next_timer = self.timers.values().map(|(at, _)| *at).min();
@@ -127,7 +123,7 @@ impl Driver {
                         self.next_call += 1;
                         let n = rows.len();
                         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-                        self.apply(Event::Submit { call, rows: n, deadline, alone: false }, &wtx);
+                        self.apply(Event::Submit { call, rows: n, deadline, probe: false }, &wtx);
                     }
                     None => break,
                 },
@@ -148,7 +144,6 @@ impl Driver {
                         }
                     }
                 }
-                _ = probe_tick.tick(), if probe_every.is_some() => self.probe_again(&wtx),
                 _ = tick.tick() => {
                     // Callers that stopped waiting: their calls leave the queue.
                     let gone: Vec<CallId> = self
@@ -290,12 +285,10 @@ impl Driver {
         let _ = self.probes.send(run); // no subscriber: nobody to tell
     }
 
-    /// Queues the probe on whichever worker serves, as a call of its own.
-    fn probe_again(&mut self, wtx: &mpsc::Sender<(WorkerId, WorkerMsg)>) {
-        let Some(probe) = self.config.probe.clone() else { return };
-        if self.sup.backend_state() == BackendState::Starting || !self.probe_calls.is_empty() {
-            return; // the health call probes a starting worker; one periodic probe at a time
-        }
+    /// The periodic probe's call, as the supervisor asked ([`Action::Probe`]): its rows, held
+    /// for nobody, submitted as a call of its own.
+    fn probe(&mut self) -> Option<Event> {
+        let probe = self.config.probe.clone()?;
         let (reply, rx) = oneshot::channel();
         // Nobody waits for the answer (the judgement happens on arrival), but the call must not
         // look abandoned.
@@ -308,8 +301,8 @@ impl Driver {
         let rows = probe.rows.clone();
         let n = rows.len();
         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-        // Alone: the probe's judgement reads this call's rows only.
-        self.apply(Event::Submit { call, rows: n, deadline: None, alone: true }, wtx);
+        // Alone (the supervisor never merges a probe): its judgement reads this call's rows only.
+        Some(Event::Submit { call, rows: n, deadline: None, probe: true })
     }
 
     fn kill(&mut self, id: WorkerId) {
@@ -460,6 +453,7 @@ impl Driver {
                 }
                 let _ = self.notices.send(notice); // no subscriber: nobody to tell
             }
+            Action::Probe => return self.probe(),
         }
         None
     }

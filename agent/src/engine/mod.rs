@@ -202,6 +202,7 @@ impl Engine {
             health_rows.extend(p.rows.iter().cloned());
         }
         policy.health_rows = health_rows.len();
+        policy.probe_every = config.probe_every.filter(|_| config.probe.is_some());
         let sup = Supervisor::new(policy);
         let status = Arc::new(Mutex::new(EngineStatus {
             role: Role::Primary,

@@ -93,6 +93,11 @@ impl CallQueue {
         held
     }
 
+    /// Whether `call` is queued or running.
+    pub(super) fn holds(&self, call: CallId) -> bool {
+        self.calls.contains_key(&call)
+    }
+
     /// Whether `call` is part of the running batch.
     pub(super) fn is_running(&self, call: CallId) -> bool {
         self.running.contains(&call)

@@ -115,6 +115,8 @@ pub enum TimerKind {
     Gather,
     /// The oldest queued question has waited `ready_wait` for a worker that is not serving.
     Wait,
+    /// Time for the serving worker to run the bundle's probe again (`probe_every`).
+    Probe,
 }
 
 /// What happened.
@@ -122,9 +124,10 @@ pub enum TimerKind {
 pub enum Event {
     /// Start the first worker.
     Start,
-    /// A call was queued: its rows, the caller's deadline, and whether it must run alone (the
-    /// periodic probe: never merged with questions).
-    Submit { call: CallId, rows: usize, deadline: Option<Instant>, alone: bool },
+    /// A call was queued: its rows, the caller's deadline, and whether it is the periodic probe
+    /// (asked for by [`Action::Probe`]: it runs alone, never merged with questions, and one at
+    /// a time).
+    Submit { call: CallId, rows: usize, deadline: Option<Instant>, probe: bool },
     /// The caller of a call went away (or the driver found it gone before sending it).
     Cancelled(CallId),
     /// A worker loaded its backend.
@@ -214,6 +217,9 @@ pub enum Action {
     Restarted(Role, RestartReason),
     /// Publish this on the events topic (and log it).
     Notify(Notice),
+    /// Queue the bundle's probe on whichever worker serves, as a call of its own
+    /// ([`Event::Submit`] with `probe`).
+    Probe,
 }
 
 /// The backend's state as clients see it.

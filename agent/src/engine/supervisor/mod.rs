@@ -26,7 +26,9 @@
 //! is nobody's in particular: its calls run again *alone*, their attempts unchanged, so only a
 //! failure of a call alone counts against it (a poison call is isolated and quarantined, its
 //! neighbours answered), and a row the model refuses fails only its own call. Health and probe
-//! calls are never merged with questions.
+//! calls are never merged with questions. The bundle's probe runs in every health call and,
+//! every `probe_every`, as a call of its own on the serving worker ([`Action::Probe`]; one at a
+//! time, never on a worker still starting).
 //!
 //! Deadlines are per row (`deadline.rs`). The health call (two different rows, after "loaded"
 //! and before any question) gets the load allowance for its first row (every worker's first
@@ -144,6 +146,8 @@ pub struct Supervisor {
     timers: BTreeMap<u8, u64>,
     next_worker: WorkerId,
     started: bool,
+    /// The last periodic probe call; it is in progress while the queue holds it.
+    probing: Option<CallId>,
 }
 
 fn timer_slot(kind: TimerKind) -> u8 {
@@ -174,6 +178,7 @@ impl Supervisor {
             timers: BTreeMap::new(),
             next_worker: 1,
             started: false,
+            probing: None,
         }
     }
 
@@ -241,8 +246,9 @@ impl Supervisor {
         let mut actions = Vec::new();
         let handled = match event {
             Event::Start => self.on_start(now, &mut actions),
-            Event::Submit { call, rows, deadline, alone } => {
-                self.on_submit(now, call, Call { rows, since: now, deadline, attempt: 0, alone }, &mut actions)
+            Event::Submit { call, rows, deadline, probe } => {
+                let submitted = Call { rows, since: now, deadline, attempt: 0, alone: probe };
+                self.on_submit(now, call, submitted, probe, &mut actions)
             }
             Event::Cancelled(call) => self.on_cancelled(now, call, &mut actions),
             Event::Ready(id) => self.on_ready(now, id, &mut actions),
@@ -264,11 +270,17 @@ impl Supervisor {
         if !self.started {
             self.started = true;
             self.spawn_serving(now, actions);
+            if let Some(every) = self.policy.probe_every {
+                self.timer(TimerKind::Probe, every, actions);
+            }
         }
         Handled::Live
     }
 
-    fn on_submit(&mut self, now: Instant, id: CallId, call: Call, actions: &mut Vec<Action>) -> Handled {
+    fn on_submit(&mut self, now: Instant, id: CallId, call: Call, probe: bool, actions: &mut Vec<Action>) -> Handled {
+        if probe {
+            self.probing = Some(id);
+        }
         if call.deadline.is_some_and(|d| d <= now) {
             actions.push(Action::Reject(id, CallError::Expired));
         } else if self.degraded.is_some() && self.serving.is_none() {
@@ -483,6 +495,7 @@ impl Supervisor {
                 }
             }
             TimerKind::Retry => self.on_retry(now, actions),
+            TimerKind::Probe => self.on_probe_due(actions),
         }
         Handled::Live
     }
@@ -521,6 +534,18 @@ impl Supervisor {
                 d.next_try = now + self.policy.primary_retry;
             }
             self.spawn_candidate(now, actions);
+        }
+    }
+
+    /// Time for the periodic probe: asked for unless the serving worker is starting (its health
+    /// call probes it) or the last probe is still held; the next one is due `probe_every` on.
+    fn on_probe_due(&mut self, actions: &mut Vec<Action>) {
+        if let Some(every) = self.policy.probe_every {
+            self.timer(TimerKind::Probe, every, actions);
+        }
+        let probing = self.probing.is_some_and(|c| self.calls.holds(c));
+        if self.backend_state() != BackendState::Starting && !probing {
+            actions.push(Action::Probe);
         }
     }
 

@@ -58,6 +58,10 @@ pub struct Policy {
     /// answers come back together send their next questions into an idle worker one by one: the
     /// first runs alone on one context and the others queue behind it.
     pub gather: Duration,
+    /// How often the serving worker runs the bundle's probe again, as a call of its own (none:
+    /// only in every health call). Not while it is starting (its health call probes it), and
+    /// never two at once.
+    pub probe_every: Option<Duration>,
 }
 
 impl Default for Policy {
@@ -82,6 +86,7 @@ impl Default for Policy {
             primary_parallel: 1,
             merge_rows: 1,
             gather: Duration::ZERO,
+            probe_every: None,
         }
     }
 }

@@ -53,7 +53,7 @@ impl Sim {
     }
 
     fn submit(&mut self, call: CallId, rows: usize) -> Vec<Action> {
-        self.feed(Event::Submit { call, rows, deadline: None, alone: false })
+        self.feed(Event::Submit { call, rows, deadline: None, probe: false })
     }
 
     /// One-row calls `calls` on worker `w`, each answered `took` after it was submitted.
@@ -346,8 +346,8 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let w = s.worker();
     s.submit(1, 1);
     let soon = Some(s.now + ms(100));
-    s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, alone: false });
-    s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, alone: false });
+    s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, probe: false });
+    s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, probe: false });
     assert_eq!(s.sup.in_flight(), 3);
     assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, CallError::Overloaded(_))));
     s.now += ms(200);
@@ -355,7 +355,7 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let a = s.feed(Event::Tick);
     assert_eq!(a, [Action::Reject(2, CallError::Expired), Action::Reject(3, CallError::Expired)]);
     assert_eq!(s.sup.in_flight(), 1);
-    s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), alone: false });
+    s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), probe: false });
     s.submit(6, 1);
     s.now += ms(50);
     // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
@@ -366,7 +366,7 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     s.feed(Event::Cancelled(7));
     assert_eq!(s.sup.in_flight(), 1);
     assert!(matches!(
-        s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), alone: false })[0],
+        s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), probe: false })[0],
         Action::Reject(8, CallError::Expired)
     ));
 }
@@ -627,9 +627,9 @@ fn cancelled_expired_and_probe_calls_are_never_merged() {
     s.submit(1, 1);
     s.submit(2, 1);
     s.submit(3, 1);
-    s.feed(Event::Submit { call: 4, rows: 1, deadline: Some(s.now + ms(50)), alone: false });
+    s.feed(Event::Submit { call: 4, rows: 1, deadline: Some(s.now + ms(50)), probe: false });
     s.submit(5, 1);
-    s.feed(Event::Submit { call: 6, rows: 1, deadline: None, alone: true }); // the probe
+    s.feed(Event::Submit { call: 6, rows: 1, deadline: None, probe: true }); // the probe
     s.submit(7, 1);
     // The caller of call 3 went away; call 4's deadline passes while call 1 runs.
     s.feed(Event::Cancelled(3));
@@ -707,7 +707,7 @@ fn with_concurrent_callers_an_idle_primary_waits_briefly_to_fill_a_round_of_its_
     // A probe (alone) waiting ends the wait: nothing is held back behind it.
     s.submit(8, 1);
     assert!(sends(&s.feed(Event::Done(w, 7))).is_empty());
-    let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, alone: true });
+    let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, probe: true });
     assert_eq!(sends(&a), [vec![8]]);
     assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9]]);
     // The window is at most a tenth of the per-row estimate.
@@ -916,4 +916,33 @@ fn stale_timers_are_ignored() {
     // An old deadline timer fires while call 2 runs fine: nothing happens.
     let old = Timer { kind: TimerKind::Deadline, generation: 1 };
     assert_eq!(s.feed(Event::Timer(old)), []);
+}
+
+#[test]
+fn the_probe_is_asked_for_every_interval_on_a_serving_worker_one_at_a_time_and_never_on_a_starting_one() {
+    let every = secs(60);
+    let policy = Policy { fixed_deadline: Some(secs(100)), probe_every: Some(every), ..healthy_policy() };
+    let mut s = Sim::new(policy);
+    let probes = |a: &[Action]| a.iter().filter(|x| **x == Action::Probe).count();
+    // The first worker is still loading when the first interval ends: its health call probes it.
+    assert_eq!(probes(&s.advance(every)), 0);
+    s.ready_and_healthy(1);
+    let a = s.advance(every);
+    assert_eq!(probes(&a), 1, "{a:?}");
+    let w = s.worker();
+    let a = s.feed(Event::Submit { call: 1, rows: 4, deadline: None, probe: true });
+    assert_eq!(a[0], Action::Send(w, vec![1]));
+    // Still running when the next interval ends: no second probe beside it.
+    assert_eq!(probes(&s.advance(every)), 0);
+    assert_eq!(s.feed(Event::Done(w, 1)), [Action::Deliver(1)]);
+    // Answered: the cadence goes on, one probe an interval.
+    assert_eq!(probes(&s.advance(every)), 1);
+    assert_eq!(probes(&s.advance(every * 3)), 3);
+}
+
+#[test]
+fn without_an_interval_the_probe_is_never_asked_for() {
+    let mut s = Sim::new(healthy_policy());
+    s.ready_and_healthy(1);
+    assert!(!s.advance(secs(3600)).contains(&Action::Probe));
 }
