@@ -10,10 +10,7 @@ pub mod load;
 pub mod npu;
 pub mod null;
 
-pub use load::{
-    BackendKind, CONFIG_VAR, SetupError, check_model, engine_config, load, policy, set_threads, this_program, worker_config,
-    worker_spec,
-};
+pub use load::{BackendKind, SetupError, check_model, load, set_threads, this_program};
 
 use crate::prompt::Row;
 

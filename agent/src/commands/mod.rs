@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
-use laya_edge::engine::{Engine, EngineError};
+use laya_edge::engine::supervisor::Policy;
+use laya_edge::engine::{Engine, EngineConfig, EngineError};
 use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::prompt::Row;
 
@@ -140,11 +141,11 @@ pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Re
         return backend::load(kind, config);
     }
     let program = backend::this_program().map_err(|e| e.to_string())?;
-    let mut engine_config = backend::engine_config(&program, config, bundle).map_err(|e| e.to_string())?;
+    let mut engine_config = EngineConfig::from_config(&program, config, bundle).map_err(|e| e.to_string())?;
     if !with_probe {
         engine_config.probe = None;
         engine_config.fallback = None;
-        engine_config.policy = backend::policy(config, false);
+        engine_config.policy = Policy::from_config(config, false);
     }
     let runtime = runtime()?;
     let engine = {

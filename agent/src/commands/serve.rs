@@ -11,7 +11,7 @@ use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
 use laya_edge::bus;
 use laya_edge::config::Config;
-use laya_edge::engine::Engine;
+use laya_edge::engine::{Engine, EngineConfig};
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
@@ -133,7 +133,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and
 /// its engine's configuration. Also what a reload prepares.
-fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::EngineConfig), String> {
+fn prepare(config: &Config) -> Result<(Arc<HostBundle>, EngineConfig), String> {
     // What check-config checks of [mqtt], before the model: a refusal names the key.
     bus::connection::preflight(config).map_err(|e| e.to_string())?;
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
@@ -141,7 +141,7 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, laya_edge::engine::Engin
     // named now, not by a worker that fails at every restart).
     backend::check_model(config, &bundle).map_err(|e| e.to_string())?;
     let program = backend::this_program().map_err(|e| e.to_string())?;
-    let engine_config = backend::engine_config(&program, config, &bundle).map_err(|e| e.to_string())?;
+    let engine_config = EngineConfig::from_config(&program, config, &bundle).map_err(|e| e.to_string())?;
     Ok((Arc::new(bundle), engine_config))
 }
 

@@ -17,12 +17,15 @@ pub mod supervisor;
 pub mod worker;
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use crate::backend::RowResult;
+use crate::backend::{BackendKind, RowResult, SetupError};
+use crate::bundle::HostBundle;
+use crate::config::Config;
 use crate::prompt::Row;
 use driver::{Driver, Request, Shared};
 use probe::{Probe, Report};
@@ -32,6 +35,9 @@ use supervisor::{BackendState, Notice, Policy, RestartReason, Role, Supervisor, 
 /// The engine's configuration.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
+    /// The supervision policy ([`Policy::from_config`]); the queue limit, the health call's
+    /// rows and the probe's cadence in it are this configuration's (`queue`, `health` and
+    /// `probe`, `probe_every`).
     pub policy: Policy,
     pub primary: WorkerSpec,
     /// The CPU worker used while the primary is degraded (`policy.fallback` must be set).
@@ -60,6 +66,41 @@ impl EngineConfig {
             probe: None,
             probe_every: None,
         }
+    }
+
+    /// The engine for `config`, its workers started from `program`: its backend in a worker,
+    /// and a CPU worker as the fallback when `engine.fallback = "cpu"`, the backend is not the
+    /// CPU already, and `bundle` has a checkpoint; the health call's rows and the probe from
+    /// `bundle`.
+    pub fn from_config(program: &Path, config: &Config, bundle: &HostBundle) -> Result<EngineConfig, SetupError> {
+        let kind = BackendKind::parse(&config.engine.backend)?;
+        let fallback = (config.engine.fallback == "cpu" && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
+            .then(|| spec::worker_spec(program, BackendKind::Cpu, config))
+            .transpose()?;
+        Ok(EngineConfig {
+            policy: Policy::from_config(config, fallback.is_some()),
+            primary: spec::worker_spec(program, kind, config)?,
+            fallback,
+            health: health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
+            queue: config.limits.queue,
+            probe: crate::bundle::probe::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(Arc::new),
+            probe_every: (config.probe.interval_min > 0).then(|| Duration::from_secs(config.probe.interval_min * 60)),
+        })
+    }
+
+    /// What the supervisor runs with: [`EngineConfig::policy`] with what this configuration
+    /// decides (the queue limit, the health call's rows, the probe's cadence), and the health
+    /// call's rows (the health rows, then the probe's).
+    fn supervision(&self) -> (Policy, Vec<Row>) {
+        let mut policy = self.policy.clone();
+        policy.queue_limit = self.queue.max(1);
+        let mut health_rows = self.health.clone();
+        if let Some(p) = &self.probe {
+            health_rows.extend(p.rows.iter().cloned());
+        }
+        policy.health_rows = health_rows.len();
+        policy.probe_every = self.probe_every.filter(|_| self.probe.is_some());
+        (policy, health_rows)
     }
 }
 
@@ -195,14 +236,7 @@ impl Engine {
     /// Starts the engine on the current tokio runtime (it spawns the first worker at once).
     pub fn start(config: EngineConfig) -> Engine {
         let (tx, rx) = mpsc::channel(1024);
-        let mut policy = config.policy.clone();
-        policy.queue_limit = config.queue.max(1);
-        let mut health_rows = config.health.clone();
-        if let Some(p) = &config.probe {
-            health_rows.extend(p.rows.iter().cloned());
-        }
-        policy.health_rows = health_rows.len();
-        policy.probe_every = config.probe_every.filter(|_| config.probe.is_some());
+        let (policy, health_rows) = config.supervision();
         let sup = Supervisor::new(policy);
         let status = Arc::new(Mutex::new(EngineStatus {
             role: Role::Primary,

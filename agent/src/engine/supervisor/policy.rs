@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use crate::config::Config;
+
 /// The supervision policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -92,10 +94,13 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// The policy an `[engine]` section asks for; `fallback` says whether a CPU fallback worker
-    /// exists. The queue limit and health rows come from elsewhere (`EngineConfig`).
-    pub fn from_config(e: &crate::config::Engine, fallback: bool) -> Policy {
-        Policy {
+    /// The policy `config` asks for, the only place it is assembled: the `[engine]` section, and
+    /// what the backend it names runs side by side and together. `fallback` says whether a CPU
+    /// fallback worker exists. The queue limit, the health call's rows and the probe's cadence
+    /// come with the engine's configuration (`EngineConfig`), which sets them when it starts.
+    pub fn from_config(config: &Config, fallback: bool) -> Policy {
+        let e = &config.engine;
+        let mut policy = Policy {
             fixed_deadline: (e.deadline_ms > 0).then(|| Duration::from_millis(e.deadline_ms)),
             expected_per_row: (e.expected_ms > 0).then(|| Duration::from_millis(e.expected_ms)),
             load_allowance: Duration::from_millis(e.load_allowance_ms),
@@ -107,6 +112,41 @@ impl Policy {
             fallback,
             primary_retry: Duration::from_secs(e.retry_primary_s.max(1)),
             ..Policy::default()
+        };
+        if e.backend == "rknn" {
+            // Its contexts run a call's rows side by side: time it per round.
+            policy.primary_parallel = config.rknn.contexts.max(1);
+            // Concurrent callers' next questions fill a round of the contexts.
+            policy.gather = Duration::from_millis(50);
         }
+        if e.backend != "cpu" {
+            // Calls queued together run as one batch of at most what one request may hold. Not on
+            // the CPU: it pads a batch to its longest row, and one-question rows of mixed lengths
+            // merged four at a time ran at 0.48x the rows/s of one per call (1.55x only when all
+            // four had the same length; BENCHMARKS.md, "Concurrent requests").
+            policy.merge_rows = config.limits.questions_per_request.max(1);
+        }
+        policy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_npu_backend_merges_calls_and_rknn_times_its_contexts_per_round_but_the_cpu_does_neither() {
+        let mut config = Config::default();
+        config.engine.backend = "cpu".into();
+        let cpu = Policy::from_config(&config, false);
+        assert_eq!((cpu.merge_rows, cpu.primary_parallel, cpu.gather), (1, 1, Duration::ZERO));
+        config.engine.backend = "qnn".into();
+        config.limits.questions_per_request = 8;
+        let qnn = Policy::from_config(&config, true);
+        assert_eq!((qnn.merge_rows, qnn.primary_parallel, qnn.fallback), (8, 1, true));
+        config.engine.backend = "rknn".into();
+        config.rknn.contexts = 3;
+        let rknn = Policy::from_config(&config, false);
+        assert_eq!((rknn.merge_rows, rknn.primary_parallel, rknn.gather), (8, 3, Duration::from_millis(50)));
     }
 }
