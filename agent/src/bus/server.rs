@@ -414,14 +414,16 @@ impl Shared {
                     answered_by = (out.backend, out.role);
                     (out.rows, out.elapsed.as_secs_f64() * 1000.0)
                 }
-                Err(EngineError::Input(m)) => return Err(error(ErrorCode::BadRequest, m)),
-                Err(EngineError::Expired) => {
-                    return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".to_owned()));
-                }
-                Err(e @ EngineError::Overloaded(_)) => return Err(error(ErrorCode::Overloaded, e.to_string())),
-                Err(e @ EngineError::Quarantined(_)) => return Err(error(ErrorCode::Internal, e.to_string())),
-                Err(e @ (EngineError::Unavailable(_) | EngineError::Stopped)) => {
-                    return Err(error(ErrorCode::BackendUnavailable, e.to_string()));
+                Err(e) => {
+                    // The code is the engine's one mapping; the message is the model's own for a
+                    // refused row, and says where the deadline passed.
+                    let code = ErrorCode::from(&e);
+                    let message = match e {
+                        EngineError::Input(m) => m,
+                        EngineError::Expired => "the deadline passed before inference".to_owned(),
+                        e => e.to_string(),
+                    };
+                    return Err(error(code, message));
                 }
             }
         };

@@ -19,7 +19,7 @@ use laya_edge::backend::{self, BackendKind};
 use laya_edge::bundle::HostBundle;
 use laya_edge::config::Config;
 use laya_edge::engine::supervisor::Policy;
-use laya_edge::engine::{Engine, EngineConfig, EngineError};
+use laya_edge::engine::{Engine, EngineConfig};
 use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::prompt::Row;
 
@@ -118,15 +118,8 @@ impl Backend for WorkerBackend {
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let rows = rows.iter().map(|r| (*r).clone()).collect();
-        // As `serve` answers: a backend that is restarting or degraded is retryable
-        // (`backend_unavailable`), a request that killed the worker twice is `internal`.
-        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(|e| match e {
-            EngineError::Input(m) => BackendError::Input(m),
-            e @ (EngineError::Unavailable(_) | EngineError::Overloaded(_) | EngineError::Stopped) => {
-                BackendError::Transient(e.to_string())
-            }
-            other => BackendError::Fatal { code: None, message: other.to_string() },
-        })
+        // As `serve` answers (the engine's `From<EngineError> for BackendError`).
+        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(BackendError::from)
     }
 }
 

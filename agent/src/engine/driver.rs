@@ -20,8 +20,8 @@ use super::health::Evidence;
 use super::probe::Report;
 use super::protocol::{FromWorker, ToWorker};
 use super::supervisor::{
-    Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Supervisor,
-    Timer, TimerKind, WorkerId,
+    Action, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Supervisor, Timer,
+    TimerKind, WorkerId,
 };
 use super::{EngineConfig, EngineError, EngineStatus, ProbeRun, RESTARTS_KEPT, RestartLog, RestartRecord, RunOutput};
 use crate::backend::{BackendError, RowResult};
@@ -413,13 +413,7 @@ impl Driver {
                 self.probe_calls.remove(&call);
                 self.sent.remove(&call);
                 if let Some(p) = self.pending.remove(&call) {
-                    let _ = p.reply.send(Err(match error {
-                        CallError::Input(m) => EngineError::Input(m),
-                        CallError::Unavailable(m) => EngineError::Unavailable(m),
-                        CallError::Overloaded(m) => EngineError::Overloaded(m),
-                        CallError::Expired => EngineError::Expired,
-                        CallError::Quarantined(m) => EngineError::Quarantined(m),
-                    }));
+                    let _ = p.reply.send(Err(error));
                 }
             }
             Action::Restarted(role, reason) => {

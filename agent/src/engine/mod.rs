@@ -21,9 +21,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use laya_topics::wire::ErrorCode;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use crate::backend::{BackendKind, RowResult, SetupError};
+use crate::backend::{BackendError, BackendKind, RowResult, SetupError};
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::prompt::Row;
@@ -116,22 +117,62 @@ pub struct RunOutput {
     pub elapsed: Duration,
 }
 
-/// Why a call failed.
+/// Why a call failed: the supervisor's refusals ([`supervisor::Action::Reject`]), and the
+/// engine having stopped. One type from the supervisor to the service, with one mapping to what
+/// a client sees ([`ErrorCode`]) and one to what a synchronous caller sees ([`BackendError`]),
+/// both below.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
+    /// The rows were refused by the model: the caller's fault.
     #[error("the model rejected the input: {0}")]
     Input(String),
+    /// No healthy backend could answer (retryable); the message says why and when the next try is.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The engine's queue is full.
     #[error("the engine is overloaded: {0}")]
     Overloaded(String),
+    /// The caller's deadline passed before the call reached a worker.
     #[error("the deadline passed before the call reached the backend")]
     Expired,
-    /// The call failed fatally on two workers: it is not run again.
+    /// The call failed fatally twice (crash, deadline or fatal error on both attempts, on two
+    /// workers): it is quarantined, answered with this error and not run again.
     #[error("the backend failed on this request: {0}")]
     Quarantined(String),
+    /// The engine's driver is gone (the engine was dropped, or its runtime shut down).
     #[error("the engine has stopped")]
     Stopped,
+}
+
+/// The error code a client is answered with when its call fails so: its own fault
+/// (`bad_request`), its deadline, a full queue, a request that killed the backend twice
+/// (`internal`), or no backend to answer (`backend_unavailable`, retryable).
+impl From<&EngineError> for ErrorCode {
+    fn from(e: &EngineError) -> ErrorCode {
+        match e {
+            EngineError::Input(_) => ErrorCode::BadRequest,
+            EngineError::Expired => ErrorCode::DeadlineExceeded,
+            EngineError::Overloaded(_) => ErrorCode::Overloaded,
+            EngineError::Quarantined(_) => ErrorCode::Internal,
+            EngineError::Unavailable(_) | EngineError::Stopped => ErrorCode::BackendUnavailable,
+        }
+    }
+}
+
+/// The backend error a synchronous caller of the engine (`predict`, `probe` through a worker)
+/// sees, as `serve` answers: a backend that is restarting, degraded or overloaded is retryable
+/// (`Transient`); a request that killed the worker twice, or whose deadline passed in the queue,
+/// is `Fatal`.
+impl From<EngineError> for BackendError {
+    fn from(e: EngineError) -> BackendError {
+        match e {
+            EngineError::Input(m) => BackendError::Input(m),
+            e @ (EngineError::Unavailable(_) | EngineError::Overloaded(_) | EngineError::Stopped) => {
+                BackendError::Transient(e.to_string())
+            }
+            other => BackendError::Fatal { code: None, message: other.to_string() },
+        }
+    }
 }
 
 /// A restart, for telemetry and events.
@@ -318,5 +359,51 @@ impl Engine {
     /// The backend's state (`starting | ready | degraded`), to be told when it changes.
     pub fn backend_state(&self) -> watch::Receiver<BackendState> {
         self.state.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_error() -> [EngineError; 6] {
+        [
+            EngineError::Input("bad row".into()),
+            EngineError::Unavailable("restarting".into()),
+            EngineError::Overloaded("full".into()),
+            EngineError::Expired,
+            EngineError::Quarantined("twice".into()),
+            EngineError::Stopped,
+        ]
+    }
+
+    #[test]
+    fn each_engine_error_has_the_wire_code_clients_have_always_seen() {
+        let codes: Vec<&str> = every_error().iter().map(|e| ErrorCode::from(e).as_str()).collect();
+        assert_eq!(
+            codes,
+            [
+                "bad_request",
+                "backend_unavailable",
+                "overloaded",
+                "deadline_exceeded",
+                "internal",
+                "backend_unavailable"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_synchronous_caller_may_retry_what_serve_calls_retryable_and_no_more() {
+        let kinds: Vec<&str> = every_error()
+            .into_iter()
+            .map(|e| match BackendError::from(e) {
+                BackendError::Input(_) => "input",
+                BackendError::Transient(_) => "transient",
+                BackendError::Fatal { .. } => "fatal",
+            })
+            .collect();
+        assert_eq!(kinds, ["input", "transient", "transient", "fatal", "fatal", "transient"]);
+        assert_eq!(BackendError::from(EngineError::Input("bad row".into())), BackendError::Input("bad row".into()));
     }
 }

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::BackendError;
+use crate::engine::EngineError;
 
 /// Identifies one call (a batch of rows) for the life of the engine.
 pub type CallId = u64;
@@ -148,22 +149,6 @@ pub enum Event {
     Tick,
 }
 
-/// Why a call failed without a result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallError {
-    /// The rows were refused by the model: the caller's fault.
-    Input(String),
-    /// No healthy backend could answer (retryable); the message says why and when the next try is.
-    Unavailable(String),
-    /// The engine's queue is full.
-    Overloaded(String),
-    /// The caller's deadline passed before the call reached a worker.
-    Expired,
-    /// The call failed fatally twice (crash, deadline or fatal error on both attempts): it is
-    /// quarantined, answered with this error and not run again.
-    Quarantined(String),
-}
-
 /// What happened to the backend, for the events topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NoticeKind {
@@ -211,8 +196,8 @@ pub enum Action {
     SetTimer(Timer, Duration),
     /// Hand the worker's result for this call to its caller.
     Deliver(CallId),
-    /// Answer this call with an error.
-    Reject(CallId, CallError),
+    /// Answer this call with an error (never [`EngineError::Stopped`]: that is the handle's).
+    Reject(CallId, EngineError),
     /// A restart happened (for counters).
     Restarted(Role, RestartReason),
     /// Publish this on the events topic (and log it).

@@ -53,11 +53,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::backend::BackendError;
+use crate::engine::EngineError;
 use calls::{Call, CallQueue, Gather, Retry};
 use deadline::Estimator;
 pub use events::{
-    Action, BackendState, CallError, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer,
-    TimerKind, WorkerId, WorkerState,
+    Action, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer, TimerKind,
+    WorkerId, WorkerState,
 };
 pub use policy::Policy;
 
@@ -282,12 +283,12 @@ impl Supervisor {
             self.probing = Some(id);
         }
         if call.deadline.is_some_and(|d| d <= now) {
-            actions.push(Action::Reject(id, CallError::Expired));
+            actions.push(Action::Reject(id, EngineError::Expired));
         } else if self.degraded.is_some() && self.serving.is_none() {
-            actions.push(Action::Reject(id, CallError::Unavailable(self.unavailable(now))));
+            actions.push(Action::Reject(id, EngineError::Unavailable(self.unavailable(now))));
         } else if self.calls.held() >= self.policy.queue_limit.max(1) {
             let why = format!("the engine has {} calls queued or running, its limit", self.calls.held());
-            actions.push(Action::Reject(id, CallError::Overloaded(why)));
+            actions.push(Action::Reject(id, EngineError::Overloaded(why)));
         } else {
             self.calls.submit(id, call);
             if matches!(self.state(), WorkerState::Busy(_)) {
@@ -452,7 +453,7 @@ impl Supervisor {
                 self.calls.remove(call);
                 self.calls.clear_running();
                 self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
-                actions.push(Action::Reject(call, CallError::Input(msg)));
+                actions.push(Action::Reject(call, EngineError::Input(msg)));
                 self.dispatch(now, actions);
             }
             BackendError::Transient(msg) => {
@@ -461,7 +462,7 @@ impl Supervisor {
                 self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
                 match self.calls.retry(call) {
                     Retry::Again => {}
-                    Retry::Spent | Retry::Gone => actions.push(Action::Reject(call, CallError::Unavailable(msg))),
+                    Retry::Spent | Retry::Gone => actions.push(Action::Reject(call, EngineError::Unavailable(msg))),
                 }
                 self.dispatch(now, actions);
             }
@@ -552,7 +553,7 @@ impl Supervisor {
     /// Periodic housekeeping: expired calls leave the queue.
     fn on_tick(&mut self, now: Instant, actions: &mut Vec<Action>) -> Handled {
         for call in self.calls.expire(now) {
-            actions.push(Action::Reject(call, CallError::Expired));
+            actions.push(Action::Reject(call, EngineError::Expired));
         }
         Handled::Live
     }
@@ -646,7 +647,7 @@ impl Supervisor {
         }
         let cap = if slot.role == Role::Primary { self.policy.merge_rows.max(1) } else { 1 };
         let (batch, rows, expired) = self.calls.next_batch(now, cap);
-        actions.extend(expired.into_iter().map(|call| Action::Reject(call, CallError::Expired)));
+        actions.extend(expired.into_iter().map(|call| Action::Reject(call, EngineError::Expired)));
         let Some(&first) = batch.first() else { return };
         if self.gather == Gather::Due && batch.len() == 1 {
             self.contended = false; // nobody else came: stop waiting for company
@@ -687,7 +688,7 @@ impl Supervisor {
     fn reject_queue(&mut self, now: Instant, actions: &mut Vec<Action>) {
         let why = self.unavailable(now);
         for call in self.calls.drain_queue() {
-            actions.push(Action::Reject(call, CallError::Unavailable(why.clone())));
+            actions.push(Action::Reject(call, EngineError::Unavailable(why.clone())));
         }
     }
 
@@ -801,7 +802,7 @@ impl Supervisor {
             counts = false;
             actions.push(Action::Reject(
                 call,
-                CallError::Quarantined(format!("this request failed twice ({why}); it is not run again")),
+                EngineError::Quarantined(format!("this request failed twice ({why}); it is not run again")),
             ));
         }
         self.calls.clear_running();
@@ -939,7 +940,7 @@ impl Supervisor {
         let why = format!("not ready after {} s: {desc}", wait.as_secs());
         let since = self.not_serving_since.unwrap_or(now);
         for call in self.calls.waited(now, since, wait) {
-            actions.push(Action::Reject(call, CallError::Unavailable(why.clone())));
+            actions.push(Action::Reject(call, EngineError::Unavailable(why.clone())));
         }
     }
 

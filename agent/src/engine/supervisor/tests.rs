@@ -122,7 +122,7 @@ fn a_hung_call_is_killed_at_its_deadline_rerun_once_then_quarantined() {
     assert_eq!(a[0], Action::Send(s.worker(), vec![7]));
     let a = s.advance(secs(3));
     let quarantined = a.iter().any(
-        |x| matches!(x, Action::Reject(7, CallError::Quarantined(m)) if m.contains("missed its deadline (2000 ms)")),
+        |x| matches!(x, Action::Reject(7, EngineError::Quarantined(m)) if m.contains("missed its deadline (2000 ms)")),
     );
     assert!(quarantined, "{a:?}");
     assert_eq!(s.sup.restart_counts()["deadline"], 2);
@@ -174,12 +174,12 @@ fn a_transient_error_is_retried_once_and_an_input_error_is_the_callers() {
     assert_eq!(s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0], Action::Send(w, vec![1]));
     assert_eq!(
         s.feed(Event::Failed(w, 1, BackendError::Transient("ssr".into())))[0],
-        Action::Reject(1, CallError::Unavailable("ssr".into()))
+        Action::Reject(1, EngineError::Unavailable("ssr".into()))
     );
     s.submit(2, 1);
     assert_eq!(
         s.feed(Event::Failed(w, 2, BackendError::Input("bad".into())))[0],
-        Action::Reject(2, CallError::Input("bad".into()))
+        Action::Reject(2, EngineError::Input("bad".into()))
     );
     assert!(s.sup.restart_counts().is_empty());
 }
@@ -204,7 +204,7 @@ fn without_a_fallback_six_crashes_refuse_with_the_cause_then_the_retry_recovers_
     s.advance(secs(5));
     // Refused at once, with the root cause and the time of the next try.
     match s.submit(1, 1).as_slice() {
-        [Action::Reject(1, CallError::Unavailable(m))] => {
+        [Action::Reject(1, EngineError::Unavailable(m))] => {
             assert!(m.contains("signal 9") && m.contains("6 restarts") && m.contains("next try in 15 s"), "{m}")
         }
         other => panic!("{other:?}"),
@@ -213,7 +213,7 @@ fn without_a_fallback_six_crashes_refuse_with_the_cause_then_the_retry_recovers_
     let a = s.advance(secs(15));
     assert!(a.iter().any(|x| matches!(x, Action::Spawn(_, Role::Primary))), "{a:?}");
     match s.submit(2, 1).as_slice() {
-        [Action::Reject(2, CallError::Unavailable(m))] => assert!(m.contains("health-checked now"), "{m}"),
+        [Action::Reject(2, EngineError::Unavailable(m))] => assert!(m.contains("health-checked now"), "{m}"),
         other => panic!("{other:?}"),
     }
     let a = s.ready_and_healthy(1);
@@ -299,7 +299,7 @@ fn a_crash_looping_fallback_is_restarted_for_ever_and_questions_are_refused_whil
     for _ in 0..20 {
         let f = s.worker();
         s.feed(Event::Exited(f, "signal 6".into()));
-        assert!(matches!(s.submit(9, 1)[0], Action::Reject(9, CallError::Unavailable(_))));
+        assert!(matches!(s.submit(9, 1)[0], Action::Reject(9, EngineError::Unavailable(_))));
         s.advance(secs(31));
     }
     let f = s.worker();
@@ -349,25 +349,25 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, probe: false });
     s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, probe: false });
     assert_eq!(s.sup.in_flight(), 3);
-    assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, CallError::Overloaded(_))));
+    assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, EngineError::Overloaded(_))));
     s.now += ms(200);
     // The tick drops the expired calls from the queue; the running one is not affected.
     let a = s.feed(Event::Tick);
-    assert_eq!(a, [Action::Reject(2, CallError::Expired), Action::Reject(3, CallError::Expired)]);
+    assert_eq!(a, [Action::Reject(2, EngineError::Expired), Action::Reject(3, EngineError::Expired)]);
     assert_eq!(s.sup.in_flight(), 1);
     s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), probe: false });
     s.submit(6, 1);
     s.now += ms(50);
     // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
     let a = s.feed(Event::Done(w, 1));
-    assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(5, CallError::Expired), Action::Send(w, vec![6])]);
+    assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(5, EngineError::Expired), Action::Send(w, vec![6])]);
     // A caller that went away: its queued call is dropped too.
     s.submit(7, 1);
     s.feed(Event::Cancelled(7));
     assert_eq!(s.sup.in_flight(), 1);
     assert!(matches!(
         s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), probe: false })[0],
-        Action::Reject(8, CallError::Expired)
+        Action::Reject(8, EngineError::Expired)
     ));
 }
 
@@ -382,7 +382,7 @@ fn requests_that_kill_the_worker_twice_are_quarantined_and_count_once() {
             let w = s.worker();
             let a = s.feed(Event::Exited(w, "signal 9".into()));
             if attempt == 1 {
-                assert!(a.iter().any(|x| matches!(x, Action::Reject(c, CallError::Quarantined(_)) if *c == call)));
+                assert!(a.iter().any(|x| matches!(x, Action::Reject(c, EngineError::Quarantined(_)) if *c == call)));
             }
             // Past the backoff, well inside `ready_wait` (the question waits for the worker).
             s.advance(secs(1));
@@ -412,7 +412,7 @@ fn a_fatal_errors_code_name_and_message_travel_to_the_restart_and_the_refusal() 
     });
     assert_eq!(degraded.and_then(|n| n.reason), Some(reason));
     match s.submit(2, 1).as_slice() {
-        [Action::Reject(2, CallError::Unavailable(m))] => assert!(m.contains("the NPU timed out"), "{m}"),
+        [Action::Reject(2, EngineError::Unavailable(m))] => assert!(m.contains("the NPU timed out"), "{m}"),
         other => panic!("{other:?}"),
     }
 }
@@ -566,7 +566,7 @@ fn a_poison_call_merged_with_two_good_ones_is_isolated_through_a_hang_and_a_cras
     // Its second failure alone quarantines it (a crash this time); the others are answered.
     assert_eq!(sends(&s.ready_and_healthy(1)), [vec![2]]);
     let a = s.feed(Event::Exited(s.worker(), "signal 9".into()));
-    assert!(a.iter().any(|x| matches!(x, Action::Reject(2, CallError::Quarantined(_)))), "{a:?}");
+    assert!(a.iter().any(|x| matches!(x, Action::Reject(2, EngineError::Quarantined(_)))), "{a:?}");
     // A crash of call 3 alone (the runtime's, say) is its first failure, not its second: the
     // merged hang was not counted against it.
     s.advance(secs(2));
@@ -603,7 +603,7 @@ fn a_row_the_model_refuses_fails_only_its_own_call_of_a_merged_batch() {
     let a = s.feed(Event::Failed(w, 3, BackendError::Input("token 99999 out of range".into())));
     assert_eq!(
         a[..2],
-        [Action::Reject(3, CallError::Input("token 99999 out of range".into())), Action::Send(w, vec![4])]
+        [Action::Reject(3, EngineError::Input("token 99999 out of range".into())), Action::Send(w, vec![4])]
     );
     assert_eq!(s.feed(Event::Done(w, 4)), [Action::Deliver(4)]);
     // A transient error of a merged batch: the same, and no call loses its retry to it.
@@ -635,7 +635,7 @@ fn cancelled_expired_and_probe_calls_are_never_merged() {
     s.feed(Event::Cancelled(3));
     s.now += ms(100);
     let a = s.feed(Event::Done(w, 1));
-    assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(4, CallError::Expired), Action::Send(w, vec![2, 5])]);
+    assert_eq!(a[..3], [Action::Deliver(1), Action::Reject(4, EngineError::Expired), Action::Send(w, vec![2, 5])]);
     // The probe runs alone, and what follows it after it.
     let a = s.feed(Event::Done(w, 2));
     assert_eq!(answer_all(&mut s, w, a), [vec![6], vec![7]]);
@@ -750,7 +750,7 @@ fn a_primary_hanging_in_every_health_call_without_a_fallback_refuses_within_read
     // The question is not left in silence: refused after 20 s, with what is going on.
     let a = s.advance(secs(20));
     match a.as_slice() {
-        [Action::Reject(1, CallError::Unavailable(m))] => {
+        [Action::Reject(1, EngineError::Unavailable(m))] => {
             assert!(m.contains("not ready after 20 s") && m.contains("health call has been running for 20 s"), "{m}")
         }
         other => panic!("{other:?}"),
@@ -772,7 +772,7 @@ fn a_primary_hanging_in_every_health_call_without_a_fallback_refuses_within_read
     assert_eq!(degraded.len(), 1, "{:?}", s.log);
     assert!(s.sup.degraded());
     match s.submit(2, 1).as_slice() {
-        [Action::Reject(2, CallError::Unavailable(m))] => {
+        [Action::Reject(2, EngineError::Unavailable(m))] => {
             assert!(m.contains("3 failed health calls in a row") && m.contains("missed its deadline (60000 ms)"), "{m}")
         }
         other => panic!("{other:?}"),
