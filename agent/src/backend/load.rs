@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::bundle::HostBundle;
 use crate::config::{Config, ConfigError};
-use crate::backend::Backend;
+use crate::backend::{Backend, LoadError};
 use crate::backend::cpu::CpuBackend;
 
 /// Which backend runs the model.
@@ -98,8 +98,9 @@ pub fn set_threads(threads: usize) -> Result<(), String> {
 }
 
 /// Loads `kind` in this process on `config`'s model directory: the CPU backend for `predict`,
-/// any backend in the worker.
-pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, String> {
+/// any backend in the worker. A vendor runtime the bundle does not allow is a
+/// [`LoadFailure::RuntimeRejected`](crate::backend::LoadFailure), any other failure `Other`.
+pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     let model = Path::new(&config.model.dir);
     match kind {
         BackendKind::Cpu => {
@@ -117,7 +118,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Stri
 }
 
 #[cfg(feature = "rknn")]
-fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     use crate::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let manifest =
@@ -136,8 +137,8 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
     rknn.core_mask = config.rknn.core_mask;
     rknn.contexts = config.rknn.contexts;
     let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| match e {
-        crate::backend::npu::rknn::RknnError::RuntimeRefused { .. } => format!("{}{e}", crate::backend::RUNTIME_REJECTED),
-        e => e.to_string(),
+        crate::backend::npu::rknn::RknnError::RuntimeRefused { .. } => LoadError::runtime_rejected(e.to_string()),
+        e => LoadError::other(e.to_string()),
     })?;
     let v = backend.versions();
     tracing::info!(versions = ?v, "rknn runtime loaded");
@@ -145,17 +146,17 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
 }
 
 #[cfg(not(feature = "rknn"))]
-fn load_rknn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_rknn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, LoadError> {
     Err("this laya-edge was built without the rknn feature".into())
 }
 
 #[cfg(not(feature = "qnn"))]
-fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, LoadError> {
     Err("this laya-edge was built without the qnn feature".into())
 }
 
 #[cfg(feature = "qnn")]
-fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     use crate::backend::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let q = &config.qnn;
@@ -168,7 +169,7 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
     qnn.performance = match q.performance.as_str() {
         "burst" => Performance::Burst,
         "" | "default" => Performance::Default,
-        other => return Err(format!("qnn.performance {other:?}: use default or burst")),
+        other => return Err(format!("qnn.performance {other:?}: use default or burst").into()),
     };
     if !q.generator.is_empty() {
         if q.model_lib.is_empty() {
@@ -189,8 +190,8 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
         qnn.soc = q.soc.clone();
     }
     let backend = QnnBackend::load(&bundle, &qnn).map_err(|e| match e {
-        crate::backend::npu::qnn::QnnError::RuntimeNotAllowed { .. } => format!("{}{e}", crate::backend::RUNTIME_REJECTED),
-        e => e.to_string(),
+        crate::backend::npu::qnn::QnnError::RuntimeNotAllowed { .. } => LoadError::runtime_rejected(e.to_string()),
+        e => LoadError::other(e.to_string()),
     })?;
     let info = backend.runtime_info();
     tracing::info!(

@@ -1135,18 +1135,20 @@ fn probe_event(run: &crate::engine::ProbeRun) -> EngineEvent {
 /// `runtime_rejected`, for a restart whose worker refused its vendor runtime (a version the
 /// bundle does not allow): the operator must change the board, not wait for a restart to help.
 fn runtime_rejected_event(n: &crate::engine::supervisor::Notice) -> Option<EngineEvent> {
+    use crate::backend::{LoadError, LoadFailure};
     use crate::engine::supervisor::{NoticeKind, RestartReason};
-    let Some(RestartReason::LoadFailed(why)) = &n.reason else { return None };
+    let Some(RestartReason::LoadFailed(LoadError { kind: LoadFailure::RuntimeRejected, message })) = &n.reason else {
+        return None;
+    };
     if n.kind != NoticeKind::WorkerRestart {
         return None;
     }
-    let at = why.find(crate::backend::RUNTIME_REJECTED)?;
     Some(EngineEvent {
         event: "runtime_rejected".into(),
         reason: Some("load_failed".into()),
         code: None,
         name: None,
-        message: why[at + crate::backend::RUNTIME_REJECTED.len()..].to_owned(),
+        message: message.clone(),
         deadline_ms: None,
         role: n.role.as_str().into(),
         probe: None,

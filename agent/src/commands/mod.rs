@@ -131,7 +131,7 @@ pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Re
     let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;
     backend::set_threads(config.engine.threads)?;
     if kind == BackendKind::Cpu {
-        return backend::load(kind, config);
+        return backend::load(kind, config).map_err(|e| e.to_string());
     }
     let program = backend::this_program().map_err(|e| e.to_string())?;
     let mut engine_config = EngineConfig::from_config(&program, config, bundle).map_err(|e| e.to_string())?;

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::protocol::{FromWorker, read_from_worker};
 use super::spec::WorkerSpec;
 use super::supervisor::{Role, WorkerId};
+use crate::backend::LoadFailure;
 
 /// What a worker's tasks tell the driver.
 pub(super) enum WorkerMsg {
@@ -89,7 +90,7 @@ pub(super) fn spawn(
                 Ok(f) => (WorkerMsg::Frame(f), false),
                 Err(e) => {
                     let message = format!("garbled frame: {e}");
-                    (WorkerMsg::Frame(FromWorker::LoadFailed { message }), true)
+                    (WorkerMsg::Frame(FromWorker::LoadFailed { kind: LoadFailure::Other, message }), true)
                 }
             };
             // After a garbled frame the stream is out of step: nothing more can be read.

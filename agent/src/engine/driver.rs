@@ -24,7 +24,7 @@ use super::supervisor::{
     TimerKind, WorkerId,
 };
 use super::{EngineConfig, EngineError, EngineStatus, ProbeRun, RESTARTS_KEPT, RestartLog, RestartRecord, RunOutput};
-use crate::backend::{BackendError, RowResult};
+use crate::backend::{BackendError, LoadError, RowResult};
 use crate::prompt::Row;
 
 /// What the [`Engine`](super::Engine) handle asks of the driver.
@@ -178,7 +178,9 @@ impl Driver {
                 }
                 Event::Ready(id)
             }
-            WorkerMsg::Frame(FromWorker::LoadFailed { message }) => Event::LoadFailed(id, message),
+            WorkerMsg::Frame(FromWorker::LoadFailed { kind, message }) => {
+                Event::LoadFailed(id, LoadError { kind, message })
+            }
             WorkerMsg::Frame(FromWorker::Progress { call, done, of }) => Event::Progress(id, call, done, of),
             WorkerMsg::Frame(FromWorker::Done { call, rows, .. }) => {
                 let batch = if call == HEALTH_CALL { Vec::new() } else { self.sent.remove(&call).unwrap_or_default() };
@@ -363,7 +365,7 @@ impl Driver {
                 self.workers.insert(id, worker);
                 None
             }
-            Err(why) => Some(Event::LoadFailed(id, why)),
+            Err(why) => Some(Event::LoadFailed(id, LoadError::other(why))),
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, LoadError};
 use crate::engine::EngineError;
 
 /// Identifies one call (a batch of rows) for the life of the engine.
@@ -45,8 +45,9 @@ pub enum RestartReason {
     Crash(String),
     /// The backend reported a fatal error: its code, if any, and its message.
     Fatal { code: Option<i64>, message: String },
-    /// The backend could not be loaded, did not become ready in time, or failed its health call.
-    LoadFailed(String),
+    /// The backend could not be loaded (its kind says whether the vendor runtime was refused),
+    /// did not become ready in time, or failed its health call.
+    LoadFailed(LoadError),
 }
 
 impl RestartReason {
@@ -133,8 +134,8 @@ pub enum Event {
     Cancelled(CallId),
     /// A worker loaded its backend.
     Ready(WorkerId),
-    /// A worker could not load its backend.
-    LoadFailed(WorkerId, String),
+    /// A worker could not load its backend (or could not be started).
+    LoadFailed(WorkerId, LoadError),
     /// A worker answered a call (or its health call, [`HEALTH_CALL`]).
     Done(WorkerId, CallId),
     /// A worker reported an error for a call.

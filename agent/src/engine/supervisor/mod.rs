@@ -52,7 +52,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, LoadError};
 use crate::engine::EngineError;
 use calls::{Call, CallQueue, Gather, Retry};
 use deadline::Estimator;
@@ -343,7 +343,7 @@ impl Supervisor {
         Handled::Live
     }
 
-    fn on_load_failed(&mut self, now: Instant, id: WorkerId, why: String, actions: &mut Vec<Action>) -> Handled {
+    fn on_load_failed(&mut self, now: Instant, id: WorkerId, why: LoadError, actions: &mut Vec<Action>) -> Handled {
         self.failed(now, id, RestartReason::LoadFailed(why), true, actions);
         Handled::Live
     }
@@ -438,7 +438,7 @@ impl Supervisor {
         match error {
             BackendError::Input(msg) | BackendError::Transient(msg) if slot.state == WorkerState::Health => {
                 let why = format!("the health call failed: {msg}");
-                self.failed(now, id, RestartReason::LoadFailed(why), true, actions);
+                self.failed(now, id, RestartReason::LoadFailed(LoadError::other(why)), true, actions);
             }
             // A merged batch failed as a whole: its calls run again alone, each for its own
             // answer or its own error (the worker reports errors per batch).
@@ -512,7 +512,7 @@ impl Supervisor {
     fn on_startup_timeout(&mut self, now: Instant, actions: &mut Vec<Action>) {
         if let Some(s) = self.serving.filter(|s| s.state == WorkerState::Starting) {
             let why = format!("not ready within {} s", self.policy.startup_timeout.as_secs());
-            self.failed(now, s.id, RestartReason::LoadFailed(why), true, actions);
+            self.failed(now, s.id, RestartReason::LoadFailed(LoadError::other(why)), true, actions);
         }
     }
 
@@ -520,7 +520,8 @@ impl Supervisor {
     fn on_candidate_timeout(&mut self, now: Instant, actions: &mut Vec<Action>) {
         if let Some(c) = self.candidate {
             let reason = if c.state == WorkerState::Starting {
-                RestartReason::LoadFailed(format!("not ready within {} s", self.policy.startup_timeout.as_secs()))
+                let why = format!("not ready within {} s", self.policy.startup_timeout.as_secs());
+                RestartReason::LoadFailed(LoadError::other(why))
             } else {
                 RestartReason::Deadline(c.deadline)
             };

@@ -2,6 +2,7 @@
 //! that fires its timers in order, so every policy is checked without processes or waiting.
 
 use super::*;
+use crate::backend::LoadFailure;
 
 struct Sim {
     sup: Supervisor,
@@ -945,4 +946,23 @@ fn without_an_interval_the_probe_is_never_asked_for() {
     let mut s = Sim::new(healthy_policy());
     s.ready_and_healthy(1);
     assert!(!s.advance(secs(3600)).contains(&Action::Probe));
+}
+
+#[test]
+fn a_refused_runtime_travels_typed_to_the_restart_notice_and_reads_as_before() {
+    let mut s = Sim::new(healthy_policy());
+    let w = s.worker();
+    let a = s.feed(Event::LoadFailed(w, LoadError::runtime_rejected("refusing RKNN runtime \"2.4.2\"")));
+    let restart = notices(&a, NoticeKind::WorkerRestart);
+    let reason = restart[0].reason.as_ref().expect("a reason");
+    assert!(
+        matches!(reason, RestartReason::LoadFailed(LoadError { kind: LoadFailure::RuntimeRejected, message })
+            if message == "refusing RKNN runtime \"2.4.2\""),
+        "{reason:?}"
+    );
+    assert_eq!(
+        restart[0].message,
+        "the backend could not be loaded: runtime rejected: refusing RKNN runtime \"2.4.2\""
+    );
+    assert_eq!(reason.label(), "load_failed");
 }
