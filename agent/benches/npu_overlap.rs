@@ -22,7 +22,7 @@
 //!
 //! - RK3588 through the Engine (`LAYA_BENCH_PART=engine`): N clients, each asking one question
 //!   at a time (the next when the answer is back), against `serve`'s engine for `backend =
-//!   "rknn"` (a worker process, `backend::engine_config`): one context, three contexts with
+//!   "rknn"` (a worker process, `engine::EngineConfig::from_config`): one context, three contexts with
 //!   calls run one at a time (the supervisor before merging), three contexts with queued calls
 //!   merged into one batch. Questions per second over `LAYA_BENCH_ROUNDS` (default 4) questions
 //!   per client.
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use laya_edge::bundle::HostBundle;
 use laya_edge::backend::Backend;
-use laya_edge::engine::process::Engine;
+use laya_edge::engine::Engine;
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::npu::qnn::{QnnBackend, QnnConfig};
 use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
@@ -148,7 +148,8 @@ fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) 
             config.engine.backend = "rknn".into();
             config.rknn.library = lib.display().to_string();
             config.rknn.contexts = contexts;
-            let mut engine_config = laya_edge::backend::engine_config(program, &config, &host).expect("engine config");
+            let mut engine_config =
+                laya_edge::engine::EngineConfig::from_config(program, &config, &host).expect("engine config");
             if !merge {
                 engine_config.policy.merge_rows = 1;
             }

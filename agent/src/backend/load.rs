@@ -1,29 +1,17 @@
 //! Backends from a [`Config`], in one place.
 //!
 //! `serve`, `predict` and the worker all turn the effective configuration into a backend here:
-//! the CPU backend loaded in process (`predict --backend cpu`), any backend loaded in the worker
-//! process (NPU runtimes are only ever loaded there), and the [`WorkerSpec`]s (the worker command
-//! lines) of the engine's primary and CPU fallback with the supervision [`Policy`].
-//!
-//! The worker gets its settings from the agent's effective configuration, not from a list of
-//! variables: the agent writes the whole `Config` as TOML into the worker's environment
-//! ([`CONFIG_VAR`]) and the worker reads it back with [`worker_config`]. The only other variable
-//! set for the worker is `ADSP_LIBRARY_PATH` (from `qnn.adsp_library_path`), which Qualcomm's
-//! FastRPC loader reads from the process environment.
+//! the CPU backend loaded in process (`predict --backend cpu`) and any backend loaded in the
+//! worker process (NPU runtimes are only ever loaded there). How the worker is started and
+//! supervised (its command line, the policy) is the engine's (`engine::spec`,
+//! `engine::EngineConfig::from_config`).
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use crate::bundle::HostBundle;
 use crate::config::{Config, ConfigError};
-use crate::backend::Backend;
+use crate::backend::{Backend, LoadError};
 use crate::backend::cpu::CpuBackend;
-use crate::engine::process::{EngineConfig, WorkerSpec};
-use crate::engine::supervisor::Policy;
-
-/// The environment variable that carries the agent's effective configuration (TOML) to its
-/// worker. A worker started without it runs on the defaults and its command line.
-pub const CONFIG_VAR: &str = "LAYA_WORKER_CONFIG";
 
 /// Which backend runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -98,75 +86,6 @@ pub fn this_program() -> Result<PathBuf, SetupError> {
     std::env::current_exe().map_err(SetupError::Program)
 }
 
-/// The worker command line for `kind` on `config`'s model directory, carrying `config` as the
-/// worker's settings and this process's id as the parent the worker must die with.
-pub fn worker_spec(program: &Path, kind: BackendKind, config: &Config) -> Result<WorkerSpec, ConfigError> {
-    let args: Vec<OsString> = vec![
-        "worker".into(),
-        "--backend".into(),
-        kind.name().into(),
-        "--model".into(),
-        config.model.dir.clone().into(),
-        "--parent".into(),
-        std::process::id().to_string().into(),
-    ];
-    let mut env = vec![(OsString::from(CONFIG_VAR), OsString::from(config.to_toml()?))];
-    if !config.qnn.adsp_library_path.is_empty() {
-        env.push(("ADSP_LIBRARY_PATH".into(), config.qnn.adsp_library_path.clone().into()));
-    }
-    Ok(WorkerSpec { program: program.to_owned(), args, env })
-}
-
-/// The engine for `config`: its backend in a worker, and a CPU worker as the fallback when
-/// `engine.fallback = "cpu"`, the backend is not the CPU already, and `bundle` has a checkpoint.
-pub fn engine_config(program: &Path, config: &Config, bundle: &HostBundle) -> Result<EngineConfig, SetupError> {
-    let kind = BackendKind::parse(&config.engine.backend)?;
-    let fallback = (config.engine.fallback == "cpu" && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
-        .then(|| worker_spec(program, BackendKind::Cpu, config))
-        .transpose()?;
-    Ok(EngineConfig {
-        policy: policy(config, fallback.is_some()),
-        primary: worker_spec(program, kind, config)?,
-        fallback,
-        health: crate::engine::health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
-        queue: config.limits.queue,
-        probe: crate::bundle::probe::of_bundle(bundle)
-            .map_err(|e| SetupError::Probe(e.to_string()))?
-            .map(std::sync::Arc::new),
-        probe_every: (config.probe.interval_min > 0)
-            .then(|| std::time::Duration::from_secs(config.probe.interval_min * 60)),
-    })
-}
-
-/// The supervision policy of `[engine]`.
-pub fn policy(config: &Config, has_fallback: bool) -> Policy {
-    let mut policy = Policy::from_config(&config.engine, has_fallback);
-    if config.engine.backend == "rknn" {
-        // Its contexts run a call's rows side by side: time it per round (supervisor).
-        policy.primary_parallel = config.rknn.contexts.max(1);
-        // Concurrent callers' next questions fill a round of the contexts (supervisor).
-        policy.gather = std::time::Duration::from_millis(50);
-    }
-    if config.engine.backend != "cpu" {
-        // Calls queued together run as one batch of at most what one request may hold. Not on
-        // the CPU: it pads a batch to its longest row, and one-question rows of mixed lengths
-        // merged four at a time ran at 0.48x the rows/s of one per call (1.55x only when all
-        // four had the same length; BENCHMARKS.md, "Concurrent requests").
-        policy.merge_rows = config.limits.questions_per_request.max(1);
-    }
-    policy
-}
-
-/// The worker's settings: the configuration its agent wrote into [`CONFIG_VAR`], else the
-/// defaults (a worker started by hand).
-pub fn worker_config() -> Result<Config, ConfigError> {
-    match std::env::var(CONFIG_VAR) {
-        Ok(text) => Config::parse(&text, Path::new("$LAYA_WORKER_CONFIG")),
-        Err(std::env::VarError::NotPresent) => Ok(Config::default()),
-        Err(e) => Err(ConfigError::Invalid(format!("{CONFIG_VAR}: {e}"))),
-    }
-}
-
 /// Sets the tensor-math threads (`engine.threads`; 0: all cores), once per process.
 pub fn set_threads(threads: usize) -> Result<(), String> {
     if threads > 0 {
@@ -179,8 +98,9 @@ pub fn set_threads(threads: usize) -> Result<(), String> {
 }
 
 /// Loads `kind` in this process on `config`'s model directory: the CPU backend for `predict`,
-/// any backend in the worker.
-pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, String> {
+/// any backend in the worker. A vendor runtime the bundle does not allow is a
+/// [`LoadFailure::RuntimeRejected`](crate::backend::LoadFailure), any other failure `Other`.
+pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     let model = Path::new(&config.model.dir);
     match kind {
         BackendKind::Cpu => {
@@ -198,7 +118,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Stri
 }
 
 #[cfg(feature = "rknn")]
-fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     use crate::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let manifest =
@@ -217,8 +137,8 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
     rknn.core_mask = config.rknn.core_mask;
     rknn.contexts = config.rknn.contexts;
     let backend = RknnBackend::load(&graphs, &rknn, bundle.tokenizer.pad.id).map_err(|e| match e {
-        crate::backend::npu::rknn::RknnError::RuntimeRefused { .. } => format!("{}{e}", crate::backend::RUNTIME_REJECTED),
-        e => e.to_string(),
+        crate::backend::npu::rknn::RknnError::RuntimeRefused { .. } => LoadError::runtime_rejected(e.to_string()),
+        e => LoadError::other(e.to_string()),
     })?;
     let v = backend.versions();
     tracing::info!(versions = ?v, "rknn runtime loaded");
@@ -226,17 +146,17 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> 
 }
 
 #[cfg(not(feature = "rknn"))]
-fn load_rknn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_rknn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, LoadError> {
     Err("this laya-edge was built without the rknn feature".into())
 }
 
 #[cfg(not(feature = "qnn"))]
-fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, LoadError> {
     Err("this laya-edge was built without the qnn feature".into())
 }
 
 #[cfg(feature = "qnn")]
-fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
+fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     use crate::backend::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let q = &config.qnn;
@@ -249,7 +169,7 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
     qnn.performance = match q.performance.as_str() {
         "burst" => Performance::Burst,
         "" | "default" => Performance::Default,
-        other => return Err(format!("qnn.performance {other:?}: use default or burst")),
+        other => return Err(format!("qnn.performance {other:?}: use default or burst").into()),
     };
     if !q.generator.is_empty() {
         if q.model_lib.is_empty() {
@@ -270,8 +190,8 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
         qnn.soc = q.soc.clone();
     }
     let backend = QnnBackend::load(&bundle, &qnn).map_err(|e| match e {
-        crate::backend::npu::qnn::QnnError::RuntimeNotAllowed { .. } => format!("{}{e}", crate::backend::RUNTIME_REJECTED),
-        e => e.to_string(),
+        crate::backend::npu::qnn::QnnError::RuntimeNotAllowed { .. } => LoadError::runtime_rejected(e.to_string()),
+        e => LoadError::other(e.to_string()),
     })?;
     let info = backend.runtime_info();
     tracing::info!(
@@ -286,29 +206,4 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, String> {
         tracing::warn!(%why, "the burst vote was not applied; running at default clocks");
     }
     Ok(Box::new(backend))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_worker_spec_carries_the_whole_configuration_and_the_parent_pid() {
-        let mut config = Config::default();
-        config.model.dir = "/models/laya".into();
-        config.engine.threads = 2;
-        config.engine.null_faults = "hang@3".into();
-        config.rknn.core_mask = 1;
-        config.qnn.backend_lib = "/opt/qairt/lib/libQnnHtp.so".into();
-        config.qnn.adsp_library_path = "/usr/lib/rfsa/adsp".into();
-        let spec = worker_spec(Path::new("/usr/bin/laya-edge"), BackendKind::Qnn, &config).unwrap();
-        let args: Vec<&str> = spec.args.iter().map(|a| a.to_str().unwrap()).collect();
-        let pid = std::process::id().to_string();
-        assert_eq!(args, ["worker", "--backend", "qnn", "--model", "/models/laya", "--parent", pid.as_str()]);
-        let env = |k: &str| spec.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.to_str().unwrap().to_owned());
-        let carried = Config::parse(&env(CONFIG_VAR).unwrap(), Path::new("test")).unwrap();
-        assert_eq!(carried, config);
-        assert_eq!(env("ADSP_LIBRARY_PATH").as_deref(), Some("/usr/lib/rfsa/adsp"));
-        assert_eq!(spec.env.len(), 2, "no other variable: {:?}", spec.env);
-    }
 }

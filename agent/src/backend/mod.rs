@@ -10,16 +10,50 @@ pub mod load;
 pub mod npu;
 pub mod null;
 
-pub use load::{
-    BackendKind, CONFIG_VAR, SetupError, check_model, engine_config, load, policy, set_threads, this_program, worker_config,
-    worker_spec,
-};
+pub use load::{BackendKind, SetupError, check_model, load, set_threads, this_program};
 
 use crate::prompt::Row;
 
-/// How a backend's load error starts when the vendor runtime itself was refused (a version the
-/// bundle does not allow): the agent publishes `runtime_rejected` for it, beside the restart.
-pub const RUNTIME_REJECTED: &str = "runtime rejected: ";
+/// What kind of failure kept a backend from loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadFailure {
+    /// The vendor runtime itself was refused (a version the bundle does not allow): the agent
+    /// publishes `runtime_rejected` for it, beside the restart, since no restart will help.
+    RuntimeRejected,
+    /// Anything else: a missing library or file, a bad bundle, a runtime error while loading.
+    Other,
+}
+
+/// Why a backend could not be loaded: what kind of failure, and what the loader said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{message}", if *kind == LoadFailure::RuntimeRejected { "runtime rejected: " } else { "" })]
+pub struct LoadError {
+    pub kind: LoadFailure,
+    pub message: String,
+}
+
+impl LoadError {
+    pub fn other(message: impl Into<String>) -> LoadError {
+        LoadError { kind: LoadFailure::Other, message: message.into() }
+    }
+
+    pub fn runtime_rejected(message: impl Into<String>) -> LoadError {
+        LoadError { kind: LoadFailure::RuntimeRejected, message: message.into() }
+    }
+}
+
+/// A loader's plain message is a failure of the [`LoadFailure::Other`] kind.
+impl From<String> for LoadError {
+    fn from(message: String) -> LoadError {
+        LoadError::other(message)
+    }
+}
+
+impl From<&str> for LoadError {
+    fn from(message: &str) -> LoadError {
+        LoadError::other(message)
+    }
+}
 
 /// One row's raw model outputs.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use crate::backend::{self, BackendKind};
 use crate::bundle::HostBundle;
 use crate::config::Config;
-use crate::engine::process::{Engine, EngineError};
+use crate::engine::supervisor::Policy;
+use crate::engine::{Engine, EngineConfig};
 use crate::backend::{Backend, BackendError, RowResult};
 use crate::prompt::Row;
 
@@ -118,15 +119,8 @@ impl Backend for WorkerBackend {
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let rows = rows.iter().map(|r| (*r).clone()).collect();
-        // As `serve` answers: a backend that is restarting or degraded is retryable
-        // (`backend_unavailable`), a request that killed the worker twice is `internal`.
-        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(|e| match e {
-            EngineError::Input(m) => BackendError::Input(m),
-            e @ (EngineError::Unavailable(_) | EngineError::Overloaded(_) | EngineError::Stopped) => {
-                BackendError::Transient(e.to_string())
-            }
-            other => BackendError::Fatal { code: None, message: other.to_string() },
-        })
+        // As `serve` answers (the engine's `From<EngineError> for BackendError`).
+        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(BackendError::from)
     }
 }
 
@@ -138,14 +132,14 @@ pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Re
     let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;
     backend::set_threads(config.engine.threads)?;
     if kind == BackendKind::Cpu {
-        return backend::load(kind, config);
+        return backend::load(kind, config).map_err(|e| e.to_string());
     }
     let program = backend::this_program().map_err(|e| e.to_string())?;
-    let mut engine_config = backend::engine_config(&program, config, bundle).map_err(|e| e.to_string())?;
+    let mut engine_config = EngineConfig::from_config(&program, config, bundle).map_err(|e| e.to_string())?;
     if !with_probe {
         engine_config.probe = None;
         engine_config.fallback = None;
-        engine_config.policy = backend::policy(config, false);
+        engine_config.policy = Policy::from_config(config, false);
     }
     let runtime = runtime()?;
     let engine = {

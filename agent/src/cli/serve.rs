@@ -12,7 +12,7 @@ use crate::bundle::HostBundle;
 use crate::client;
 use crate::service;
 use crate::config::Config;
-use crate::engine::process::Engine;
+use crate::engine::{Engine, EngineConfig};
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
@@ -146,7 +146,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and
 /// its engine's configuration. Also what a reload prepares.
-fn prepare(config: &Config) -> Result<(Arc<HostBundle>, crate::engine::process::EngineConfig), String> {
+fn prepare(config: &Config) -> Result<(Arc<HostBundle>, EngineConfig), String> {
     // What check-config checks of [mqtt], before the model: a refusal names the key.
     service::connection::preflight(config).map_err(|e| e.to_string())?;
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
@@ -154,7 +154,7 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, crate::engine::process::
     // named now, not by a worker that fails at every restart).
     backend::check_model(config, &bundle).map_err(|e| e.to_string())?;
     let program = backend::this_program().map_err(|e| e.to_string())?;
-    let engine_config = backend::engine_config(&program, config, &bundle).map_err(|e| e.to_string())?;
+    let engine_config = EngineConfig::from_config(&program, config, &bundle).map_err(|e| e.to_string())?;
     Ok((Arc::new(bundle), engine_config))
 }
 

@@ -32,7 +32,7 @@ pub struct Args {
 impl Args {
     /// The agent's configuration with the flags applied.
     pub fn config(&self) -> Result<Config, String> {
-        let mut config = backend::worker_config().map_err(|e| e.to_string())?;
+        let mut config = crate::engine::spec::worker_config().map_err(|e| e.to_string())?;
         config.model.dir = self.model.display().to_string();
         if let Some(f) = &self.faults {
             config.engine.null_faults = f.clone();

@@ -3,11 +3,12 @@
 //! Small and binary on purpose: token ids and markers go in, logits come out, nothing else. Every
 //! frame is a little-endian `u32` payload length followed by the payload, whose first byte says
 //! what it is. Decoding is defensive: a truncated or oversized frame is an error, never a panic
-//! (a crashing worker may leave half a frame behind).
+//! (a crashing worker may leave half a frame behind). The worker reads with [`read_frame`]
+//! (blocking), the agent with [`read_from_worker`] (async).
 
 use crate::prompt::{QType, Row};
 
-use crate::backend::{BackendError, RowResult};
+use crate::backend::{BackendError, LoadFailure, RowResult};
 
 /// Frames larger than this are refused (a 512-token batch of 64 rows is ~130 KiB).
 pub const MAX_FRAME: usize = 64 << 20;
@@ -30,8 +31,9 @@ pub enum FromWorker {
     Done { call: u64, rows: Vec<RowResult>, backend_us: u64 },
     /// A batch failed.
     Failed { call: u64, error: BackendError },
-    /// The backend could not be loaded; the worker exits after sending this.
-    LoadFailed { message: String },
+    /// The backend could not be loaded (what kind of failure, and the loader's message); the
+    /// worker exits after sending this.
+    LoadFailed { kind: LoadFailure, message: String },
     /// A sign of progress on a batch: `done` of `of` steps of its work are finished (a step is
     /// a row, or a layer of the CPU model over the batch). The supervisor measures the call's
     /// rate from these and bounds the time *between* them, so a slow worker that is making
@@ -241,8 +243,12 @@ impl FromWorker {
                 w.str(message);
                 w.finish()
             }
-            FromWorker::LoadFailed { message } => {
+            FromWorker::LoadFailed { kind, message } => {
                 let mut w = Writer::new(LOAD_FAILED);
+                w.u8(match kind {
+                    LoadFailure::Other => 0,
+                    LoadFailure::RuntimeRejected => 1,
+                });
                 w.str(message);
                 w.finish()
             }
@@ -283,7 +289,14 @@ impl FromWorker {
                 };
                 FromWorker::Failed { call, error }
             }
-            LOAD_FAILED => FromWorker::LoadFailed { message: r.str()? },
+            LOAD_FAILED => {
+                let kind = match r.u8()? {
+                    0 => LoadFailure::Other,
+                    1 => LoadFailure::RuntimeRejected,
+                    _ => return Err(FrameError::Invalid("load failure kind")),
+                };
+                FromWorker::LoadFailed { kind, message: r.str()? }
+            }
             PROGRESS => FromWorker::Progress { call: r.u64()?, done: r.u32()?, of: r.u32()? },
             k => return Err(FrameError::UnknownKind(k)),
         };
@@ -312,6 +325,21 @@ pub fn read_frame(input: &mut impl std::io::Read) -> Result<Option<Vec<u8>>, std
     Ok(Some(payload))
 }
 
+/// Reads one frame from a worker's stdout and decodes it: the agent's side of [`read_frame`].
+/// `None` at the end of the stream, or when it cannot be read any more.
+pub async fn read_from_worker(out: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<Result<FromWorker, FrameError>> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    out.read_exact(&mut len).await.ok()?;
+    let n = match frame_len(len) {
+        Ok(n) => n,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut payload = vec![0u8; n];
+    out.read_exact(&mut payload).await.ok()?;
+    Some(FromWorker::decode(&payload))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +365,10 @@ mod tests {
         assert_eq!(FromWorker::decode(payload(&ready.encode())).unwrap(), ready);
         let progress = FromWorker::Progress { call: 7, done: 3, of: 22 };
         assert_eq!(FromWorker::decode(payload(&progress.encode())).unwrap(), progress);
+        for kind in [LoadFailure::Other, LoadFailure::RuntimeRejected] {
+            let f = FromWorker::LoadFailed { kind, message: "refusing RKNN runtime \"2.4.2\"".into() };
+            assert_eq!(FromWorker::decode(payload(&f.encode())).unwrap(), f);
+        }
         for error in [
             BackendError::Input("x".into()),
             BackendError::Transient("y".into()),
@@ -364,5 +396,6 @@ mod tests {
         bogus.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(ToWorker::decode(&bogus), Err(FrameError::Truncated));
         assert_eq!(FromWorker::decode(&[99]), Err(FrameError::UnknownKind(99)));
+        assert_eq!(FromWorker::decode(&[LOAD_FAILED, 7, 0, 0, 0, 0]), Err(FrameError::Invalid("load failure kind")));
     }
 }

@@ -6,22 +6,22 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use crate::backend::Backend;
 use super::protocol::{FromWorker, ToWorker, read_frame};
+use crate::backend::{Backend, LoadError};
 use crate::prompt::Row;
 
 /// Loads the backend with `load`, announces it, then runs batches until stdin closes or a
 /// shutdown frame arrives.
 pub fn serve(
-    load: impl FnOnce() -> Result<Box<dyn Backend>, String>,
+    load: impl FnOnce() -> Result<Box<dyn Backend>, LoadError>,
     mut input: impl Read,
     mut output: impl Write,
 ) -> std::io::Result<()> {
     let started = Instant::now();
     let mut backend = match load() {
         Ok(b) => b,
-        Err(message) => {
-            output.write_all(&FromWorker::LoadFailed { message }.encode())?;
+        Err(LoadError { kind, message }) => {
+            output.write_all(&FromWorker::LoadFailed { kind, message }.encode())?;
             return output.flush();
         }
     };
@@ -61,6 +61,7 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::LoadFailure;
     use crate::backend::null::NullBackend;
     use crate::prompt::QType;
 
@@ -88,9 +89,16 @@ mod tests {
     }
 
     #[test]
-    fn a_load_failure_is_reported_before_exiting() {
+    fn a_load_failure_is_reported_with_its_kind_before_exiting() {
         let mut out = Vec::new();
         serve(|| Err("no such library".into()), &[][..], &mut out).unwrap();
-        assert_eq!(frames(&out), [FromWorker::LoadFailed { message: "no such library".into() }]);
+        assert_eq!(
+            frames(&out),
+            [FromWorker::LoadFailed { kind: LoadFailure::Other, message: "no such library".into() }]
+        );
+        let mut out = Vec::new();
+        serve(|| Err(LoadError::runtime_rejected("refusing 2.4.2")), &[][..], &mut out).unwrap();
+        let rejected = FromWorker::LoadFailed { kind: LoadFailure::RuntimeRejected, message: "refusing 2.4.2".into() };
+        assert_eq!(frames(&out), [rejected]);
     }
 }

@@ -41,7 +41,7 @@ use super::outbox::{self, Item, Outbox};
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::decide::{self, RowOutput};
-use crate::engine::process::{Engine, EngineError};
+use crate::engine::{Engine, EngineError};
 use crate::pipeline;
 use crate::prompt::Row;
 use crate::platform::systemd::Notifier;
@@ -99,7 +99,7 @@ impl Serving {
 /// A reload's candidate, made by the command line from the re-read configuration: the new
 /// configuration, its bundle and the engine to start for it; or why none could be made.
 pub enum Reload {
-    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: crate::engine::process::EngineConfig },
+    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: crate::engine::EngineConfig },
     Failed(String),
 }
 
@@ -414,14 +414,16 @@ impl Shared {
                     answered_by = (out.backend, out.role);
                     (out.rows, out.elapsed.as_secs_f64() * 1000.0)
                 }
-                Err(EngineError::Input(m)) => return Err(error(ErrorCode::BadRequest, m)),
-                Err(EngineError::Expired) => {
-                    return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".to_owned()));
-                }
-                Err(e @ EngineError::Overloaded(_)) => return Err(error(ErrorCode::Overloaded, e.to_string())),
-                Err(e @ EngineError::Quarantined(_)) => return Err(error(ErrorCode::Internal, e.to_string())),
-                Err(e @ (EngineError::Unavailable(_) | EngineError::Stopped)) => {
-                    return Err(error(ErrorCode::BackendUnavailable, e.to_string()));
+                Err(e) => {
+                    // The code is the engine's one mapping; the message is the model's own for a
+                    // refused row, and says where the deadline passed.
+                    let code = ErrorCode::from(&e);
+                    let message = match e {
+                        EngineError::Input(m) => m,
+                        EngineError::Expired => "the deadline passed before inference".to_owned(),
+                        e => e.to_string(),
+                    };
+                    return Err(error(code, message));
                 }
             }
         };
@@ -474,7 +476,7 @@ impl Shared {
     }
 
     /// The load figures of the interval that ends now, and the start of the next.
-    fn load(&self, engine: &Engine, es: &crate::engine::process::EngineStatus) -> Load {
+    fn load(&self, engine: &Engine, es: &crate::engine::EngineStatus) -> Load {
         let now = Instant::now();
         let busy = engine.busy_time();
         let (questions, latency_ms, span, busy_in) = match self.interval.lock() {
@@ -1098,7 +1100,7 @@ fn refusal_when_full(s: &Shared, p: &Publish) -> Option<Outbound> {
 }
 
 /// The wire figures of a probe run.
-fn probe_figures(run: &crate::engine::process::ProbeRun) -> ProbeFigures {
+fn probe_figures(run: &crate::engine::ProbeRun) -> ProbeFigures {
     let r = run.report.as_ref();
     ProbeFigures {
         role: run.role.as_str().into(),
@@ -1117,7 +1119,7 @@ fn probe_figures(run: &crate::engine::process::ProbeRun) -> ProbeFigures {
 }
 
 /// The `probe_failed` event of a failed probe run.
-fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
+fn probe_event(run: &crate::engine::ProbeRun) -> EngineEvent {
     EngineEvent {
         event: "probe_failed".into(),
         reason: None,
@@ -1133,18 +1135,20 @@ fn probe_event(run: &crate::engine::process::ProbeRun) -> EngineEvent {
 /// `runtime_rejected`, for a restart whose worker refused its vendor runtime (a version the
 /// bundle does not allow): the operator must change the board, not wait for a restart to help.
 fn runtime_rejected_event(n: &crate::engine::supervisor::Notice) -> Option<EngineEvent> {
+    use crate::backend::{LoadError, LoadFailure};
     use crate::engine::supervisor::{NoticeKind, RestartReason};
-    let Some(RestartReason::LoadFailed(why)) = &n.reason else { return None };
+    let Some(RestartReason::LoadFailed(LoadError { kind: LoadFailure::RuntimeRejected, message })) = &n.reason else {
+        return None;
+    };
     if n.kind != NoticeKind::WorkerRestart {
         return None;
     }
-    let at = why.find(crate::backend::RUNTIME_REJECTED)?;
     Some(EngineEvent {
         event: "runtime_rejected".into(),
         reason: Some("load_failed".into()),
         code: None,
         name: None,
-        message: why[at + crate::backend::RUNTIME_REJECTED.len()..].to_owned(),
+        message: message.clone(),
         deadline_ms: None,
         role: n.role.as_str().into(),
         probe: None,

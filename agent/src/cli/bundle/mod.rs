@@ -63,7 +63,7 @@ pub fn run(args: Args) -> Result<(), String> {
         let mut cpu = Config::default();
         cpu.model.dir = bundle.dir.display().to_string();
         cpu.engine.threads = config.engine.threads;
-        backend::load(BackendKind::Cpu, &cpu)
+        backend::load(BackendKind::Cpu, &cpu).map_err(|e| e.to_string())
     })?;
     for w in &summary.warnings {
         tracing::warn!("{w}");

@@ -1,0 +1,115 @@
+//! How long a call may take: the per-row estimator and the deadlines derived from it.
+//!
+//! Deadlines are per row (one NPU job per question): `max(min_deadline, 4 x per-row estimate x
+//! rows)`, the estimate being the p99 of recent per-row times, seeded by the health call's
+//! measured time and `expected_ms` until enough samples exist, kept per role (the CPU fallback
+//! is not timed by the NPU, nor the NPU by the CPU). Apart from the lifecycle so the arithmetic
+//! can be read (and changed) on its own.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::events::Role;
+use super::policy::Policy;
+
+/// How many recent per-row times the deadline is derived from, and how many it needs.
+const RECENT: usize = 128;
+const MIN_SAMPLES: usize = 5;
+
+/// Recent per-row (per-round) times and the health call's measurement, by role.
+#[derive(Debug, Default)]
+pub(super) struct Estimator {
+    /// Recent per-row (per-round) times, by role (`role_index`): the CPU fallback is not timed
+    /// by the NPU's speed, nor the NPU by the CPU's.
+    per_row: [VecDeque<Duration>; 2],
+    /// The health call's measured per-row time, by role.
+    seed: [Option<Duration>; 2],
+}
+
+fn role_index(role: Role) -> usize {
+    match role {
+        Role::Primary => 0,
+        Role::Fallback => 1,
+    }
+}
+
+impl Estimator {
+    /// Records the per-row (per-round) time of a call `role` answered.
+    pub(super) fn record(&mut self, role: Role, sample: Duration) {
+        let samples = &mut self.per_row[role_index(role)];
+        samples.push_back(sample);
+        if samples.len() > RECENT {
+            samples.pop_front();
+        }
+    }
+
+    /// Sets the per-row time `role`'s health call measured.
+    pub(super) fn seed(&mut self, role: Role, per_row: Duration) {
+        self.seed[role_index(role)] = Some(per_row);
+    }
+
+    /// The per-row estimate the deadline of `role`'s calls is derived from, if anything is known.
+    pub(super) fn estimate(&self, policy: &Policy, role: Role) -> Option<Duration> {
+        let samples = &self.per_row[role_index(role)];
+        if samples.len() >= MIN_SAMPLES {
+            let mut sorted: Vec<Duration> = samples.iter().copied().collect();
+            sorted.sort();
+            let i = ((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1;
+            return Some(sorted[i]);
+        }
+        match (self.seed[role_index(role)], policy.expected_per_row) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether anything bounds `role`'s rows: a fixed deadline or an estimate.
+    pub(super) fn known(&self, policy: &Policy, role: Role) -> bool {
+        policy.fixed_deadline.is_some() || self.estimate(policy, role).is_some()
+    }
+
+    /// The time `rows` rows (a fraction of a row counts as such) of `role`'s work may take:
+    /// the fixed deadline per row, else `max(min_deadline, 4 x per-row time x rows)`, the
+    /// per-row time being the larger of the estimate and `rate` (what the running call itself
+    /// has shown); with neither, `max_deadline` a row.
+    pub(super) fn bound(&self, policy: &Policy, role: Role, rows: f64, rate: Option<Duration>) -> Duration {
+        let whole = u32::try_from(rows.max(1.0).ceil() as u64).unwrap_or(u32::MAX);
+        if let Some(fixed) = policy.fixed_deadline {
+            return fixed.saturating_mul(whole);
+        }
+        let est = match (self.estimate(policy, role), rate) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        match est {
+            Some(est) => {
+                let per_row = est.min(policy.max_deadline).saturating_mul(4);
+                Duration::try_from_secs_f64(per_row.as_secs_f64() * rows.max(1.0))
+                    .unwrap_or(Duration::MAX)
+                    .max(policy.min_deadline)
+            }
+            None => policy.max_deadline.saturating_mul(whole),
+        }
+    }
+
+    /// A new worker's health call's deadline: its first row is the first inference of a fresh
+    /// runtime and gets the load allowance (at least a row's deadline); the other rows get
+    /// what is known of `role`'s rows. With nothing known the allowance is the whole call's
+    /// until the worker's progress frames measure its rows (`Event::Progress`).
+    pub(super) fn health_deadline(&self, policy: &Policy, role: Role) -> Duration {
+        let rows = policy.health_rows.max(1);
+        let allowance = policy.load_allowance.max(policy.min_deadline);
+        if !self.known(policy, role) {
+            return allowance;
+        }
+        let first = allowance.max(self.bound(policy, role, 1.0, None));
+        if rows > 1 { first.saturating_add(self.bound(policy, role, (rows - 1) as f64, None)) } else { first }
+    }
+}
+
+/// How many rounds a call of `rows` rows takes on a worker of `role`: the rows one after
+/// another, or side by side `primary_parallel` at a time on the primary.
+pub(super) fn rounds(policy: &Policy, rows: usize, role: Role) -> u32 {
+    let parallel = if role == Role::Primary { policy.primary_parallel.max(1) } else { 1 };
+    u32::try_from(rows.max(1).div_ceil(parallel)).unwrap_or(u32::MAX)
+}

@@ -1,0 +1,986 @@
+//! Supervision of the worker processes, as a state machine without I/O.
+//!
+//! NPU runtimes hang and crash, and a thread stuck in a vendor call cannot be cancelled, so the
+//! backend lives in a worker process the agent can kill. This module decides *what* to do; the
+//! driver (`engine::driver`) does it. Every input is an [`Event`] with the current time, every
+//! output an [`Action`], so the policy is tested without processes or clocks (`tests.rs`).
+//!
+//! ```text
+//!             spawn            ready            health ok
+//!   (start) --------> Starting -----> Health ------------> Serving (idle <-> busy)
+//!                        |               |                     |
+//!                        +---------------+---------------------+  crash / deadline / fatal / load failure
+//!                                        |
+//!                       restarts in window <= max_restarts?
+//!                         yes: backoff, spawn again (the call in flight is re-run once;
+//!                              a call that fails twice is quarantined: answered with an error)
+//!                         no:  Degraded
+//!   Degraded: questions go to the CPU fallback if configured, else are refused at once with the
+//!   root cause and the time of the next try. Every `primary_retry` a *candidate* primary starts
+//!   beside the fallback and gets the health call; success promotes it (Recovered), failure
+//!   schedules the next try. Degraded is never forever.
+//! ```
+//!
+//! Calls queued together run together, at most `merge_rows` rows, the most one request may hold
+//! (`calls.rs`). A failure of a merged batch (crash, deadline, fatal, transient or input error)
+//! is nobody's in particular: its calls run again *alone*, their attempts unchanged, so only a
+//! failure of a call alone counts against it (a poison call is isolated and quarantined, its
+//! neighbours answered), and a row the model refuses fails only its own call. Health and probe
+//! calls are never merged with questions. The bundle's probe runs in every health call and,
+//! every `probe_every`, as a call of its own on the serving worker ([`Action::Probe`]; one at a
+//! time, never on a worker still starting).
+//!
+//! Deadlines are per row (`deadline.rs`). The health call (two different rows, after "loaded"
+//! and before any question) gets the load allowance for its first row (every worker's first
+//! inference) and a row's deadline for each other row (with nothing known, the allowance is the
+//! whole call's). Progress frames from the worker restart the running call's deadline for the
+//! work left, at the larger of the estimate and the call's own rate: a slow worker that is
+//! getting on is not killed, a hung one sends nothing and is caught as before.
+//!
+//! Nothing waits unbounded: `max_failed_health` failed health calls in a row degrade the primary
+//! whatever the window, and a question that waited `ready_wait` for a worker that is not
+//! serving gets the fallback (the primary going on beside it as the candidate) or, without
+//! one, a refusal with the cause.
+
+mod calls;
+mod deadline;
+mod events;
+mod policy;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::backend::{BackendError, LoadError};
+use crate::engine::EngineError;
+use calls::{Call, CallQueue, Gather, Retry};
+use deadline::Estimator;
+pub use events::{
+    Action, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer, TimerKind,
+    WorkerId, WorkerState,
+};
+pub use policy::Policy;
+
+/// A worker the supervisor knows: the serving one, or the candidate primary.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    id: WorkerId,
+    role: Role,
+    state: WorkerState,
+    /// When the current call (or health call) was sent.
+    since: Instant,
+    /// The deadline the current call has (since its last sign of progress, if any).
+    deadline: Duration,
+    /// When that deadline passes.
+    due: Instant,
+    /// The rows of the current call (or health call).
+    rows: usize,
+    /// The signs of progress of the current call.
+    signs: Option<Signs>,
+}
+
+/// What the progress frames of the running call said.
+#[derive(Debug, Clone, Copy)]
+struct Signs {
+    /// The first sign: when, and the fraction of the work done then.
+    first_at: Instant,
+    first: f64,
+    /// The fraction done at the last sign.
+    last: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Degraded {
+    /// The failure that degraded the primary, or the last failed try.
+    cause: String,
+    next_try: Instant,
+}
+
+/// Whether an event concerned something live. One that did not (a stale timer, a frame from a
+/// worker that was replaced, an answer to a call it does not run) changes nothing, not even the
+/// `Wait` timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handled {
+    Live,
+    Stale,
+}
+
+/// The supervisor.
+///
+/// Design: as rumqttc's `MqttState`, one method per input. [`Supervisor::handle`] dispatches
+/// each [`Event`] to its `on_*` method (`on_submit`, `on_ready`, `on_done`, `on_failed`,
+/// `on_progress`, `on_exited`, `on_timer`, `on_tick`, ...), which changes the state and pushes
+/// the [`Action`]s the driver must perform, in order; the lifecycle steps they share (`dispatch`,
+/// `healthy`, `failed`, `degrade`) follow them. Nothing here does I/O or reads a clock: `now`
+/// comes with every event, and timers are actions whose firing comes back as an event, told
+/// apart from stale ones by their generation.
+#[derive(Debug)]
+pub struct Supervisor {
+    policy: Policy,
+    calls: CallQueue,
+    /// Calls have been queueing behind a busy worker (concurrent callers), since the last
+    /// gathering window that found no second call.
+    contended: bool,
+    /// Since when no worker serves (the serving one is loading, health-checked or restarting).
+    not_serving_since: Option<Instant>,
+    /// When the armed `Wait` timer fires.
+    wait_due: Option<Instant>,
+    /// Failed health calls of the primary in a row.
+    failed_health: usize,
+    /// The last failure, for the refusals of questions that waited too long.
+    last_failure: Option<(String, RestartReason)>,
+    /// When the serving worker's backoff ends.
+    backoff_due: Option<Instant>,
+    gather: Gather,
+    serving: Option<Slot>,
+    /// A degraded primary being tried beside the serving fallback.
+    candidate: Option<Slot>,
+    degraded: Option<Degraded>,
+    /// The serving worker is waiting to start again.
+    in_backoff: bool,
+    backoff: Duration,
+    estimator: Estimator,
+    restarts: std::collections::VecDeque<Instant>,
+    restart_counts: BTreeMap<&'static str, u64>,
+    generation: u64,
+    timers: BTreeMap<u8, u64>,
+    next_worker: WorkerId,
+    started: bool,
+    /// The last periodic probe call; it is in progress while the queue holds it.
+    probing: Option<CallId>,
+}
+
+fn timer_slot(kind: TimerKind) -> u8 {
+    kind as u8
+}
+
+impl Supervisor {
+    pub fn new(policy: Policy) -> Supervisor {
+        Supervisor {
+            backoff: policy.backoff_min,
+            policy,
+            calls: CallQueue::default(),
+            contended: false,
+            not_serving_since: None,
+            wait_due: None,
+            failed_health: 0,
+            last_failure: None,
+            backoff_due: None,
+            gather: Gather::Off,
+            serving: None,
+            candidate: None,
+            degraded: None,
+            in_backoff: false,
+            estimator: Estimator::default(),
+            restarts: std::collections::VecDeque::new(),
+            restart_counts: BTreeMap::new(),
+            generation: 0,
+            timers: BTreeMap::new(),
+            next_worker: 1,
+            started: false,
+            probing: None,
+        }
+    }
+
+    /// The serving worker's state.
+    pub fn state(&self) -> WorkerState {
+        match self.serving {
+            Some(s) => s.state,
+            None if self.in_backoff => WorkerState::Backoff,
+            None => WorkerState::Down,
+        }
+    }
+
+    /// Which backend serves (or will serve) questions now.
+    pub fn role(&self) -> Role {
+        match self.serving {
+            Some(s) => s.role,
+            None if self.degraded.is_some() && self.policy.fallback => Role::Fallback,
+            None => Role::Primary,
+        }
+    }
+
+    /// The serving worker's id, if one is running.
+    pub fn serving_worker(&self) -> Option<WorkerId> {
+        self.serving.map(|s| s.id)
+    }
+
+    /// Whether the primary backend is degraded.
+    pub fn degraded(&self) -> bool {
+        self.degraded.is_some()
+    }
+
+    /// `starting | ready | degraded`.
+    pub fn backend_state(&self) -> BackendState {
+        if self.degraded.is_some() {
+            BackendState::Degraded
+        } else if matches!(self.state(), WorkerState::Idle | WorkerState::Busy(_)) {
+            BackendState::Ready
+        } else {
+            BackendState::Starting
+        }
+    }
+
+    /// Restarts so far, by reason label.
+    pub fn restart_counts(&self) -> &BTreeMap<&'static str, u64> {
+        &self.restart_counts
+    }
+
+    /// Calls waiting for a worker.
+    pub fn queued(&self) -> usize {
+        self.calls.queued()
+    }
+
+    /// Calls queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.calls.held()
+    }
+
+    /// The deadline a call of `rows` rows gets now on the worker that serves.
+    pub fn deadline(&self, rows: usize) -> Duration {
+        self.bound(self.role(), rows as f64, None)
+    }
+
+    /// Feeds one event; returns what to do, in order.
+    pub fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let handled = match event {
+            Event::Start => self.on_start(now, &mut actions),
+            Event::Submit { call, rows, deadline, probe } => {
+                let submitted = Call { rows, since: now, deadline, attempt: 0, alone: probe };
+                self.on_submit(now, call, submitted, probe, &mut actions)
+            }
+            Event::Cancelled(call) => self.on_cancelled(now, call, &mut actions),
+            Event::Ready(id) => self.on_ready(now, id, &mut actions),
+            Event::LoadFailed(id, why) => self.on_load_failed(now, id, why, &mut actions),
+            Event::Exited(id, how) => self.on_exited(now, id, how, &mut actions),
+            Event::Done(id, call) => self.on_done(now, id, call, &mut actions),
+            Event::Progress(id, call, done, of) => self.on_progress(now, id, call, done, of, &mut actions),
+            Event::Failed(id, call, error) => self.on_failed(now, id, call, error, &mut actions),
+            Event::Timer(t) => self.on_timer(now, t, &mut actions),
+            Event::Tick => self.on_tick(now, &mut actions),
+        };
+        if handled == Handled::Live {
+            self.check_wait(now, &mut actions);
+        }
+        actions
+    }
+
+    fn on_start(&mut self, now: Instant, actions: &mut Vec<Action>) -> Handled {
+        if !self.started {
+            self.started = true;
+            self.spawn_serving(now, actions);
+            if let Some(every) = self.policy.probe_every {
+                self.timer(TimerKind::Probe, every, actions);
+            }
+        }
+        Handled::Live
+    }
+
+    fn on_submit(&mut self, now: Instant, id: CallId, call: Call, probe: bool, actions: &mut Vec<Action>) -> Handled {
+        if probe {
+            self.probing = Some(id);
+        }
+        if call.deadline.is_some_and(|d| d <= now) {
+            actions.push(Action::Reject(id, EngineError::Expired));
+        } else if self.degraded.is_some() && self.serving.is_none() {
+            actions.push(Action::Reject(id, EngineError::Unavailable(self.unavailable(now))));
+        } else if self.calls.held() >= self.policy.queue_limit.max(1) {
+            let why = format!("the engine has {} calls queued or running, its limit", self.calls.held());
+            actions.push(Action::Reject(id, EngineError::Overloaded(why)));
+        } else {
+            self.calls.submit(id, call);
+            if matches!(self.state(), WorkerState::Busy(_)) {
+                self.contended = true;
+            }
+            self.dispatch(now, actions);
+        }
+        Handled::Live
+    }
+
+    fn on_cancelled(&mut self, now: Instant, call: CallId, actions: &mut Vec<Action>) -> Handled {
+        let running = self.calls.is_running(call);
+        // Sent nowhere yet (the driver cancels before writing): the worker is free, and the rest
+        // of the batch goes back to the front, to be sent without it.
+        if self.calls.remove(call)
+            && running
+            && let Some(s) = self.serving.filter(|s| matches!(s.state, WorkerState::Busy(_)))
+        {
+            self.cancel_timer(TimerKind::Deadline);
+            self.serving = Some(Slot { state: WorkerState::Idle, ..s });
+            self.calls.requeue_running(Some(call));
+            self.dispatch(now, actions);
+        }
+        Handled::Live
+    }
+
+    /// A worker loaded its backend: the health call, or (without one) healthy at once.
+    fn on_ready(&mut self, now: Instant, id: WorkerId, actions: &mut Vec<Action>) -> Handled {
+        let health = self.policy.health_rows > 0;
+        let is_candidate = self.is_candidate(id);
+        let role = self.slot_mut(id).map_or(Role::Primary, |s| s.role);
+        let deadline = self.estimator.health_deadline(&self.policy, role);
+        let rows = self.policy.health_rows;
+        let Some(slot) = self.slot_mut(id).filter(|s| s.state == WorkerState::Starting) else { return Handled::Live };
+        slot.state = WorkerState::Health;
+        slot.since = now;
+        slot.deadline = deadline;
+        slot.due = now + deadline;
+        slot.rows = rows;
+        slot.signs = None;
+        let slot = *slot;
+        if !is_candidate {
+            self.cancel_timer(TimerKind::Startup);
+        }
+        if health {
+            actions.push(Action::Health(id));
+            let kind = if is_candidate { TimerKind::Candidate } else { TimerKind::Deadline };
+            self.timer(kind, deadline, actions);
+        } else {
+            self.healthy(now, slot, actions);
+        }
+        Handled::Live
+    }
+
+    fn on_load_failed(&mut self, now: Instant, id: WorkerId, why: LoadError, actions: &mut Vec<Action>) -> Handled {
+        self.failed(now, id, RestartReason::LoadFailed(why), true, actions);
+        Handled::Live
+    }
+
+    /// A worker process ended: it is reaped already, not killed.
+    fn on_exited(&mut self, now: Instant, id: WorkerId, how: String, actions: &mut Vec<Action>) -> Handled {
+        self.failed(now, id, RestartReason::Crash(how), false, actions);
+        Handled::Live
+    }
+
+    /// A worker answered its health call, or the batch it runs.
+    fn on_done(&mut self, now: Instant, id: WorkerId, call: CallId, actions: &mut Vec<Action>) -> Handled {
+        let Some(slot) = self.slot_mut(id).copied() else { return Handled::Stale };
+        match slot.state {
+            WorkerState::Health if call == HEALTH_CALL => self.healthy(now, slot, actions),
+            WorkerState::Busy(c) if c == call => {
+                let elapsed = now.duration_since(slot.since);
+                let (batch, rows) = self.calls.finish_running();
+                if rows > 0 {
+                    let sample = elapsed / deadline::rounds(&self.policy, rows, slot.role);
+                    self.estimator.record(slot.role, sample);
+                }
+                self.cancel_timer(TimerKind::Deadline);
+                self.backoff = self.policy.backoff_min;
+                self.serving = Some(Slot { state: WorkerState::Idle, since: now, ..slot });
+                actions.extend(batch.into_iter().map(Action::Deliver));
+                self.dispatch(now, actions);
+            }
+            _ => {}
+        }
+        Handled::Live
+    }
+
+    /// A sign of progress on the running call (or health call) of worker `id`: its deadline
+    /// starts again from now, for the work left, at the larger of the estimate and the rate the
+    /// call has shown (from its first sign, so a first inference's cost is not the rate).
+    fn on_progress(
+        &mut self,
+        now: Instant,
+        id: WorkerId,
+        call: CallId,
+        done: u32,
+        of: u32,
+        actions: &mut Vec<Action>,
+    ) -> Handled {
+        let is_candidate = self.is_candidate(id);
+        let Some(slot) = self.slot_mut(id).copied() else { return Handled::Live };
+        // Frames are from outside: a fraction that does not move forward is no progress.
+        if !runs(slot, call) || of == 0 || done > of {
+            return Handled::Live;
+        }
+        let frac = f64::from(done) / f64::from(of);
+        if slot.signs.is_some_and(|s| frac <= s.last) || frac <= 0.0 {
+            return Handled::Live;
+        }
+        let rounds = f64::from(deadline::rounds(&self.policy, slot.rows, slot.role));
+        let (signs, rate) = match slot.signs {
+            None => {
+                let rate = now.duration_since(slot.since).as_secs_f64() / (rounds * frac);
+                (Signs { first_at: now, first: frac, last: frac }, rate)
+            }
+            Some(s) => {
+                let rate = now.duration_since(s.first_at).as_secs_f64() / (rounds * (frac - s.first));
+                (Signs { last: frac, ..s }, rate)
+            }
+        };
+        let left = slot.rows.max(1) as f64 * (1.0 - frac);
+        let deadline = self.bound(slot.role, left, Duration::try_from_secs_f64(rate).ok());
+        let kind = if is_candidate { TimerKind::Candidate } else { TimerKind::Deadline };
+        if let Some(s) = self.slot_mut(id) {
+            s.signs = Some(signs);
+            s.deadline = deadline;
+            s.due = now + deadline;
+        }
+        self.timer(kind, deadline, actions);
+        Handled::Live
+    }
+
+    /// A worker reported an error for the call it runs (or its health call).
+    fn on_failed(
+        &mut self,
+        now: Instant,
+        id: WorkerId,
+        call: CallId,
+        error: BackendError,
+        actions: &mut Vec<Action>,
+    ) -> Handled {
+        let Some(slot) = self.slot_mut(id).copied() else { return Handled::Stale };
+        if !runs(slot, call) {
+            return Handled::Stale;
+        }
+        match error {
+            BackendError::Input(msg) | BackendError::Transient(msg) if slot.state == WorkerState::Health => {
+                let why = format!("the health call failed: {msg}");
+                self.failed(now, id, RestartReason::LoadFailed(LoadError::other(why)), true, actions);
+            }
+            // A merged batch failed as a whole: its calls run again alone, each for its own
+            // answer or its own error (the worker reports errors per batch).
+            BackendError::Input(_) | BackendError::Transient(_) if self.calls.running_len() > 1 => {
+                self.cancel_timer(TimerKind::Deadline);
+                self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
+                self.calls.split_running();
+                self.dispatch(now, actions);
+            }
+            BackendError::Input(msg) => {
+                self.cancel_timer(TimerKind::Deadline);
+                self.calls.remove(call);
+                self.calls.clear_running();
+                self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
+                actions.push(Action::Reject(call, EngineError::Input(msg)));
+                self.dispatch(now, actions);
+            }
+            BackendError::Transient(msg) => {
+                self.cancel_timer(TimerKind::Deadline);
+                self.calls.clear_running();
+                self.serving = Some(Slot { state: WorkerState::Idle, ..slot });
+                match self.calls.retry(call) {
+                    Retry::Again => {}
+                    Retry::Spent | Retry::Gone => actions.push(Action::Reject(call, EngineError::Unavailable(msg))),
+                }
+                self.dispatch(now, actions);
+            }
+            BackendError::Fatal { code, message } => {
+                self.failed(now, id, RestartReason::Fatal { code, message }, true, actions);
+            }
+        }
+        Handled::Live
+    }
+
+    /// A live timer fired (a stale one, superseded or cancelled, is ignored).
+    fn on_timer(&mut self, now: Instant, t: Timer, actions: &mut Vec<Action>) -> Handled {
+        if !self.live(t) {
+            return Handled::Stale;
+        }
+        self.timers.remove(&timer_slot(t.kind));
+        match t.kind {
+            TimerKind::Deadline => self.on_deadline(now, actions),
+            TimerKind::Startup => self.on_startup_timeout(now, actions),
+            TimerKind::Candidate => self.on_candidate_timeout(now, actions),
+            TimerKind::Backoff => {
+                if self.serving.is_none() && self.in_backoff {
+                    self.spawn_serving(now, actions);
+                }
+            }
+            TimerKind::Wait => self.wait_due = None, // `check_wait` (after every event) acts on it
+            TimerKind::Gather => {
+                if self.gather == Gather::Waiting {
+                    self.gather = Gather::Due;
+                    self.dispatch(now, actions);
+                }
+            }
+            TimerKind::Retry => self.on_retry(now, actions),
+            TimerKind::Probe => self.on_probe_due(actions),
+        }
+        Handled::Live
+    }
+
+    /// The serving worker's call (or health call) missed its deadline.
+    fn on_deadline(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        if let Some(s) = self.serving.filter(|s| matches!(s.state, WorkerState::Busy(_) | WorkerState::Health)) {
+            self.failed(now, s.id, RestartReason::Deadline(s.deadline), true, actions);
+        }
+    }
+
+    /// The serving worker did not announce itself in time.
+    fn on_startup_timeout(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        if let Some(s) = self.serving.filter(|s| s.state == WorkerState::Starting) {
+            let why = format!("not ready within {} s", self.policy.startup_timeout.as_secs());
+            self.failed(now, s.id, RestartReason::LoadFailed(LoadError::other(why)), true, actions);
+        }
+    }
+
+    /// The candidate primary did not load, or did not pass its health call, in time.
+    fn on_candidate_timeout(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        if let Some(c) = self.candidate {
+            let reason = if c.state == WorkerState::Starting {
+                let why = format!("not ready within {} s", self.policy.startup_timeout.as_secs());
+                RestartReason::LoadFailed(LoadError::other(why))
+            } else {
+                RestartReason::Deadline(c.deadline)
+            };
+            self.failed(now, c.id, reason, true, actions);
+        }
+    }
+
+    /// Time to try the degraded primary again: a candidate starts.
+    fn on_retry(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        if self.degraded.is_some() && self.candidate.is_none() {
+            if let Some(d) = self.degraded.as_mut() {
+                d.next_try = now + self.policy.primary_retry;
+            }
+            self.spawn_candidate(now, actions);
+        }
+    }
+
+    /// Time for the periodic probe: asked for unless the serving worker is starting (its health
+    /// call probes it) or the last probe is still held; the next one is due `probe_every` on.
+    fn on_probe_due(&mut self, actions: &mut Vec<Action>) {
+        if let Some(every) = self.policy.probe_every {
+            self.timer(TimerKind::Probe, every, actions);
+        }
+        let probing = self.probing.is_some_and(|c| self.calls.holds(c));
+        if self.backend_state() != BackendState::Starting && !probing {
+            actions.push(Action::Probe);
+        }
+    }
+
+    /// Periodic housekeeping: expired calls leave the queue.
+    fn on_tick(&mut self, now: Instant, actions: &mut Vec<Action>) -> Handled {
+        for call in self.calls.expire(now) {
+            actions.push(Action::Reject(call, EngineError::Expired));
+        }
+        Handled::Live
+    }
+
+    // The lifecycle steps the handlers share.
+
+    fn bound(&self, role: Role, rows: f64, rate: Option<Duration>) -> Duration {
+        self.estimator.bound(&self.policy, role, rows, rate)
+    }
+
+    #[cfg(test)]
+    fn health_deadline(&self) -> Duration {
+        self.estimator.health_deadline(&self.policy, self.role())
+    }
+
+    /// Why questions are refused now, and when the next try is.
+    fn unavailable(&self, now: Instant) -> String {
+        match &self.degraded {
+            Some(d) if self.candidate.is_some() => {
+                format!("the backend is degraded ({}); a fresh worker is being health-checked now", d.cause)
+            }
+            Some(d) => format!(
+                "the backend is degraded ({}); next try in {} s",
+                d.cause,
+                d.next_try.saturating_duration_since(now).as_secs_f64().ceil() as u64
+            ),
+            None => "the backend is restarting".into(),
+        }
+    }
+
+    fn timer(&mut self, kind: TimerKind, after: Duration, actions: &mut Vec<Action>) {
+        self.generation += 1;
+        self.timers.insert(timer_slot(kind), self.generation);
+        actions.push(Action::SetTimer(Timer { kind, generation: self.generation }, after));
+    }
+
+    fn cancel_timer(&mut self, kind: TimerKind) {
+        self.timers.remove(&timer_slot(kind));
+    }
+
+    fn live(&self, t: Timer) -> bool {
+        self.timers.get(&timer_slot(t.kind)) == Some(&t.generation)
+    }
+
+    fn is_candidate(&self, id: WorkerId) -> bool {
+        self.candidate.is_some_and(|c| c.id == id)
+    }
+
+    fn slot_mut(&mut self, id: WorkerId) -> Option<&mut Slot> {
+        if self.serving.is_some_and(|s| s.id == id) {
+            self.serving.as_mut()
+        } else if self.is_candidate(id) {
+            self.candidate.as_mut()
+        } else {
+            None
+        }
+    }
+
+    fn new_worker(&mut self, now: Instant, role: Role, actions: &mut Vec<Action>) -> Slot {
+        let id = self.next_worker;
+        self.next_worker += 1;
+        actions.push(Action::Spawn(id, role));
+        let deadline = self.policy.startup_timeout;
+        Slot { id, role, state: WorkerState::Starting, since: now, deadline, due: now + deadline, rows: 0, signs: None }
+    }
+
+    fn spawn_serving(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let role = if self.degraded.is_some() { Role::Fallback } else { Role::Primary };
+        self.in_backoff = false;
+        self.cancel_timer(TimerKind::Backoff);
+        let slot = self.new_worker(now, role, actions);
+        self.serving = Some(slot);
+        self.timer(TimerKind::Startup, self.policy.startup_timeout, actions);
+    }
+
+    fn spawn_candidate(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let slot = self.new_worker(now, Role::Primary, actions);
+        self.candidate = Some(slot);
+        self.timer(TimerKind::Candidate, self.policy.startup_timeout, actions);
+    }
+
+    /// Sends the next live queued call to the idle serving worker, with the calls queued behind
+    /// it while they fit in `merge_rows` (on the primary) and none of them must run alone.
+    fn dispatch(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let Some(slot) = self.serving else { return };
+        if slot.state != WorkerState::Idle {
+            return;
+        }
+        if self.wait_for_more(slot, now, actions) {
+            return;
+        }
+        let cap = if slot.role == Role::Primary { self.policy.merge_rows.max(1) } else { 1 };
+        let (batch, rows, expired) = self.calls.next_batch(now, cap);
+        actions.extend(expired.into_iter().map(|call| Action::Reject(call, EngineError::Expired)));
+        let Some(&first) = batch.first() else { return };
+        if self.gather == Gather::Due && batch.len() == 1 {
+            self.contended = false; // nobody else came: stop waiting for company
+        }
+        self.gather = Gather::Off;
+        self.cancel_timer(TimerKind::Gather);
+        let deadline = self.bound(slot.role, rows as f64, None);
+        let due = now + deadline;
+        self.serving =
+            Some(Slot { state: WorkerState::Busy(first), since: now, deadline, due, rows, signs: None, ..slot });
+        actions.push(Action::Send(slot.id, batch.clone()));
+        self.calls.start(batch);
+        self.timer(TimerKind::Deadline, deadline, actions);
+    }
+
+    /// Whether the idle primary waits (up to `gather`) for more calls before sending: only
+    /// while callers are concurrent, and only until the queued rows fill a round of its contexts.
+    fn wait_for_more(&mut self, slot: Slot, now: Instant, actions: &mut Vec<Action>) -> bool {
+        let parallel = self.policy.primary_parallel;
+        let on = slot.role == Role::Primary && parallel > 1 && self.policy.merge_rows > 1 && self.contended;
+        let window = match self.estimator.estimate(&self.policy, Role::Primary) {
+            Some(est) => self.policy.gather.min(est / 10),
+            None => self.policy.gather,
+        };
+        if !on || window.is_zero() || self.gather == Gather::Due {
+            return false;
+        }
+        if !self.calls.short_of_a_round(now, parallel) {
+            return false;
+        }
+        if self.gather == Gather::Off {
+            self.gather = Gather::Waiting;
+            self.timer(TimerKind::Gather, window, actions);
+        }
+        true
+    }
+
+    fn reject_queue(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let why = self.unavailable(now);
+        for call in self.calls.drain_queue() {
+            actions.push(Action::Reject(call, EngineError::Unavailable(why.clone())));
+        }
+    }
+
+    fn schedule_retry(&mut self, now: Instant, cause: String, actions: &mut Vec<Action>) {
+        let next_try = now + self.policy.primary_retry;
+        self.degraded = Some(Degraded { cause, next_try });
+        self.timer(TimerKind::Retry, self.policy.primary_retry, actions);
+    }
+
+    /// A worker loaded and passed its health call.
+    fn healthy(&mut self, now: Instant, slot: Slot, actions: &mut Vec<Action>) {
+        let elapsed = now.duration_since(slot.since);
+        if self.policy.health_rows > 0 {
+            let rounds = f64::from(deadline::rounds(&self.policy, self.policy.health_rows, slot.role));
+            // From the first sign of progress on, when there is one: the first inference's
+            // own cost (the load allowance's business) does not inflate every later deadline.
+            let seed = match slot.signs {
+                Some(signs) if signs.first < 1.0 => {
+                    now.duration_since(signs.first_at).as_secs_f64() / (rounds * (1.0 - signs.first))
+                }
+                _ => elapsed.as_secs_f64() / rounds,
+            };
+            self.estimator.seed(slot.role, Duration::from_secs_f64(seed));
+        }
+        if slot.role == Role::Primary {
+            self.failed_health = 0;
+        }
+        if self.is_candidate(slot.id) {
+            // The degraded primary is back: it takes over from the fallback.
+            self.candidate = None;
+            self.cancel_timer(TimerKind::Candidate);
+            if let Some(old) = self.serving.take() {
+                actions.push(Action::Kill(old.id));
+                // Not the calls' fault: they run again, same attempt, in their order.
+                self.calls.requeue_running(None);
+            }
+            self.cancel_timer(TimerKind::Deadline);
+            self.cancel_timer(TimerKind::Startup);
+            self.cancel_timer(TimerKind::Backoff);
+            self.cancel_timer(TimerKind::Retry);
+            self.cancel_timer(TimerKind::Gather);
+            self.gather = Gather::Off;
+            self.in_backoff = false;
+            self.degraded = None;
+            self.restarts.clear();
+            self.backoff = self.policy.backoff_min;
+            actions.push(Action::Notify(Notice {
+                kind: NoticeKind::BackendRecovered,
+                role: Role::Primary,
+                reason: None,
+                message: "the primary backend passed its health call and serves again".into(),
+            }));
+        } else {
+            self.cancel_timer(TimerKind::Deadline);
+            self.backoff = self.policy.backoff_min;
+        }
+        self.serving = Some(Slot { state: WorkerState::Idle, since: now, ..slot });
+        self.dispatch(now, actions);
+    }
+
+    /// A worker failed: kill (unless it is dead already), count, and decide what comes next.
+    fn failed(&mut self, now: Instant, id: WorkerId, reason: RestartReason, kill: bool, actions: &mut Vec<Action>) {
+        let why = reason.describe();
+        if self.is_candidate(id) || self.serving.is_some_and(|s| s.id == id) {
+            self.last_failure = Some((why.clone(), reason.clone()));
+        }
+        if self.is_candidate(id) {
+            self.candidate = None;
+            self.cancel_timer(TimerKind::Candidate);
+            if kill {
+                actions.push(Action::Kill(id));
+            }
+            *self.restart_counts.entry(reason.label()).or_default() += 1;
+            actions.push(Action::Restarted(Role::Primary, reason.clone()));
+            actions.push(Action::Notify(Notice {
+                kind: NoticeKind::WorkerRestart,
+                role: Role::Primary,
+                message: format!("the degraded primary failed its try: {why}"),
+                reason: Some(reason),
+            }));
+            self.schedule_retry(now, why, actions);
+            return;
+        }
+        let Some(slot) = self.serving.filter(|s| s.id == id) else { return };
+        self.serving = None;
+        self.gather = Gather::Off;
+        self.cancel_timer(TimerKind::Gather);
+        self.cancel_timer(TimerKind::Deadline);
+        self.cancel_timer(TimerKind::Startup);
+        if kill {
+            actions.push(Action::Kill(id));
+        }
+        *self.restart_counts.entry(reason.label()).or_default() += 1;
+        actions.push(Action::Restarted(slot.role, reason.clone()));
+        actions.push(Action::Notify(Notice {
+            kind: NoticeKind::WorkerRestart,
+            role: slot.role,
+            message: why.clone(),
+            reason: Some(reason.clone()),
+        }));
+        // The call in flight runs once more on the next worker; a second failure quarantines it
+        // (answered with an error) and that failure is the request's, not the budget's.
+        // A merged batch runs again call by call, attempts unchanged (see `split_running`).
+        let mut counts = true;
+        if self.calls.running_len() > 1 {
+            self.calls.split_running();
+        } else if let WorkerState::Busy(_) = slot.state
+            && let Some(call) = self.calls.pop_running()
+            && self.calls.retry(call) == Retry::Spent
+        {
+            counts = false;
+            actions.push(Action::Reject(
+                call,
+                EngineError::Quarantined(format!("this request failed twice ({why}); it is not run again")),
+            ));
+        }
+        self.calls.clear_running();
+        if counts && slot.role == Role::Primary && self.degraded.is_none() {
+            self.restarts.push_back(now);
+            while self.restarts.front().is_some_and(|t| now.duration_since(*t) > self.policy.restart_window) {
+                self.restarts.pop_front();
+            }
+            if slot.state == WorkerState::Health {
+                self.failed_health += 1;
+            }
+            let max_failed_health = self.policy.max_failed_health;
+            let cause = if max_failed_health > 0 && self.failed_health >= max_failed_health {
+                Some(format!("{} failed health calls in a row, the last: {why}", self.failed_health))
+            } else if self.restarts.len() > self.policy.max_restarts {
+                Some(format!(
+                    "{} restarts within {} s, the last: {why}",
+                    self.restarts.len(),
+                    self.policy.restart_window.as_secs()
+                ))
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                self.degrade(now, cause, Some(reason), actions);
+                return;
+            }
+        }
+        if self.degraded.is_some() && !self.policy.fallback {
+            // A promoted primary failed again: back to degraded; the retry timer is running.
+            self.reject_queue(now, actions);
+            return;
+        }
+        self.in_backoff = true;
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(self.policy.backoff_max);
+        self.backoff_due = Some(now + wait);
+        self.timer(TimerKind::Backoff, wait, actions);
+        if self.degraded.is_some() {
+            // The fallback itself is failing: refuse rather than queue behind its backoff.
+            self.reject_queue(now, actions);
+        }
+    }
+
+    /// The primary is degraded for `cause`: the fallback serves, or the queue is refused; the
+    /// primary is tried again every `primary_retry`.
+    fn degrade(&mut self, now: Instant, cause: String, reason: Option<RestartReason>, actions: &mut Vec<Action>) {
+        self.restarts.clear();
+        self.failed_health = 0;
+        self.backoff = self.policy.backoff_min;
+        self.schedule_retry(now, cause, actions);
+        actions.push(Action::Notify(Notice {
+            kind: NoticeKind::BackendDegraded,
+            role: Role::Primary,
+            message: self.unavailable(now),
+            reason,
+        }));
+        if self.policy.fallback {
+            self.spawn_serving(now, actions);
+        } else {
+            self.reject_queue(now, actions);
+        }
+    }
+
+    /// What the worker that should serve is doing instead, in a phrase.
+    fn not_ready(&self, now: Instant) -> String {
+        let role = self.role();
+        let who = if role == Role::Fallback { "the CPU fallback" } else { "the backend" };
+        let last = match &self.last_failure {
+            Some((why, _)) => format!("; the last failure: {why}"),
+            None => String::new(),
+        };
+        match self.serving {
+            Some(s) if s.state == WorkerState::Starting => {
+                format!("{who} has been loading for {} s{last}", now.duration_since(s.since).as_secs())
+            }
+            Some(s) if s.state == WorkerState::Health => format!(
+                "{who}'s health call has been running for {} s (its first row may take load_allowance_ms, {} ms){last}",
+                now.duration_since(s.since).as_secs(),
+                self.policy.load_allowance.as_millis()
+            ),
+            _ => match &self.last_failure {
+                Some((why, _)) => format!("{who} is restarting after: {why}"),
+                None => format!("{who} is restarting"),
+            },
+        }
+    }
+
+    /// The oldest queued question has waited `ready_wait` for a worker that is not serving:
+    /// with a fallback (and the primary not degraded yet), the primary is degraded at once, goes
+    /// on as the candidate beside the fallback, and takes over if its health call passes;
+    /// otherwise the questions that waited that long are refused with the cause.
+    fn waited_too_long(&mut self, now: Instant, wait: Duration, actions: &mut Vec<Action>) {
+        let desc = self.not_ready(now);
+        if self.policy.fallback && self.degraded.is_none() {
+            let cause = format!("not ready after {} s: {desc}", wait.as_secs());
+            let reason = self.last_failure.as_ref().map(|(_, r)| r.clone());
+            self.gather = Gather::Off;
+            self.cancel_timer(TimerKind::Gather);
+            self.cancel_timer(TimerKind::Deadline);
+            self.cancel_timer(TimerKind::Startup);
+            let retry_in = match self.serving.take() {
+                Some(slot) => {
+                    // Loading or in its health call: it goes on, as the candidate.
+                    self.candidate = Some(slot);
+                    self.timer(TimerKind::Candidate, slot.due.saturating_duration_since(now), actions);
+                    None
+                }
+                None => {
+                    // Between restarts: the candidate starts when the backoff would have ended.
+                    self.cancel_timer(TimerKind::Backoff);
+                    self.in_backoff = false;
+                    Some(self.backoff_due.map_or(Duration::ZERO, |d| d.saturating_duration_since(now)))
+                }
+            };
+            self.restarts.clear();
+            self.failed_health = 0;
+            self.backoff = self.policy.backoff_min;
+            let next_try = now + retry_in.unwrap_or_default();
+            self.degraded = Some(Degraded { cause, next_try });
+            if let Some(after) = retry_in {
+                self.timer(TimerKind::Retry, after, actions);
+            }
+            actions.push(Action::Notify(Notice {
+                kind: NoticeKind::BackendDegraded,
+                role: Role::Primary,
+                message: self.unavailable(now),
+                reason,
+            }));
+            self.spawn_serving(now, actions);
+            // The fallback gets its own `ready_wait`.
+            self.not_serving_since = Some(now);
+            return;
+        }
+        let why = format!("not ready after {} s: {desc}", wait.as_secs());
+        let since = self.not_serving_since.unwrap_or(now);
+        for call in self.calls.waited(now, since, wait) {
+            actions.push(Action::Reject(call, EngineError::Unavailable(why.clone())));
+        }
+    }
+
+    /// Keeps the `Wait` timer on the oldest question waiting for a worker that is not serving
+    /// (run after every event).
+    fn check_wait(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let Some(wait) = self.policy.ready_wait else { return };
+        let serving = matches!(self.state(), WorkerState::Idle | WorkerState::Busy(_));
+        if serving || !self.started {
+            self.not_serving_since = None;
+        } else if self.not_serving_since.is_none() {
+            self.not_serving_since = Some(now);
+        }
+        let (Some(since), Some(oldest)) = (self.not_serving_since, self.calls.oldest()) else {
+            self.wait_due = None;
+            self.cancel_timer(TimerKind::Wait);
+            return;
+        };
+        let due = oldest.max(since) + wait;
+        if due <= now {
+            self.wait_due = None;
+            self.cancel_timer(TimerKind::Wait);
+            self.waited_too_long(now, wait, actions);
+            // Whoever is left (or the fallback's own wait) gets the timer again.
+            if self.policy.fallback || !self.calls.is_queue_empty() {
+                self.check_wait(now, actions);
+            }
+        } else if self.wait_due != Some(due) {
+            self.wait_due = Some(due);
+            self.timer(TimerKind::Wait, due - now, actions);
+        }
+    }
+}
+
+/// Whether `slot` runs `call`: its health call, or the batch it is busy with.
+fn runs(slot: Slot, call: CallId) -> bool {
+    match slot.state {
+        WorkerState::Health => call == HEALTH_CALL,
+        WorkerState::Busy(c) => c == call,
+        _ => false,
+    }
+}
