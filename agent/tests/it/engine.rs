@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use laya_edge::backend::null::NullBackend;
-use laya_edge::engine::process::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
+use laya_edge::engine::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
 use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
 use laya_edge::prompt::{QType, Row};
 
@@ -52,9 +52,9 @@ fn restarting_at_once() -> Policy {
 
 /// The agent's defaults (`[engine]` with nothing set) with these changes.
 fn defaults(change: impl FnOnce(&mut laya_edge::config::Engine)) -> Policy {
-    let mut e = laya_edge::config::Engine::default();
-    change(&mut e);
-    Policy::from_config(&e, false)
+    let mut config = laya_edge::config::Config::default();
+    change(&mut config.engine);
+    Policy::from_config(&config, false)
 }
 
 /// A null primary with the health call of every worker (two different rows), as `serve` runs it.
@@ -238,7 +238,7 @@ async fn with_all_defaults_a_hang_on_the_second_call_after_start_is_answered_wit
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert_eq!(out.rows[0], NullBackend::logits_for(&row(2)));
     assert!(
-        matches!(&engine.restarts()[..], [laya_edge::engine::process::RestartRecord { reason: RestartReason::Deadline(d), .. }] if *d <= Duration::from_secs(1))
+        matches!(&engine.restarts()[..], [laya_edge::engine::RestartRecord { reason: RestartReason::Deadline(d), .. }] if *d <= Duration::from_secs(1))
     );
 }
 
@@ -396,7 +396,7 @@ async fn a_worker_that_stops_reading_its_stdin_does_not_freeze_the_timers_or_the
     assert!(
         matches!(
             engine.restarts()[..],
-            [laya_edge::engine::process::RestartRecord { reason: RestartReason::Deadline(_), .. }]
+            [laya_edge::engine::RestartRecord { reason: RestartReason::Deadline(_), .. }]
         ),
         "{:?}",
         engine.restarts()
@@ -447,7 +447,7 @@ async fn while_a_candidate_primary_hangs_loading_the_fallback_keeps_answering() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restart_log_keeps_the_last_64_records_and_counts_every_restart() {
     let engine = Engine::start(EngineConfig::new(restarting_at_once(), worker("null", "-", Some("load-fail"))));
-    let kept = laya_edge::engine::process::RESTARTS_KEPT;
+    let kept = laya_edge::engine::RESTARTS_KEPT;
     assert!(
         wait_for(Duration::from_secs(90), || engine.restart_total() > kept as u64 + 6).await,
         "only {} restarts in 90 s",

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use laya_edge::backend::BackendKind;
-use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
+use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::{Policy, RestartReason};
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
@@ -147,7 +147,7 @@ fn qnn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
     config.qnn.backend_lib = lib.display().to_string();
     config.qnn.system_lib = lib.display().to_string();
     let program = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
-    let mut spec = laya_edge::backend::worker_spec(&program, BackendKind::Qnn, &config).expect("spec");
+    let mut spec = laya_edge::engine::spec::worker_spec(&program, BackendKind::Qnn, &config).expect("spec");
     spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
     spec
 }

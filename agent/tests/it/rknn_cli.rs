@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use laya_edge::backend::BackendKind;
-use laya_edge::engine::process::{Engine, EngineConfig, EngineError, WorkerSpec};
+use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::Policy;
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
@@ -123,7 +123,7 @@ fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
     config.model.dir = bundle.display().to_string();
     config.rknn.library = lib.display().to_string();
     let program = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
-    let mut spec = laya_edge::backend::worker_spec(&program, BackendKind::Rknn, &config).expect("spec");
+    let mut spec = laya_edge::engine::spec::worker_spec(&program, BackendKind::Rknn, &config).expect("spec");
     spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
     spec
 }
@@ -247,7 +247,7 @@ async fn a_constant_output_rknn_runtime_fails_every_workers_health_call_and_the_
     let host = laya_edge::bundle::HostBundle::load(&bundle).expect("bundle");
     // As serve builds it: all defaults, the health call of two different rows of the model.
     let mut engine_config =
-        laya_edge::backend::engine_config(Path::new(env!("CARGO_BIN_EXE_laya-edge")), &config, &host).expect("config");
+        laya_edge::engine::EngineConfig::from_config(Path::new(env!("CARGO_BIN_EXE_laya-edge")), &config, &host).expect("config");
     assert_eq!(engine_config.health.len(), 2);
     engine_config.primary.env.push((CONSTANT.0.into(), CONSTANT.1.into()));
     let engine = Engine::start(engine_config);
@@ -267,7 +267,7 @@ async fn a_constant_output_rknn_runtime_is_caught_on_a_new_workers_first_row_aft
     let config = rknn_config(&bundle, &lib);
     // No health call: nothing but the answers themselves can show the runtime is constant.
     let engine = Engine::start(EngineConfig::new(
-        laya_edge::backend::policy(&config, false),
+        laya_edge::engine::supervisor::Policy::from_config(&config, false),
         rknn_worker(&bundle, &lib, &[CONSTANT]),
     ));
     let first = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
