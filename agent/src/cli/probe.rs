@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use crate::bundle::{HostBundle, probe};
+use crate::bundle::HostBundle;
+use crate::engine::probe_file as probe;
 use crate::config::Config;
 use crate::prompt::Row;
 

@@ -11,6 +11,7 @@ mod child;
 mod driver;
 pub mod health;
 pub mod probe;
+pub mod probe_file;
 pub mod protocol;
 pub mod spec;
 pub mod supervisor;
@@ -84,7 +85,7 @@ impl EngineConfig {
             fallback,
             health: health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
             queue: config.limits.queue,
-            probe: crate::bundle::probe::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(Arc::new),
+            probe: probe_file::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(Arc::new),
             probe_every: (config.probe.interval_min > 0).then(|| Duration::from_secs(config.probe.interval_min * 60)),
         })
     }

@@ -4,36 +4,18 @@
 //! every decision into 0.5, librknnrt 2.4.2 returns one vector for every input, a context binary
 //! from another QAIRT release may load and misbehave. A bundle therefore ships probe rows with
 //! the float model's logits (made by the CPU backend when the bundle is assembled, see
-//! `bundle::probe`), and the engine runs them on every new worker (with the health call) and
+//! `engine::probe_file`), and the engine runs them on every new worker (with the health call) and
 //! every `probe.interval_min`. This module only compares: rows in, figures out, no I/O.
 //!
 //! Probabilities here are the softmax of a row's option logits at temperature 1 (the same for
 //! both sides, so the figures compare the backends, not the temperatures).
 
 use crate::backend::RowResult;
+pub use crate::bundle::Thresholds;
 use crate::prompt::Row;
 
 /// A decision is clear when the float model's top two probabilities differ by more than this.
 pub const CLEAR_MARGIN: f64 = 0.02;
-
-/// What a backend must achieve on the probe; a bundle may set its own.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Thresholds {
-    /// Share of rows whose best option is the float model's.
-    pub min_agreement: f64,
-    /// Share of clear decisions ([`CLEAR_MARGIN`]) that agree.
-    pub min_clear_agreement: f64,
-    /// Mean cosine between the backend's and the float model's option logits.
-    pub min_cosine: f64,
-}
-
-impl Default for Thresholds {
-    /// From what real quantized models achieve: the QCS6490 card's w8a16 graph agrees on 87 of
-    /// 88 argmaxes with mean cosine 0.999; unseen random checkpoints flip 2-9% of clear decisions.
-    fn default() -> Thresholds {
-        Thresholds { min_agreement: 0.9, min_clear_agreement: 0.9, min_cosine: 0.98 }
-    }
-}
 
 /// The probe rows and what the float model answered for them.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,7 +15,8 @@ use laya_topics::json::{self, Style};
 use laya_topics::{Map, Value};
 
 use super::make_probe;
-use crate::bundle::{AgentConfig, HostBundle, MANIFEST, digest, probe, read_json};
+use crate::bundle::{AgentConfig, HostBundle, MANIFEST, digest, read_json};
+use crate::engine::probe_file as probe;
 use crate::backend::Backend;
 
 /// What `laya-edge bundle` is asked to do.

@@ -1,5 +1,5 @@
 //! Making a bundle's probe file (`laya-edge bundle`): the float model's logits for every
-//! question of the probe requests, written in the form [`crate::bundle::probe`] reads back.
+//! question of the probe requests, written in the form [`crate::engine::probe_file`] reads back.
 
 use std::path::Path;
 
@@ -9,7 +9,7 @@ use laya_topics::{Map, Value};
 use crate::backend::Backend;
 use crate::bundle::HostBundle;
 use crate::prompt::Row;
-use crate::bundle::probe::rows_of;
+use crate::engine::probe_file::rows_of;
 
 fn floats(v: &[f32]) -> Value {
     Value::Array(v.iter().map(|x| Value::Float(f64::from(*x))).collect())

@@ -1,6 +1,8 @@
 //! A bundle's probe file (`probe.jsonl`): requests with the float model's logits for each of
-//! their questions, made by the CPU backend when the bundle is assembled, read back into the
-//! engine's [`Probe`] (rows laid out again by this agent, checked against the recorded tokens).
+//! their questions, made by the CPU backend when the bundle is assembled
+//! (`cli::bundle::make_probe`), read back into the engine's [`Probe`] (rows laid out again by
+//! this agent through the pipeline, checked against the recorded tokens). Here, not in
+//! `bundle`, because reading it lays requests out: `bundle` only reads files.
 //!
 //! One line per request: `{"request": {...}, "rows": {qid: {"input_ids": [...], "logits":
 //! [...], "act_logits": [...]}}}`. The request is kept as sent, so a person can read what the
@@ -12,8 +14,8 @@ use std::path::Path;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::{Request, Value};
 
-use super::{BundleError, HostBundle};
-use crate::engine::probe::{Probe, Thresholds};
+use super::probe::Probe;
+use crate::bundle::{BundleError, HostBundle, Thresholds};
 use crate::backend::RowResult;
 use crate::pipeline;
 use crate::prompt::Row;
