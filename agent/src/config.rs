@@ -76,7 +76,7 @@ pub struct Mqtt {
     pub telemetry_interval_s: u64,
     /// `json` or `cbor` (smaller, for constrained links): how telemetry documents are encoded;
     /// the MQTT 5 content type says which.
-    pub telemetry_encoding: String,
+    pub telemetry_encoding: TelemetryEncoding,
 }
 
 impl Default for Mqtt {
@@ -102,7 +102,7 @@ impl Default for Mqtt {
             reconnect_min_ms: 500,
             reconnect_max_ms: 30_000,
             telemetry_interval_s: 60,
-            telemetry_encoding: "json".into(),
+            telemetry_encoding: TelemetryEncoding::Json,
         }
     }
 }
@@ -164,17 +164,83 @@ impl Default for Model {
     }
 }
 
+/// Which backend runs the model (`engine.backend`, `--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The CPU reference model.
+    Cpu,
+    /// Deterministic logits from the input, no model (tests and benchmarks).
+    Null,
+    /// Rockchip RK3588 NPU through librknnrt (needs an NPU bundle and the `rknn` feature).
+    Rknn,
+    /// Qualcomm HTP through QNN (needs an NPU bundle and the `qnn` feature).
+    Qnn,
+}
+
+impl BackendKind {
+    /// The name in the configuration (`engine.backend`) and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Null => "null",
+            BackendKind::Rknn => "rknn",
+            BackendKind::Qnn => "qnn",
+        }
+    }
+}
+
+/// What serves while the backend is degraded (`engine.fallback`): nothing (`""`) or a CPU worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Fallback {
+    #[default]
+    #[serde(rename = "")]
+    None,
+    #[serde(rename = "cpu")]
+    Cpu,
+}
+
+/// How telemetry documents are encoded (`mqtt.telemetry_encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TelemetryEncoding {
+    #[default]
+    Json,
+    Cbor,
+}
+
+impl TelemetryEncoding {
+    /// The wire encoding it names.
+    pub fn encoding(self) -> laya_topics::wire::Encoding {
+        match self {
+            TelemetryEncoding::Json => laya_topics::wire::Encoding::Json,
+            TelemetryEncoding::Cbor => laya_topics::wire::Encoding::Cbor,
+        }
+    }
+}
+
+/// `qnn.performance`: the runtime's own voting, or burst (DCVS off, top voltage corner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Performance {
+    /// Also what an empty string means.
+    #[default]
+    #[serde(alias = "")]
+    Default,
+    Burst,
+}
+
 /// `[engine]`: the backend and its supervision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Engine {
     /// `cpu`, `null`, `rknn` or `qnn`.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Fixed deadline per question (per NPU job); 0 derives it from recent calls (4 x p99 per
     /// row, at least 1 s a call).
     pub deadline_ms: u64,
     /// `cpu` to serve from a CPU worker while the backend is degraded; empty for none.
-    pub fallback: String,
+    pub fallback: Fallback,
     /// Restarts within `restart_window_s` before the backend counts as degraded.
     pub max_restarts: usize,
     pub restart_window_s: u64,
@@ -205,9 +271,9 @@ pub struct Engine {
 impl Default for Engine {
     fn default() -> Self {
         Engine {
-            backend: "cpu".into(),
+            backend: BackendKind::Cpu,
             deadline_ms: 0,
-            fallback: String::new(),
+            fallback: Fallback::None,
             max_restarts: 5,
             restart_window_s: 300,
             max_failed_health: 3,
@@ -252,7 +318,7 @@ pub struct Qnn {
     /// Where the DSP skeleton libraries are (`ADSP_LIBRARY_PATH`).
     pub adsp_library_path: String,
     /// `default` (the runtime's own voting) or `burst` (DCVS off, top voltage corner).
-    pub performance: String,
+    pub performance: Performance,
     /// `qnn-context-binary-generator`, for bundles whose graphs ship only a DLC; empty: none.
     pub generator: String,
     /// The DLC loader the generator needs (`libQnnModelDlc.so`).
@@ -269,7 +335,7 @@ impl Default for Qnn {
             backend_lib: String::new(),
             system_lib: String::new(),
             adsp_library_path: String::new(),
-            performance: "default".into(),
+            performance: Performance::Default,
             generator: String::new(),
             model_lib: String::new(),
             state_dir: String::new(),
@@ -330,20 +396,8 @@ impl Config {
         if !self.qnn.generator.is_empty() && (self.qnn.model_lib.is_empty() || self.qnn.backend_lib.is_empty()) {
             return bad("qnn.generator needs qnn.model_lib (libQnnModelDlc.so) and qnn.backend_lib".into());
         }
-        if !["", "default", "burst"].contains(&self.qnn.performance.as_str()) {
-            return bad(format!("qnn.performance {:?}: use default or burst", self.qnn.performance));
-        }
         if !(1..=3).contains(&self.rknn.contexts) {
             return bad(format!("rknn.contexts {}: use 1, 2 or 3 (one per NPU core)", self.rknn.contexts));
-        }
-        if !["cpu", "null", "rknn", "qnn"].contains(&self.engine.backend.as_str()) {
-            return bad(format!("engine.backend {:?}: use cpu, null, rknn or qnn", self.engine.backend));
-        }
-        if !["", "cpu"].contains(&self.engine.fallback.as_str()) {
-            return bad(format!("engine.fallback {:?}: use \"cpu\" or leave it empty", self.engine.fallback));
-        }
-        if !["json", "cbor"].contains(&self.mqtt.telemetry_encoding.as_str()) {
-            return bad(format!("mqtt.telemetry_encoding {:?}: use json or cbor", self.mqtt.telemetry_encoding));
         }
         if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
             return bad(format!("mqtt.broker {:?} must be an mqtt:// or mqtts:// URL", self.mqtt.broker));
@@ -458,9 +512,31 @@ mod tests {
 
     #[test]
     fn qnn_performance_defaults_to_default_not_an_empty_string() {
-        assert_eq!(Config::default().qnn.performance, "default");
+        assert_eq!(Config::default().qnn.performance, Performance::Default);
         let c: Config = toml::from_str("[qnn]\nsoc = \"qcm6490\"").unwrap();
-        assert_eq!(c.qnn.performance, "default");
+        assert_eq!(c.qnn.performance, Performance::Default);
+        assert!(Config::default().to_toml().unwrap().contains("performance = \"default\""));
+    }
+
+    #[test]
+    fn config_enums_read_and_write_the_strings_of_the_file() {
+        let text = "[mqtt]\ntelemetry_encoding = \"cbor\"\n[engine]\nbackend = \"rknn\"\nfallback = \"cpu\"\n[qnn]\nperformance = \"burst\"\n";
+        let c = Config::parse(text, Path::new("-")).unwrap();
+        assert_eq!(c.mqtt.telemetry_encoding, TelemetryEncoding::Cbor);
+        assert_eq!((c.engine.backend, c.engine.fallback), (BackendKind::Rknn, Fallback::Cpu));
+        assert_eq!(c.qnn.performance, Performance::Burst);
+        let written = c.to_toml().unwrap();
+        for line in ["telemetry_encoding = \"cbor\"", "backend = \"rknn\"", "fallback = \"cpu\"", "performance = \"burst\""] {
+            assert!(written.contains(line), "{line} in {written}");
+        }
+        // An empty fallback is none, an empty performance the default: what the files said before.
+        let c = Config::parse("[engine]\nfallback = \"\"\n[qnn]\nperformance = \"\"\n", Path::new("-")).unwrap();
+        assert_eq!((c.engine.fallback, c.qnn.performance), (Fallback::None, Performance::Default));
+        assert!(Config::default().to_toml().unwrap().contains("fallback = \"\""));
+        for kind in [BackendKind::Cpu, BackendKind::Null, BackendKind::Rknn, BackendKind::Qnn] {
+            let c = Config::parse(&format!("[engine]\nbackend = \"{}\"", kind.name()), Path::new("-")).unwrap();
+            assert_eq!(c.engine.backend, kind);
+        }
     }
 
     #[test]
@@ -468,10 +544,10 @@ mod tests {
         let mut c = Config::default();
         c.mqtt.device = "board \"7\"".into();
         c.mqtt.response_topics = vec!["{prefix}/reply/plc/+".into(), "{prefix}/reply/+/x/#".into()];
-        c.engine.backend = "qnn".into();
+        c.engine.backend = BackendKind::Qnn;
         c.engine.threads = 3;
         c.rknn.core_mask = 3;
-        c.qnn.performance = "burst".into();
+        c.qnn.performance = Performance::Burst;
         c.qnn.backend_lib = "/opt/qairt/lib/libQnnHtp.so".into();
         c.log.level = "laya_edge::engine=debug,warn".into();
         let text = c.to_toml().unwrap();
@@ -529,12 +605,17 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         assert!(toml::from_str::<Config>("[mqtt]\nbrokr = \"x\"").is_err());
-        let c: Config = toml::from_str("[engine]\nbackend = \"gpu\"").unwrap();
-        assert!(c.check().unwrap_err().to_string().contains("gpu"));
+        // Values of a closed set are refused as the file is read, naming the value.
+        let e = toml::from_str::<Config>("[engine]\nbackend = \"gpu\"").unwrap_err();
+        assert!(e.to_string().contains("gpu") && e.to_string().contains("qnn"), "{e}");
+        let e = toml::from_str::<Config>("[engine]\nfallback = \"gpu\"").unwrap_err();
+        assert!(e.to_string().contains("gpu"), "{e}");
+        let e = toml::from_str::<Config>("[mqtt]\ntelemetry_encoding = \"xml\"").unwrap_err();
+        assert!(e.to_string().contains("xml") && e.to_string().contains("telemetry_encoding"), "{e}");
         let c: Config = toml::from_str("[mqtt]\nfleet = \"north\"").unwrap();
         assert!(c.check().is_err());
-        let c: Config = toml::from_str("[qnn]\nperformance = \"turbo\"").unwrap();
-        assert!(c.check().unwrap_err().to_string().contains("turbo"));
+        let e = toml::from_str::<Config>("[qnn]\nperformance = \"turbo\"").unwrap_err();
+        assert!(e.to_string().contains("turbo"), "{e}");
         let c: Config = toml::from_str("[qnn]\nperformance = \"burst\"").unwrap();
         assert!(c.check().is_ok());
         let generator = "[qnn]\nbackend_lib = \"/l/libQnnHtp.so\"\ngenerator = \"/q/qnn-context-binary-generator\"\n";

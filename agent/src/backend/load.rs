@@ -9,45 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::HostBundle;
-use crate::config::{Config, ConfigError};
+use crate::config::{BackendKind, Config, ConfigError, Fallback};
 use crate::backend::{Backend, LoadError};
 use crate::backend::cpu::CpuBackend;
-
-/// Which backend runs the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendKind {
-    /// The CPU reference model.
-    Cpu,
-    /// Deterministic logits from the input, no model (tests and benchmarks).
-    Null,
-    /// Rockchip RK3588 NPU through librknnrt (needs an NPU bundle and the `rknn` feature).
-    Rknn,
-    /// Qualcomm HTP through QNN (needs an NPU bundle and the `qnn` feature).
-    Qnn,
-}
-
-impl BackendKind {
-    /// The name in the configuration (`engine.backend`) and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Cpu => "cpu",
-            BackendKind::Null => "null",
-            BackendKind::Rknn => "rknn",
-            BackendKind::Qnn => "qnn",
-        }
-    }
-
-    /// The backend `engine.backend` names.
-    pub fn parse(name: &str) -> Result<BackendKind, ConfigError> {
-        match name {
-            "cpu" => Ok(BackendKind::Cpu),
-            "null" => Ok(BackendKind::Null),
-            "rknn" => Ok(BackendKind::Rknn),
-            "qnn" => Ok(BackendKind::Qnn),
-            other => Err(ConfigError::Invalid(format!("engine.backend {other:?}: use cpu, null, rknn or qnn"))),
-        }
-    }
-}
 
 /// Why the engine could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +35,8 @@ pub enum SetupError {
 /// every restarted worker. A bundle's checkpoint that no backend reads here is checked too when
 /// its weights are there (`laya-edge check` checks the rest).
 pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupError> {
-    let kind = BackendKind::parse(&config.engine.backend)?;
-    let reads_checkpoint = matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == "cpu";
+    let kind = config.engine.backend;
+    let reads_checkpoint = matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == Fallback::Cpu;
     match &bundle.checkpoint {
         Some(ckpt) if reads_checkpoint || ckpt.join("model.safetensors").exists() => {
             Ok(crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)?)
@@ -166,10 +130,9 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError
     let mut qnn = QnnConfig::new(&q.backend_lib, &q.system_lib);
     // The agent also puts it into the worker's environment (worker_spec), so this sets nothing.
     qnn.adsp_library_path = Some(q.adsp_library_path.clone()).filter(|p| !p.is_empty());
-    qnn.performance = match q.performance.as_str() {
-        "burst" => Performance::Burst,
-        "" | "default" => Performance::Default,
-        other => return Err(format!("qnn.performance {other:?}: use default or burst").into()),
+    qnn.performance = match q.performance {
+        crate::config::Performance::Burst => Performance::Burst,
+        crate::config::Performance::Default => Performance::Default,
     };
     if !q.generator.is_empty() {
         if q.model_lib.is_empty() {

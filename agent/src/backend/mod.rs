@@ -10,7 +10,8 @@ pub mod load;
 pub mod npu;
 pub mod null;
 
-pub use load::{BackendKind, SetupError, check_model, load, set_threads, this_program};
+pub use crate::config::BackendKind;
+pub use load::{SetupError, check_model, load, set_threads, this_program};
 
 use crate::prompt::Row;
 

@@ -50,7 +50,7 @@ impl BackendArgs {
             config.model.dir = m.display().to_string();
         }
         if let Some(b) = self.backend {
-            config.engine.backend = b.name().into();
+            config.engine.backend = b;
         }
         if let Some(t) = self.threads {
             config.engine.threads = t;
@@ -129,7 +129,7 @@ impl Backend for WorkerBackend {
 /// builds it. `with_probe`: whether new workers run the bundle's probe (`probe` measures the
 /// raw backend, so it runs the probe rows itself instead).
 pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Result<Box<dyn Backend>, String> {
-    let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;
+    let kind = config.engine.backend;
     backend::set_threads(config.engine.threads)?;
     if kind == BackendKind::Cpu {
         return backend::load(kind, config).map_err(|e| e.to_string());

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use crate::backend::BackendKind;
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::cli::jsonl;
@@ -15,7 +14,7 @@ use crate::cli::jsonl;
 pub type Args = super::BackendArgs;
 
 pub fn run(config: Config) -> Result<(), String> {
-    let kind = BackendKind::parse(&config.engine.backend).map_err(|e| e.to_string())?;
+    let kind = config.engine.backend;
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
     let mut backend = super::backend_for(&config, &bundle, true)?;
     tracing::debug!(backend = kind.name(), model = %config.model.dir, "predict: answering the lines on stdin");

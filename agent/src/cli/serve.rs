@@ -54,7 +54,7 @@ impl Args {
             config.model.dir = m.display().to_string();
         }
         if let Some(b) = self.backend {
-            config.engine.backend = b.name().into();
+            config.engine.backend = b;
         }
         config.check().map_err(|e| e.to_string())?;
         Ok(config)
@@ -115,7 +115,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
             config.model.dir = demo_model().display().to_string();
         }
         if args.backend.is_none() {
-            config.engine.backend = "cpu".into();
+            config.engine.backend = BackendKind::Cpu;
         }
         println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
     }
@@ -181,7 +181,7 @@ fn reload_on_sighup(
                     config.mqtt.broker = started_with.mqtt.broker.clone();
                     config.mqtt.device = started_with.mqtt.device.clone();
                     config.model.dir = started_with.model.dir.clone();
-                    config.engine.backend = started_with.engine.backend.clone();
+                    config.engine.backend = started_with.engine.backend;
                 }
                 let (bundle, engine) = prepare(&config)?;
                 Ok::<_, String>(service::server::Reload::Candidate { config: Box::new(config), bundle, engine })

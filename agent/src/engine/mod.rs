@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use laya_topics::wire::ErrorCode;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use crate::backend::{BackendError, BackendKind, RowResult, SetupError};
+use crate::backend::{BackendError, RowResult, SetupError};
 use crate::bundle::HostBundle;
-use crate::config::Config;
+use crate::config::{BackendKind, Config, Fallback};
 use crate::prompt::Row;
 use driver::{Driver, Request, Shared};
 use probe::{Probe, Report};
@@ -75,8 +75,8 @@ impl EngineConfig {
     /// CPU already, and `bundle` has a checkpoint; the health call's rows and the probe from
     /// `bundle`.
     pub fn from_config(program: &Path, config: &Config, bundle: &HostBundle) -> Result<EngineConfig, SetupError> {
-        let kind = BackendKind::parse(&config.engine.backend)?;
-        let fallback = (config.engine.fallback == "cpu" && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
+        let kind = config.engine.backend;
+        let fallback = (config.engine.fallback == Fallback::Cpu && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
             .then(|| spec::worker_spec(program, BackendKind::Cpu, config))
             .transpose()?;
         Ok(EngineConfig {

@@ -48,7 +48,7 @@ pub async fn config_error(config: &Config, message: &str) -> Result<(), String> 
     let offline = Status {
         online: false,
         version: env!("CARGO_PKG_VERSION").into(),
-        backend: config.engine.backend.clone(),
+        backend: config.engine.backend.name().to_owned(),
         model: config.model.dir.clone(),
         started_at: birth / 1000,
         degraded: false,

@@ -561,9 +561,9 @@ pub async fn run(
     let started_at = now_unix();
     let started = Instant::now();
     let birth = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    let telemetry_encoding = if config.mqtt.telemetry_encoding == "cbor" { Encoding::Cbor } else { Encoding::Json };
+    let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();
     let busy_at_start = engine.busy_time();
-    let serving = Serving::new(bundle, engine, &config.engine.backend);
+    let serving = Serving::new(bundle, engine, config.engine.backend.name());
     let offline = Encoding::Json.encode(
         &Status {
             online: false,
@@ -898,7 +898,7 @@ pub async fn run(
                     Some(why) => publish_event(&reload_event("reload_rejected", why)),
                     None => {
                         tracing::info!(model = %bundle.dir.display(), "reload: starting the new engine beside the serving one");
-                        let candidate = Arc::new(Serving::new(bundle, Engine::start(engine), &new.engine.backend));
+                        let candidate = Arc::new(Serving::new(bundle, Engine::start(engine), new.engine.backend.name()));
                         let verdicts = verdict_tx.clone();
                         let within = reload_allowance(&new);
                         tokio::spawn(async move {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{BackendKind, Config};
 
 /// The supervision policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,13 +113,13 @@ impl Policy {
             primary_retry: Duration::from_secs(e.retry_primary_s.max(1)),
             ..Policy::default()
         };
-        if e.backend == "rknn" {
+        if e.backend == BackendKind::Rknn {
             // Its contexts run a call's rows side by side: time it per round.
             policy.primary_parallel = config.rknn.contexts.max(1);
             // Concurrent callers' next questions fill a round of the contexts.
             policy.gather = Duration::from_millis(50);
         }
-        if e.backend != "cpu" {
+        if e.backend != BackendKind::Cpu {
             // Calls queued together run as one batch of at most what one request may hold. Not on
             // the CPU: it pads a batch to its longest row, and one-question rows of mixed lengths
             // merged four at a time ran at 0.48x the rows/s of one per call (1.55x only when all
@@ -137,14 +137,14 @@ mod tests {
     #[test]
     fn an_npu_backend_merges_calls_and_rknn_times_its_contexts_per_round_but_the_cpu_does_neither() {
         let mut config = Config::default();
-        config.engine.backend = "cpu".into();
+        config.engine.backend = BackendKind::Cpu;
         let cpu = Policy::from_config(&config, false);
         assert_eq!((cpu.merge_rows, cpu.primary_parallel, cpu.gather), (1, 1, Duration::ZERO));
-        config.engine.backend = "qnn".into();
+        config.engine.backend = BackendKind::Qnn;
         config.limits.questions_per_request = 8;
         let qnn = Policy::from_config(&config, true);
         assert_eq!((qnn.merge_rows, qnn.primary_parallel, qnn.fallback), (8, 1, true));
-        config.engine.backend = "rknn".into();
+        config.engine.backend = BackendKind::Rknn;
         config.rknn.contexts = 3;
         let rknn = Policy::from_config(&config, false);
         assert_eq!((rknn.merge_rows, rknn.primary_parallel, rknn.gather), (8, 3, Duration::from_millis(50)));
