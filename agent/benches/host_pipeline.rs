@@ -63,7 +63,7 @@ fn answer(bundle: &HostBundle, payload: &[u8], max_tokens: usize, s: &mut Stages
         id,
         device: "bench".into(),
         backend: "cpu".into(),
-        serving: "primary".into(),
+        serving: laya_topics::wire::Role::Primary,
         result,
         timing: Timing::default(),
     };

@@ -145,7 +145,7 @@ fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) 
         ] {
             let mut config = laya_edge::config::Config::default();
             config.model.dir = dir.display().to_string();
-            config.engine.backend = "rknn".into();
+            config.engine.backend = laya_edge::config::BackendKind::Rknn;
             config.rknn.library = lib.display().to_string();
             config.rknn.contexts = contexts;
             let mut engine_config =

@@ -1,13 +1,15 @@
 //! One request through the whole pipeline: `prompt` (validate, lay out within the model's
-//! capacity) -> a [`Backend`] (logits) -> `decide` (answers). The JSON-lines commands and the
-//! MQTT service both answer requests through here.
+//! capacity) -> a [`Backend`] (logits) -> `decide` (answers). The JSON-lines commands, the probe
+//! and the MQTT service all answer requests through here: [`prepare`] before the rows are run,
+//! [`finish`] after (the service runs them on its engine in between, [`answer_within`] on a
+//! backend in this thread).
 
 use laya_topics::wire::ErrorCode;
 use laya_topics::{PredictResult, Request};
 
 use crate::bundle::HostBundle;
 use crate::decide::{self, AssembleError, RowOutput};
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, RowResult};
 use crate::prompt::{self, Limits, Prepared, Row, TokenizerError};
 
 /// Why a request as a whole could not be answered.
@@ -85,11 +87,23 @@ pub fn answer_within(
     let prepared = prepare(bundle, request, max_request_tokens)?;
     let rows: Vec<&Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r)).collect();
     let results = if rows.is_empty() { Vec::new() } else { backend.run(&rows)? };
+    finish(bundle, &prepared, results, request.lang.as_deref())
+}
+
+/// The answer to a prepared request, from the model's outputs for its rows (one result per
+/// valid question, in order; none when no question was valid): the decisions, with each
+/// invalid question's error in its place. `lang` is the request's.
+pub fn finish(
+    bundle: &HostBundle,
+    prepared: &[Prepared],
+    results: Vec<RowResult>,
+    lang: Option<&str>,
+) -> Result<PredictResult, PipelineError> {
     let outputs: Vec<RowOutput> = results
         .into_iter()
         .map(|r| RowOutput { act_probs: decide::act_probabilities(&r.act_logits), logits: r.logits })
         .collect();
-    Ok(decide::assemble(&prepared, &outputs, &bundle.config.temperatures, request.lang.as_deref())?)
+    Ok(decide::assemble(prepared, &outputs, &bundle.config.temperatures, lang)?)
 }
 
 /// The request's budget: its `max_len`/`head_max_len` where they lower `model`'s, `model`'s

@@ -141,7 +141,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
     };
     let reloads = reload_on_sighup(hup, args, config.clone());
-    service::server::run(config, engine, bundle, shutdown, reloads).await.map_err(|e| e.to_string())
+    service::run(config, engine, bundle, shutdown, reloads).await.map_err(|e| e.to_string())
 }
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and
@@ -160,13 +160,13 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, EngineConfig), String> {
 
 /// SIGHUP (`systemctl reload`, an OTA tool that installed a new model) re-reads the configuration
 /// file and the model bundle, with the command line's flags applied again, and hands the result
-/// to the service, which starts it beside the serving engine (`service::server::Reload`). Loading
+/// to the service, which starts it beside the serving engine (`service::Reload`). Loading
 /// runs in the blocking pool: it reads and hashes the bundle's files.
 fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
     args: Args,
     started_with: Config,
-) -> tokio::sync::mpsc::UnboundedReceiver<service::server::Reload> {
+) -> tokio::sync::mpsc::UnboundedReceiver<service::Reload> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let args = Arc::new(args);
     tokio::spawn(async move {
@@ -184,13 +184,13 @@ fn reload_on_sighup(
                     config.engine.backend = started_with.engine.backend;
                 }
                 let (bundle, engine) = prepare(&config)?;
-                Ok::<_, String>(service::server::Reload::Candidate { config: Box::new(config), bundle, engine })
+                Ok::<_, String>(service::Reload::Candidate { config: Box::new(config), bundle, engine })
             })
             .await;
             let reload = match prepared {
                 Ok(Ok(candidate)) => candidate,
-                Ok(Err(why)) => service::server::Reload::Failed(format!("the new configuration or model cannot be used: {why}")),
-                Err(e) => service::server::Reload::Failed(format!("loading the new configuration failed: {e}")),
+                Ok(Err(why)) => service::Reload::Failed(format!("the new configuration or model cannot be used: {why}")),
+                Err(e) => service::Reload::Failed(format!("loading the new configuration failed: {e}")),
             };
             if tx.send(reload).is_err() {
                 return;

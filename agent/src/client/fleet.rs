@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use laya_topics::Value;
 use laya_topics::load::Load;
 use laya_topics::topic::{Channel, Schema};
-use laya_topics::wire::Status;
+use laya_topics::wire::{BackendState, Status};
 
 /// How a device is doing, worst first (the table's order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,7 +53,7 @@ struct Device {
     status: Option<Status>,
     /// The last telemetry's load figures, backend state, restart total and when it came.
     load: Option<Load>,
-    telemetry_state: Option<String>,
+    telemetry_state: Option<BackendState>,
     restarts: u64,
     telemetry_at: Option<Instant>,
     /// The last event: its name, reason and message.
@@ -127,7 +127,7 @@ impl Fleet {
             Channel::Telemetry => {
                 let d = self.devices.entry(t.device).or_default();
                 d.load = Some(Load::from_value(doc));
-                d.telemetry_state = doc.get("backend_state").and_then(Value::as_str).map(str::to_owned);
+                d.telemetry_state = doc.get("backend_state").and_then(Value::as_str).and_then(|s| s.parse().ok());
                 d.restarts = doc
                     .get("restarts")
                     .and_then(Value::as_object)
@@ -160,11 +160,12 @@ impl Fleet {
                 return Health::Silent;
             }
         }
-        let state = if d.telemetry_newer { d.telemetry_state.as_deref() } else { None };
-        match state.unwrap_or(&status.backend_state) {
-            "degraded" => Health::Degraded,
-            "starting" => Health::Starting,
-            _ => Health::Ok,
+        let state = if d.telemetry_newer { d.telemetry_state } else { None };
+        match state.or(status.backend_state) {
+            Some(BackendState::Degraded) => Health::Degraded,
+            Some(BackendState::Starting) => Health::Starting,
+            // Ready, or a state this version does not know (or none, from an older agent).
+            Some(BackendState::Ready) | None => Health::Ok,
         }
     }
 
@@ -181,8 +182,9 @@ impl Fleet {
             .map(|(id, d)| {
                 let health = Fleet::health(d, now);
                 let s = d.status.as_ref();
-                let backend_state = if d.telemetry_newer { d.telemetry_state.clone() } else { None }
-                    .or_else(|| s.map(|s| s.backend_state.clone()))
+                let backend_state = if d.telemetry_newer { d.telemetry_state } else { None }
+                    .or_else(|| s.and_then(|s| s.backend_state))
+                    .map(|b| b.to_string())
                     .unwrap_or_default();
                 Row {
                     device: id.clone(),
@@ -297,6 +299,18 @@ mod tests {
         assert_eq!(f.rows(t0)[0].health, Health::Degraded);
         f.handle(t0, "laya/v1/d/status", Some(&status(true, 1, "ready", "")));
         assert_eq!(f.rows(t0)[0].health, Health::Ok);
+    }
+
+    #[test]
+    fn a_backend_state_this_version_does_not_know_is_not_counted_as_trouble() {
+        let mut f = fleet();
+        let t0 = Instant::now();
+        f.handle(t0, "laya/v1/d/status", Some(&status(true, 1, "draining", "")));
+        let row = &f.rows(t0)[0];
+        assert_eq!((row.health, row.backend_state.as_str()), (Health::Ok, ""));
+        f.handle(t0, "laya/v1/d/telemetry", Some(&telemetry("starting", 0)));
+        let row = &f.rows(t0)[0];
+        assert_eq!((row.health, row.backend_state.as_str()), (Health::Starting, "starting"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Drawing the fleet view (`bus::fleet`'s rows): a terminal table for people, a JSON snapshot
+//! Drawing the fleet view (`client::fleet`'s rows): a terminal table for people, a JSON snapshot
 //! for scripts and monitoring (`laya-edge fleet --once --json`).
 
 use laya_topics::value::{Map, Value};

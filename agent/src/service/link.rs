@@ -1,7 +1,7 @@
 //! The broker link's policy, without I/O: how long to wait before reconnecting, when a connection
 //! that says nothing is dead, and how long one poll of the connection may take.
 //!
-//! The connection task (`bus::server`) asks this state machine and does the I/O. It exists
+//! The connection task (`poller`) asks this state machine and does the I/O. It exists
 //! because a broker can fail us in ways rumqttc does not notice on its own:
 //! - a connection whose broker stopped answering (dropped us, or a half-open TCP link) is only
 //!   found by rumqttc at the keep-alive after an unanswered ping, two keep-alives on; here it is

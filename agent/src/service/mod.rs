@@ -1,17 +1,373 @@
-//! The MQTT front door: `laya-edge serve`.
+//! `laya-edge serve`: questions in over MQTT, typed decisions out.
 //!
-//! `admission` decides what to do with a message (pure), `connection` builds the broker options,
-//! `link` decides when the broker connection is lost and how long to wait (pure), `outbox` queues
-//! what the loop publishes for itself, `liveness` watches the loop and the connection task,
-//! `server` runs the service loop.
+//! The service runs on a single-threaded runtime, so no task may block it for long. [`run`]
+//! wires the parts and runs ONE `select!` loop whose arms call into them; each task gets only
+//! the state it needs (mini-redis's Listener/Handler split):
+//!
+//! - `poller` polls rumqttc's event loop and does nothing else; `link` decides when the
+//!   connection is lost and how long to wait (pure); `connection` builds the broker options.
+//! - `flow` decides where an arriving question goes: a place in `limits.queue`, the waiting room,
+//!   or a refusal (pure); [`Handler`] runs each admitted question in its own task.
+//! - `question` is one question's path (admission, redelivery, the answer via `pipeline`), and
+//!   `delivery` the gate that publishes its reply and acknowledges it, together or not at all;
+//!   `admission` decides what to do with a message (pure).
+//! - `telemetry` builds the status and telemetry documents; `events` maps the engine's notices
+//!   to events (pure); `outbox` queues what the loop publishes for itself; `liveness` watches
+//!   the loop and the connection task.
+//! - `reload` holds what answers questions and replaces it on SIGHUP.
+//!
+//! On shutdown, questions in progress get `mqtt.shutdown_grace_s` to finish; then the delivery
+//! gate closes and the agent publishes `offline` and disconnects.
 
 pub mod admission;
 pub mod connection;
+pub mod delivery;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod events;
+pub mod flow;
 pub mod latency;
 pub mod link;
 pub mod liveness;
 pub mod outbox;
+pub mod poller;
+pub mod question;
+pub mod reload;
 pub mod report;
-pub mod server;
+pub mod telemetry;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::AsyncClient;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Publish;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use laya_topics::topic::{Channel, Schema};
+use laya_topics::wire::{Encoding, EngineEvent, EventKind};
+
+pub use flow::{INLINE_TOKENIZE_BYTES, PREPARING_AT_ONCE};
+pub use reload::{Reload, Serving};
+
+use admission::{Admission, ReplyCache, ReplyTo};
+use delivery::Gate;
+use events::{notice_events, probe_event, reload_event, takeover_event};
+use flow::{Flow, Place, Ticket};
+use liveness::{Liveness, Part};
+use outbox::{Item, Outbox};
+use poller::Net;
+use question::Questions;
+use reload::{Current, reload_allowance, reload_refusal, until_ready};
+use telemetry::{Birth, Counters, Interval, Reporter};
+
+use crate::bundle::HostBundle;
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::platform::systemd::Notifier;
+
+/// Why the service stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Connection(#[from] connection::ConnectionError),
+    #[error(transparent)]
+    Topic(#[from] laya_topics::topic::TopicError),
+}
+
+/// What a question's task needs: its handling, its delivery, the queue's places and the flow.
+struct Handler {
+    questions: Questions,
+    gate: Gate,
+    /// The `limits.queue` places: a question holds one from its start to its acknowledgement.
+    places: Arc<Semaphore>,
+    flow: Arc<Flow>,
+}
+
+impl Handler {
+    /// Handles a question that has its place, in a task of its own.
+    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, place: OwnedSemaphorePermit) {
+        let h = self.clone();
+        tokio::spawn(async move {
+            let out = h.questions.handle(&p, received).await;
+            h.gate.deliver(&p, out, Some(place)).await;
+        });
+    }
+
+    /// A question that arrived, handled by where [`Flow::arrive`] puts it.
+    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant, waiting: &mpsc::UnboundedSender<Waiting>) {
+        match self.flow.arrive(self.places.clone().try_acquire_owned().ok(), p.payload.len()) {
+            Place::Queue(place) => self.spawn(p, received, place),
+            // More than the Receive Maximum lets the broker send: the question waits,
+            // unacknowledged, for a place, in arrival order; its deadline runs from its arrival.
+            Place::Wait(ticket) => {
+                let _ = waiting.send(Waiting { p, received, ticket });
+            }
+            // Over the queue and the waiting room: a retryable error, then the ack (not
+            // redelivered for ever). The refusal is made now and the question's payload let go:
+            // what waits to be sent is the small refusal only.
+            Place::Refuse => {
+                let out = self.questions.when_full(&p);
+                let ack = delivery::ack_only(&p);
+                drop(p);
+                let h = self.clone();
+                tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None).await });
+            }
+        }
+    }
+
+    /// The waiting room's task: hands places to waiting questions in arrival order.
+    async fn waiting_room(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+        while let Some(Waiting { p, received, ticket }) = rx.recv().await {
+            let place = self.places.clone().acquire_owned().await;
+            self.flow.leave(ticket);
+            let Ok(place) = place else { break };
+            if self.flow.stopping() {
+                continue; // not acknowledged: the broker delivers it again later
+            }
+            self.spawn(p, received, place);
+        }
+    }
+}
+
+/// A question in the waiting room.
+struct Waiting {
+    p: Box<Publish>,
+    received: Instant,
+    ticket: Ticket,
+}
+
+/// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
+/// flight, publishes `offline` and disconnects. Each [`Reload`] from `reloads` is started beside
+/// the serving engine and replaces it once its health call passes.
+pub async fn run(
+    mut config: Config,
+    engine: Engine,
+    bundle: Arc<HostBundle>,
+    shutdown: impl Future,
+    mut reloads: mpsc::UnboundedReceiver<Reload>,
+) -> Result<(), ServeError> {
+    let schema = Schema::new(&config.mqtt.prefix)?;
+    let device = config.device();
+    let topic = |c| schema.topic(&device, c).map(|t| t.to_string());
+    let (status_topic, ask_topic, errors_topic) =
+        (topic(Channel::Status)?, topic(Channel::Ask)?, topic(Channel::Errors)?);
+    let topics = outbox::Topics {
+        status: status_topic.clone(),
+        events: topic(Channel::Events)?,
+        telemetry: topic(Channel::Telemetry)?,
+    };
+    let fleet_filter = match config.mqtt.fleet.as_str() {
+        "" => None,
+        fleet => Some(schema.fleet_subscription(&config.mqtt.share_group, fleet)?),
+    };
+    let (started, birth) = (Instant::now(), Birth::now(&config.mqtt.fleet));
+    let interval = Arc::new(Mutex::new(Interval::new(started, engine.busy_time())));
+    let serving = Serving::new(bundle, engine, config.engine.backend.name());
+    let will = telemetry::status(false, &serving.served(), &birth, None, 0);
+    let (client, eventloop) =
+        AsyncClient::new(connection::options(&config, &status_topic, Encoding::Json.encode(&will.to_value()))?, 256);
+    let (current, counters) = (Arc::new(Current::new(serving)), Arc::new(Counters::default()));
+    let flow = Arc::new(Flow::new(config.limits.queue, config.limits.waiting_bytes));
+    let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();
+    let reporter = Reporter {
+        current: current.clone(),
+        counters: counters.clone(),
+        interval: interval.clone(),
+        flow: flow.clone(),
+        birth,
+        device: device.clone(),
+        started,
+        encoding: telemetry_encoding,
+    };
+    let handler = Arc::new(Handler {
+        questions: Questions {
+            admission: Admission::new(schema.clone(), device.clone(), &config),
+            current: current.clone(),
+            replies: Mutex::new(ReplyCache::bounded(config.limits.remember_replies, config.limits.remember_bytes)),
+            in_flight: Default::default(),
+            preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
+            device: device.clone(),
+            errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
+            counters: counters.clone(),
+            interval: interval.clone(),
+        },
+        gate: Gate::new(client.clone(), counters.clone(), flow.clone()),
+        places: Arc::new(Semaphore::new(config.limits.queue)),
+        flow: flow.clone(),
+    });
+    let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
+    tokio::spawn(handler.clone().waiting_room(waiting_rx));
+
+    // What the loop publishes for itself goes through the outbox: the loop never waits on the
+    // client (whose connection task may be waiting for the loop).
+    let outbox = Arc::new(Outbox::default());
+    tokio::spawn({
+        let (outbox, client) = (outbox.clone(), client.clone());
+        async move { outbox.run(client, topics).await }
+    });
+    let publish_event = |event: &EngineEvent| outbox.push(Item::Event(Encoding::Json.encode(&event.to_value())));
+
+    // The loop and the connection task watch each other from a thread (`liveness`).
+    let alive = Arc::new(Liveness::new(Instant::now()));
+    let connect_timeout = Duration::from_secs(5);
+    let link = link::Link::new(
+        Duration::from_secs(config.mqtt.keep_alive_s.max(5)),
+        Duration::from_millis(config.mqtt.reconnect_min_ms.max(1)),
+        Duration::from_millis(config.mqtt.reconnect_max_ms.max(1)),
+        link::process_jitter(Duration::from_millis(250)),
+        Instant::now(),
+    );
+    let stall_bound = Duration::from_secs(config.limits.loop_stall_s);
+    let link_turn = link.longest_turn(connect_timeout);
+    if config.limits.loop_stall_s > 0 {
+        let bounds = liveness::Bounds { service_loop: stall_bound, link: stall_bound + link_turn };
+        if let Err(e) = liveness::watch(alive.clone(), bounds, Duration::from_secs(1), liveness::exit_on_stall) {
+            tracing::warn!(error = %e, "cannot start the liveness watch");
+        }
+    }
+    let (poller, mut net_rx) = poller::spawn(eventloop, link, alive.clone(), connect_timeout);
+
+    let notifier = Notifier::from_env();
+    let mut watchdog = tokio::time::interval(notifier.watchdog_interval().unwrap_or(Duration::from_secs(3600)));
+    let mut telemetry = tokio::time::interval(Duration::from_secs(config.mqtt.telemetry_interval_s.max(1)));
+    telemetry.tick().await;
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ready = false;
+    let (mut notices, mut probe_runs, mut backend_state) = {
+        let engine = &current.get().engine;
+        (engine.notices(), engine.probe_runs(), engine.backend_state())
+    };
+    // A reload's candidate being health-checked beside the serving engine, and its verdict.
+    let (verdict_tx, mut verdicts) = mpsc::unbounded_channel::<(Box<Config>, Arc<Serving>, Result<(), String>)>();
+    tokio::pin!(shutdown);
+    loop {
+        alive.beat(Part::Loop);
+        tokio::select! {
+            _ = &mut shutdown => break,
+            msg = net_rx.recv() => match msg {
+                Some(Net::Connected { session_present }) => {
+                    tracing::info!(broker = %config.mqtt.broker, session_present, "connected to the broker");
+                    if !session_present {
+                        outbox.push(Item::Subscribe(ask_topic.clone()));
+                        if let Some(f) = &fleet_filter {
+                            outbox.push(Item::Subscribe(f.clone()));
+                        }
+                    }
+                    outbox.push(Item::Status(reporter.status(true)));
+                    if !ready {
+                        ready = true;
+                        // READY once connected with the engine supervised; a failing backend does
+                        // not hold it back (the status says `backend_state`).
+                        notifier.ready(&format!("serving as {device}"));
+                    }
+                }
+                Some(Net::TakenOver { named }) => {
+                    publish_event(&takeover_event(named, counters.taken_over(), &config.client_id()));
+                    outbox.push(Item::Status(reporter.status(true)));
+                }
+                // Not acknowledged while stopping: the broker delivers it again later.
+                Some(Net::Question(p)) if !flow.stopping() => handler.arrived(p, Instant::now(), &waiting_tx),
+                Some(Net::Question(_)) => {}
+                Some(Net::Closed) | None => break,
+            },
+            // After a burst, once nothing is in progress: freed heap back to the kernel.
+            _ = heartbeat.tick() => if flow.trim_now(handler.places.available_permits()) {
+                crate::platform::heap::release_freed();
+            },
+            // Pings only while the connection task beats too: a stalled one stops them, and
+            // systemd restarts the service.
+            _ = watchdog.tick() => {
+                if alive.fresh(Instant::now(), stall_bound.max(Duration::from_secs(1)) + link_turn) {
+                    notifier.watchdog();
+                } else {
+                    tracing::error!("the broker connection task stopped making progress: no systemd watchdog ping");
+                }
+            }
+            // Backend events go out when they happen, and the retained status follows the backend.
+            notice = notices.recv() => match notice {
+                Ok(n) => notice_events(&n).for_each(|e| publish_event(&e)),
+                Err(RecvError::Lagged(missed)) => tracing::warn!(missed, "backend events were not published (too many at once)"),
+                Err(RecvError::Closed) => {}
+            },
+            // A failed probe is an event of its own, with the figures (a passed one is in telemetry).
+            run = probe_runs.recv() => match run {
+                Ok(run) if !run.passed() => publish_event(&probe_event(&run)),
+                Ok(_) | Err(RecvError::Closed) => {}
+                Err(RecvError::Lagged(missed)) => tracing::warn!(missed, "probe results were not published (too many at once)"),
+            },
+            Ok(()) = backend_state.changed() => outbox.push(Item::Status(reporter.status(true))),
+            Some(reload) = reloads.recv() => match reload {
+                Reload::Failed(why) => publish_event(&reload_event(EventKind::ReloadRejected, why)),
+                Reload::Candidate { config: new, bundle, engine } => match reload_refusal(&config, &new) {
+                    Some(why) => publish_event(&reload_event(EventKind::ReloadRejected, why)),
+                    None => {
+                        tracing::info!(model = %bundle.dir.display(), "reload: starting the new engine beside the serving one");
+                        let candidate = Arc::new(Serving::new(bundle, Engine::start(engine), new.engine.backend.name()));
+                        let (verdicts, within) = (verdict_tx.clone(), reload_allowance(&new));
+                        tokio::spawn(async move {
+                            let verdict = until_ready(&candidate.engine, within).await;
+                            let _ = verdicts.send((new, candidate, verdict));
+                        });
+                    }
+                },
+            },
+            Some((new, candidate, verdict)) = verdicts.recv() => match verdict {
+                Ok(()) => {
+                    let message = format!(
+                        "now serving {} on the {} backend (the new engine passed its health call)",
+                        candidate.bundle.dir.display(),
+                        candidate.backend
+                    );
+                    tracing::info!(%message, "reload: taking over");
+                    notices = candidate.engine.notices();
+                    probe_runs = candidate.engine.probe_runs();
+                    backend_state = candidate.engine.backend_state();
+                    if let Ok(mut i) = interval.lock() {
+                        i.engine_changed(candidate.engine.busy_time());
+                    }
+                    current.replace(candidate);
+                    config = *new;
+                    publish_event(&reload_event(EventKind::Reloaded, message));
+                    outbox.push(Item::Status(reporter.status(true)));
+                }
+                // Dropping the candidate stops its worker; the serving engine never paused.
+                Err(why) => publish_event(&reload_event(EventKind::ReloadRejected, format!("the new engine failed its health call: {why}"))),
+            },
+            _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {
+                outbox.push(Item::Telemetry(reporter.telemetry(), reporter.telemetry_properties()));
+                notifier.status(&reporter.systemd_status());
+            }
+        }
+    }
+
+    // Stop taking questions, let those in flight finish, say goodbye. Every wait below has its
+    // own bound, so the liveness watch ends here.
+    alive.stop();
+    notifier.stopping();
+    let outbox_done = outbox.close();
+    flow.stop();
+    // Questions still arriving are left unacknowledged; the poller must never wait for room.
+    tokio::spawn(async move { while net_rx.recv().await.is_some() {} });
+    let grace = Duration::from_secs(config.mqtt.shutdown_grace_s);
+    let all = u32::try_from(config.limits.queue).unwrap_or(u32::MAX);
+    if tokio::time::timeout(grace, handler.places.acquire_many(all)).await.is_err() {
+        let left = config.limits.queue - handler.places.available_permits();
+        tracing::warn!(left, "questions still in progress at shutdown: left for the broker to deliver again");
+    }
+    // From here no reply and no acknowledgement is sent: whatever is still in progress is
+    // neither answered nor acknowledged.
+    if !handler.gate.close(Duration::from_secs(5)).await {
+        tracing::warn!("a reply was still being handed to the client at shutdown");
+    }
+    // What the outbox was sending goes before `offline`.
+    let _ = tokio::time::timeout(Duration::from_secs(5), outbox_done).await;
+    // `offline`, then DISCONNECT with reason 0 (normal): the broker discards the Last Will.
+    let _ = client.publish(status_topic, QoS::AtLeastOnce, true, reporter.status(false)).await;
+    let _ = client.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
+    Ok(())
+}

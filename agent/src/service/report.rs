@@ -8,16 +8,17 @@
 //! It connects under its own client id (`{client id}-report`) with a clean session, so the
 //! agent's persistent session and the questions queued in it are left alone.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event};
 
 use laya_topics::topic::{Channel, Schema};
-use laya_topics::wire::{Encoding, EngineEvent, Status};
+use laya_topics::wire::{Encoding, EngineEvent, EventKind, Role};
 
 use super::connection;
+use super::telemetry::{self, Birth, Identity, Served};
 use crate::config::Config;
 
 /// How long the report may take (connect, publish, acknowledgement).
@@ -26,13 +27,13 @@ pub const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The `config_error` event for `message`.
 pub fn config_error_event(message: &str) -> EngineEvent {
     EngineEvent {
-        event: "config_error".into(),
+        event: EventKind::ConfigError,
         reason: None,
         code: None,
         name: None,
         message: message.to_owned(),
         deadline_ms: None,
-        role: "primary".into(),
+        role: Some(Role::Primary),
         probe: None,
     }
 }
@@ -44,22 +45,10 @@ pub async fn config_error(config: &Config, message: &str) -> Result<(), String> 
     let device = config.device();
     let events = schema.topic(&device, Channel::Events).map_err(|e| e.to_string())?.to_string();
     let status = schema.topic(&device, Channel::Status).map_err(|e| e.to_string())?.to_string();
-    let birth = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    let offline = Status {
-        online: false,
-        version: env!("CARGO_PKG_VERSION").into(),
-        backend: config.engine.backend.name().to_owned(),
-        model: config.model.dir.clone(),
-        started_at: birth / 1000,
-        degraded: false,
-        backend_state: "starting".into(),
-        birth,
-        runtime: String::new(),
-        model_name: String::new(),
-        bundle_sha256: None,
-        fleet: config.mqtt.fleet.clone(),
-        takeovers: 0,
-    };
+    // Nothing is known of the model yet: the configured directory, no name, no digest.
+    let unknown = Identity::default();
+    let served = Served { backend: config.engine.backend.name(), model: config.model.dir.clone(), identity: &unknown };
+    let offline = telemetry::status(false, &served, &Birth::now(&config.mqtt.fleet), None, 0);
     let mut own = config.clone();
     own.mqtt.client_id = format!("{}-report", config.client_id());
     let mut options =

@@ -227,7 +227,7 @@ fn a_question_with_more_options_than_marker_slots_is_too_large_in_place_and_the_
 fn rknn_config(bundle: &Path, lib: &Path) -> laya_edge::config::Config {
     let mut config = laya_edge::config::Config::default();
     config.model.dir = bundle.display().to_string();
-    config.engine.backend = "rknn".into();
+    config.engine.backend = laya_edge::config::BackendKind::Rknn;
     config.rknn.library = lib.display().to_string();
     config
 }

@@ -31,7 +31,7 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
             m.insert("state".into(), Value::from(s));
         }
         let body = enc.encode(&req);
-        let inline = laya_edge::service::server::INLINE_TOKENIZE_BYTES;
+        let inline = laya_edge::service::INLINE_TOKENIZE_BYTES;
         assert_eq!(state.is_some(), body.len() > inline, "request {i} is {} bytes", body.len());
         c.ask("laya/v1/dev1/ask", body, Some(&format!("laya/v1/reply/asker-rr/{id}")), Some(b"corr-42"), enc).await;
         let p = c.next(Duration::from_secs(60)).await.expect("a reply");
