@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use laya_edge::bundle::HostBundle;
 use laya_edge::backend::cpu::CpuBackend;
+use laya_edge::bundle::HostBundle;
 use laya_edge::pipeline;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::{Request, Value};

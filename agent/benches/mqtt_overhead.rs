@@ -18,8 +18,8 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
-use laya_edge::service::admission::{Admission, Decision, Incoming, ReplyCache};
 use laya_edge::config::Config;
+use laya_edge::service::admission::{Admission, Decision, Incoming, ReplyCache};
 use laya_topics::Value;
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;

@@ -37,12 +37,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use laya_edge::bundle::HostBundle;
 use laya_edge::backend::Backend;
-use laya_edge::engine::Engine;
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::npu::qnn::{QnnBackend, QnnConfig};
 use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+use laya_edge::bundle::HostBundle;
+use laya_edge::engine::Engine;
 use laya_edge::prompt::{QType, Row};
 
 fn env_num(name: &str, default: u64) -> u64 {

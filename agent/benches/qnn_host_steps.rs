@@ -16,10 +16,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use laya_edge::bundle::HostBundle;
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::npu::qnn::binary::Encoding;
 use laya_edge::backend::npu::qnn::host::{self, HostFault};
+use laya_edge::bundle::HostBundle;
 
 /// Mean time of `f` over `n` runs after one warm-up run.
 fn time<T>(n: usize, mut f: impl FnMut() -> T) -> Duration {

@@ -526,7 +526,9 @@ mod tests {
         assert_eq!((c.engine.backend, c.engine.fallback), (BackendKind::Rknn, Fallback::Cpu));
         assert_eq!(c.qnn.performance, Performance::Burst);
         let written = c.to_toml().unwrap();
-        for line in ["telemetry_encoding = \"cbor\"", "backend = \"rknn\"", "fallback = \"cpu\"", "performance = \"burst\""] {
+        for line in
+            ["telemetry_encoding = \"cbor\"", "backend = \"rknn\"", "fallback = \"cpu\"", "performance = \"burst\""]
+        {
             assert!(written.contains(line), "{line} in {written}");
         }
         // An empty fallback is none, an empty performance the default: what the files said before.

@@ -3,8 +3,6 @@
 //! `check-config`, and the worker, which gets its agent's) load it here first, so that its
 //! `[log] level` can set up logging before the command runs.
 
-
-
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

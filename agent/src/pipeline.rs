@@ -7,9 +7,9 @@
 use laya_topics::wire::ErrorCode;
 use laya_topics::{PredictResult, Request};
 
+use crate::backend::{Backend, BackendError, RowResult};
 use crate::bundle::HostBundle;
 use crate::decide::{self, AssembleError, RowOutput};
-use crate::backend::{Backend, BackendError, RowResult};
 use crate::prompt::{self, Limits, Prepared, Row, TokenizerError};
 
 /// Why a request as a whole could not be answered.

@@ -8,10 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, LoadError};
 use crate::bundle::HostBundle;
 use crate::config::{BackendKind, Config, ConfigError, Fallback};
-use crate::backend::{Backend, LoadError};
-use crate::backend::cpu::CpuBackend;
 
 /// Why the engine could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +36,8 @@ pub enum SetupError {
 /// its weights are there (`laya-edge check` checks the rest).
 pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupError> {
     let kind = config.engine.backend;
-    let reads_checkpoint = matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == Fallback::Cpu;
+    let reads_checkpoint =
+        matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == Fallback::Cpu;
     match &bundle.checkpoint {
         Some(ckpt) if reads_checkpoint || ckpt.join("model.safetensors").exists() => {
             Ok(crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)?)

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::{BundleError, HostBundle, MANIFEST, graph_file};
-use crate::engine::probe_file as probe;
 use crate::cli::bundle::assemble::files_under;
+use crate::engine::probe_file as probe;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::service;
 use crate::config::Config;
+use crate::service;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -17,11 +17,11 @@ pub mod worker;
 use std::path::{Path, PathBuf};
 
 use crate::backend::{self, BackendKind};
+use crate::backend::{Backend, BackendError, RowResult};
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::engine::supervisor::Policy;
 use crate::engine::{Engine, EngineConfig};
-use crate::backend::{Backend, BackendError, RowResult};
 use crate::prompt::Row;
 
 /// The flags of the commands that run a model themselves (`predict`, `probe`).

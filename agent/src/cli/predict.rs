@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use crate::bundle::HostBundle;
-use crate::config::Config;
 use crate::cli::jsonl;
+use crate::config::Config;
 
 /// `predict`'s flags: the configuration file, the model, the backend, the threads.
 pub type Args = super::BackendArgs;

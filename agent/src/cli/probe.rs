@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use crate::bundle::HostBundle;
-use crate::engine::probe_file as probe;
 use crate::config::Config;
+use crate::engine::probe_file as probe;
 use crate::prompt::Row;
 
 /// `probe`'s flags, as `predict`'s: the configuration file, the bundle, the backend, the threads.

@@ -10,9 +10,9 @@ use std::time::Duration;
 use crate::backend::{self, BackendKind};
 use crate::bundle::HostBundle;
 use crate::client;
-use crate::service;
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
+use crate::service;
 use laya_topics::topic::Schema;
 use laya_topics::wire::Encoding;
 
@@ -184,12 +184,18 @@ fn reload_on_sighup(
                     config.engine.backend = started_with.engine.backend;
                 }
                 let (bundle, engine) = prepare(&config)?;
-                Ok::<_, String>(service::Reload::Candidate { config: Box::new(config), bundle, engine })
+                Ok::<_, String>(service::Reload::Candidate {
+                    config: Box::new(config),
+                    bundle,
+                    engine: Box::new(engine),
+                })
             })
             .await;
             let reload = match prepared {
                 Ok(Ok(candidate)) => candidate,
-                Ok(Err(why)) => service::Reload::Failed(format!("the new configuration or model cannot be used: {why}")),
+                Ok(Err(why)) => {
+                    service::Reload::Failed(format!("the new configuration or model cannot be used: {why}"))
+                }
                 Err(e) => service::Reload::Failed(format!("loading the new configuration failed: {e}")),
             };
             if tx.send(reload).is_err() {

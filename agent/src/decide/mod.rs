@@ -12,8 +12,8 @@ pub use temperature::{TemperatureError, Temperatures};
 
 use laya_topics::{Answer, AnswerError, PredictResult, Usage};
 
-use laya_topics::MODEL_NAME;
 use crate::prompt::Prepared;
+use laya_topics::MODEL_NAME;
 
 /// What the model returned for one question row.
 #[derive(Debug, Clone, PartialEq)]

@@ -76,9 +76,10 @@ impl EngineConfig {
     /// `bundle`.
     pub fn from_config(program: &Path, config: &Config, bundle: &HostBundle) -> Result<EngineConfig, SetupError> {
         let kind = config.engine.backend;
-        let fallback = (config.engine.fallback == Fallback::Cpu && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
-            .then(|| spec::worker_spec(program, BackendKind::Cpu, config))
-            .transpose()?;
+        let fallback =
+            (config.engine.fallback == Fallback::Cpu && kind != BackendKind::Cpu && bundle.checkpoint.is_some())
+                .then(|| spec::worker_spec(program, BackendKind::Cpu, config))
+                .transpose()?;
         Ok(EngineConfig {
             policy: Policy::from_config(config, fallback.is_some()),
             primary: spec::worker_spec(program, kind, config)?,

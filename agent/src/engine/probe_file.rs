@@ -15,8 +15,8 @@ use laya_topics::json::{self, ParseOptions};
 use laya_topics::{Request, Value};
 
 use super::probe::Probe;
-use crate::bundle::{BundleError, HostBundle, Thresholds};
 use crate::backend::RowResult;
+use crate::bundle::{BundleError, HostBundle, Thresholds};
 use crate::pipeline;
 use crate::prompt::Row;
 

@@ -68,7 +68,13 @@ pub struct Link {
 
 impl Link {
     /// `jitter` is added to every wait (a per-process value below a second).
-    pub fn new(keep_alive: Duration, min_backoff: Duration, max_backoff: Duration, jitter: Duration, now: Instant) -> Link {
+    pub fn new(
+        keep_alive: Duration,
+        min_backoff: Duration,
+        max_backoff: Duration,
+        jitter: Duration,
+        now: Instant,
+    ) -> Link {
         let min_backoff = min_backoff.max(Duration::from_millis(1));
         Link {
             keep_alive: keep_alive.max(Duration::from_secs(1)),
@@ -162,7 +168,10 @@ impl Link {
 /// A per-process jitter below `bound`, so clones and a restarted fleet spread their reconnects.
 pub fn process_jitter(bound: Duration) -> Duration {
     let seed = u64::from(std::process::id())
-        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u64)
+            .unwrap_or(0);
     let ms = bound.as_millis().max(1) as u64;
     Duration::from_millis((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % ms)
 }

@@ -59,7 +59,12 @@ pub struct Liveness {
 
 impl Liveness {
     pub fn new(now: Instant) -> Liveness {
-        Liveness { epoch: now, service_loop: AtomicU64::new(0), link: AtomicU64::new(0), stopped: AtomicBool::new(false) }
+        Liveness {
+            epoch: now,
+            service_loop: AtomicU64::new(0),
+            link: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+        }
     }
 
     fn at(&self, now: Instant) -> u64 {

@@ -306,7 +306,7 @@ pub async fn run(
                     Some(why) => publish_event(&reload_event(EventKind::ReloadRejected, why)),
                     None => {
                         tracing::info!(model = %bundle.dir.display(), "reload: starting the new engine beside the serving one");
-                        let candidate = Arc::new(Serving::new(bundle, Engine::start(engine), new.engine.backend.name()));
+                        let candidate = Arc::new(Serving::new(bundle, Engine::start(*engine), new.engine.backend.name()));
                         let (verdicts, within) = (verdict_tx.clone(), reload_allowance(&new));
                         tokio::spawn(async move {
                             let verdict = until_ready(&candidate.engine, within).await;

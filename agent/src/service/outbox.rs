@@ -75,7 +75,10 @@ impl Queue {
     }
 
     pub fn len(&self) -> usize {
-        self.subscribe.len() + self.events.len() + usize::from(self.status.is_some()) + usize::from(self.telemetry.is_some())
+        self.subscribe.len()
+            + self.events.len()
+            + usize::from(self.status.is_some())
+            + usize::from(self.telemetry.is_some())
     }
 
     pub fn is_empty(&self) -> bool {

@@ -89,6 +89,11 @@ impl InFlight {
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+
+    /// Whether no question is in progress.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The original's reply, once it has one; `None` if it failed (then the copy is answered on

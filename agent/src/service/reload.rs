@@ -62,7 +62,7 @@ impl Current {
 /// A reload's candidate, made by the command line from the re-read configuration: the new
 /// configuration, its bundle and the engine to start for it; or why none could be made.
 pub enum Reload {
-    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: EngineConfig },
+    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: Box<EngineConfig> },
     Failed(String),
 }
 /// Why a reload's configuration cannot be applied without a restart, if it cannot: the broker

@@ -585,7 +585,9 @@ fn the_connect_announces_a_receive_maximum_of_limits_queue_or_of_mqtt_receive_ma
 /// correlation data.
 fn rogue_questions(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, String, Vec<u8>)> {
     range
-        .map(|i| (request_with(&format!("q{i}"), BUG), format!("laya/v1/reply/rogue/q{i}"), format!("c{i}").into_bytes()))
+        .map(|i| {
+            (request_with(&format!("q{i}"), BUG), format!("laya/v1/reply/rogue/q{i}"), format!("c{i}").into_bytes())
+        })
         .collect()
 }
 

@@ -4,8 +4,8 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use laya_edge::backend::null::NullBackend;
-use laya_edge::engine::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
 use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
+use laya_edge::engine::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
 use laya_edge::prompt::{QType, Row};
 
 use crate::support::model;
@@ -394,10 +394,7 @@ async fn a_worker_that_stops_reading_its_stdin_does_not_freeze_the_timers_or_the
     assert_eq!(out.rows[0], NullBackend::logits_for(&big));
     assert_ne!(engine.status().worker_pid, Some(pid));
     assert!(
-        matches!(
-            engine.restarts()[..],
-            [laya_edge::engine::RestartRecord { reason: RestartReason::Deadline(_), .. }]
-        ),
+        matches!(engine.restarts()[..], [laya_edge::engine::RestartRecord { reason: RestartReason::Deadline(_), .. }]),
         "{:?}",
         engine.restarts()
     );

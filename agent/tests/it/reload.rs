@@ -12,7 +12,11 @@ use laya_topics::wire::Encoding;
 
 /// What `c` receives until `done` holds for one message (decoded, with its topic), or `within`
 /// passes: the messages, the last one the match (if any).
-async fn collect_until(c: &mut Client, within: Duration, done: impl Fn(&str, &Value) -> bool) -> (Vec<(String, Value)>, bool) {
+async fn collect_until(
+    c: &mut Client,
+    within: Duration,
+    done: impl Fn(&str, &Value) -> bool,
+) -> (Vec<(String, Value)>, bool) {
     let until = Instant::now() + within;
     let mut seen = Vec::new();
     while let Some(p) = c.next(until.saturating_duration_since(Instant::now())).await {
@@ -60,14 +64,18 @@ async fn sighup_reloads_a_new_model_beside_the_serving_one_and_bad_reloads_are_r
     };
 
     // 1. A new engine whose every call fails: its health call fails, the reload is rejected.
-    std::fs::write(&agent.config, text.replace(engine, "[engine]\nbackend = \"null\"\nnull_faults = \"error=fatal\"\n"))
-        .expect("config");
+    std::fs::write(
+        &agent.config,
+        text.replace(engine, "[engine]\nbackend = \"null\"\nnull_faults = \"error=fatal\"\n"),
+    )
+    .expect("config");
     hup();
     for _ in 0..5 {
         ask(&c, format!("q{asked}")).await;
         asked += 1;
     }
-    let (seen, hit) = collect_until(&mut c, Duration::from_secs(90), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
+    let (seen, hit) =
+        collect_until(&mut c, Duration::from_secs(90), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
     note(&seen, &mut answered);
     let last = &seen.last().expect("a message").1;
     assert!(hit, "a verdict on the reload");
@@ -82,7 +90,8 @@ async fn sighup_reloads_a_new_model_beside_the_serving_one_and_bad_reloads_are_r
         ask(&c, format!("q{asked}")).await;
         asked += 1;
     }
-    let (seen, hit) = collect_until(&mut c, Duration::from_secs(90), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
+    let (seen, hit) =
+        collect_until(&mut c, Duration::from_secs(90), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
     note(&seen, &mut answered);
     let last = &seen.last().expect("a message").1;
     assert!(hit, "a verdict on the reload");
@@ -91,14 +100,20 @@ async fn sighup_reloads_a_new_model_beside_the_serving_one_and_bad_reloads_are_r
 
     // 3. A change only a restart applies, and 4. a model that cannot be loaded: rejected.
     for (changed, says) in [
-        (text.replace("models/bpe-small", "models/wp-t4").replace("telemetry_interval_s = 1", "telemetry_interval_s = 7"), "[mqtt]"),
+        (
+            text.replace("models/bpe-small", "models/wp-t4")
+                .replace("telemetry_interval_s = 1", "telemetry_interval_s = 7"),
+            "[mqtt]",
+        ),
         (text.replace("models/bpe-small", "models/no-such-model"), "no-such-model"),
     ] {
         std::fs::write(&agent.config, changed).expect("config");
         hup();
         ask(&c, format!("q{asked}")).await;
         asked += 1;
-        let (seen, hit) = collect_until(&mut c, Duration::from_secs(60), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
+        let (seen, hit) =
+            collect_until(&mut c, Duration::from_secs(60), |t, v| is_event(t, v, &["reloaded", "reload_rejected"]))
+                .await;
         note(&seen, &mut answered);
         let last = &seen.last().expect("a message").1;
         assert!(hit, "a verdict on the reload");

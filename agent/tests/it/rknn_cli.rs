@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::support::*;
 use laya_edge::backend::BackendKind;
-use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::engine::supervisor::Policy;
+use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
@@ -247,7 +247,8 @@ async fn a_constant_output_rknn_runtime_fails_every_workers_health_call_and_the_
     let host = laya_edge::bundle::HostBundle::load(&bundle).expect("bundle");
     // As serve builds it: all defaults, the health call of two different rows of the model.
     let mut engine_config =
-        laya_edge::engine::EngineConfig::from_config(Path::new(env!("CARGO_BIN_EXE_laya-edge")), &config, &host).expect("config");
+        laya_edge::engine::EngineConfig::from_config(Path::new(env!("CARGO_BIN_EXE_laya-edge")), &config, &host)
+            .expect("config");
     assert_eq!(engine_config.health.len(), 2);
     engine_config.primary.env.push((CONSTANT.0.into(), CONSTANT.1.into()));
     let engine = Engine::start(engine_config);

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::support::{bundle, cases, f32s, laya_limits, model_dir};
-use laya_edge::decide;
 use laya_edge::backend::cpu::{CpuModel, ModelError};
+use laya_edge::decide;
 use laya_edge::prompt::{self, Row};
 use laya_topics::Request;
 

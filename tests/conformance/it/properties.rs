@@ -1,8 +1,8 @@
 //! Arbitrary input never panics the host pipeline, and the JSON codec round-trips.
 
 use crate::support::bundle;
-use laya_edge::decide::{self, RowOutput, Temperatures};
 use laya_edge::cli::jsonl;
+use laya_edge::decide::{self, RowOutput, Temperatures};
 use laya_edge::pipeline::limits_for;
 use laya_edge::prompt;
 use laya_topics::json::{self, ParseOptions, Style};

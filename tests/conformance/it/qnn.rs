@@ -37,10 +37,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::support::{bundle, cases, json_str, model_dir, read_json, test_path};
-use laya_edge::bundle::HostBundle;
 use laya_edge::backend::cpu::CpuBackend;
-use laya_edge::backend::{Backend, BackendError};
 use laya_edge::backend::npu::qnn::{HostFault, Performance, PowerState, QnnBackend, QnnConfig, QnnError};
+use laya_edge::backend::{Backend, BackendError};
+use laya_edge::bundle::HostBundle;
 use laya_edge::pipeline;
 use laya_edge::prompt::{self, Row};
 use laya_topics::json::{self, Style, to_string};

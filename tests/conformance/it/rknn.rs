@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::{bundle, cases, json_str, model_dir, test_path};
 use laya_edge::backend::cpu::CpuBackend;
-use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnError, RknnGraph, Status};
+use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
 use laya_topics::{Request, Value};

@@ -21,9 +21,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::support::{f32s, ints, json_str, read_json, test_path};
-use laya_edge::bundle::HostBundle;
 use laya_edge::backend::Backend;
 use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
+use laya_edge::bundle::HostBundle;
 use laya_edge::pipeline;
 use laya_edge::prompt::{QType, Row};
 use laya_topics::{Request, Value};

@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{Device, Tensor};
-use laya_edge::bundle::AgentConfig;
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::npu::qnn::abi::{self, ErrorHandle, Handle};
+use laya_edge::bundle::AgentConfig;
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
 
@@ -194,6 +194,7 @@ unsafe extern "C" fn system_context_free(handle: Handle) -> ErrorHandle {
 struct SyncPtr<T>(*const T);
 // SAFETY: points to a leaked, immutable table.
 unsafe impl<T> Sync for SyncPtr<T> {}
+// SAFETY: as above: the table is never freed nor written, so any thread may hold the pointer.
 unsafe impl<T> Send for SyncPtr<T> {}
 
 /// The body of a `*_getProviders` export: on the first call leaks the provider table `make()`

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use laya_edge::bundle::AgentConfig;
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::cpu::head::MISSING_MARKER_LOGIT;
+use laya_edge::bundle::AgentConfig;
 use laya_edge::prompt::{QType, Row};
 
 use crate::abi;

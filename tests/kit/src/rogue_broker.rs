@@ -255,14 +255,22 @@ fn serve(mut conn: TcpStream, out: Arc<Mutex<TcpStream>>, s: &Shared, receive_ma
                     seen.subscriptions.extend(sub.filters.iter().map(|f| f.path.clone()));
                     Some(Packet::SubAck(SubAck {
                         pkid: sub.pkid,
-                        return_codes: sub.filters.iter().map(|_| SubscribeReasonCode::Success(QoS::AtLeastOnce)).collect(),
+                        return_codes: sub
+                            .filters
+                            .iter()
+                            .map(|_| SubscribeReasonCode::Success(QoS::AtLeastOnce))
+                            .collect(),
                         properties: None,
                     }))
                 }
                 Packet::Publish(p) => {
                     seen.sent.push(Sent {
                         topic: String::from_utf8_lossy(&p.topic).into_owned(),
-                        correlation: p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()).map(|c| c.to_vec()),
+                        correlation: p
+                            .properties
+                            .as_ref()
+                            .and_then(|x| x.correlation_data.as_ref())
+                            .map(|c| c.to_vec()),
                         payload: p.payload.to_vec(),
                     });
                     match p.qos {

@@ -355,7 +355,8 @@ mod tests {
         // Two rows, the second padded (6 real tokens): position 0, markers, a repeated slot.
         let lengths = [9, 6];
         let key_bias =
-            Tensor::from_vec(crate::backend::cpu::masks::key_padding_biases(&lengths, l), (2, 1, 1, l), &Device::Cpu).unwrap();
+            Tensor::from_vec(crate::backend::cpu::masks::key_padding_biases(&lengths, l), (2, 1, 1, l), &Device::Cpu)
+                .unwrap();
         let picks_v: Vec<u32> = vec![0, 3, 8, 1, 9, 9 + 5, 9 + 2, 9];
         let picks = Tensor::from_vec(picks_v.clone(), 8, &Device::Cpu).unwrap();
         let h = random(&[2, l, d]);

@@ -12,8 +12,8 @@ pub mod dense;
 pub mod encoder;
 pub mod head;
 pub mod masks;
-pub mod weights;
 mod model;
+pub mod weights;
 
 pub use config::EncoderConfig;
 pub use encoder::Encoder;

@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::masks;
 use super::weights::{Expected, Weights};
-use super::{EncoderConfig, Encoder, Head, HeadOutput};
+use super::{Encoder, EncoderConfig, Head, HeadOutput};
 
 use crate::bundle::{AgentConfig, BundleError};
 use crate::prompt::Row;

@@ -15,9 +15,9 @@ use laya_topics::json::{self, Style};
 use laya_topics::{Map, Value};
 
 use super::make_probe;
+use crate::backend::Backend;
 use crate::bundle::{AgentConfig, HostBundle, MANIFEST, digest, read_json};
 use crate::engine::probe_file as probe;
-use crate::backend::Backend;
 
 /// What `laya-edge bundle` is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -317,10 +317,11 @@ pub fn assemble(
             .map_err(|e| e.to_string())?,
     };
     copy_tree(&plan.checkpoint, &plan.out.join("checkpoint"))?;
-    let hidden =
-        crate::backend::cpu::config::EncoderConfig::load(&plan.out.join("checkpoint").join("encoder").join("config.json"))
-            .map(|c| c.hidden_size)
-            .map_err(|e| e.to_string())?;
+    let hidden = crate::backend::cpu::config::EncoderConfig::load(
+        &plan.out.join("checkpoint").join("encoder").join("config.json"),
+    )
+    .map(|c| c.hidden_size)
+    .map_err(|e| e.to_string())?;
     let graphs_dir = plan.out.join("graphs");
     let (backend, graphs, mut allowlist) = if !plan.qnn.is_empty() {
         std::fs::create_dir_all(&graphs_dir).map_err(|e| format!("cannot create {}: {e}", graphs_dir.display()))?;

@@ -8,8 +8,8 @@ use laya_topics::{Map, Value};
 
 use crate::backend::Backend;
 use crate::bundle::HostBundle;
-use crate::prompt::Row;
 use crate::engine::probe_file::rows_of;
+use crate::prompt::Row;
 
 fn floats(v: &[f32]) -> Value {
     Value::Array(v.iter().map(|x| Value::Float(f64::from(*x))).collect())
@@ -58,4 +58,3 @@ pub fn make(bundle: &HostBundle, backend: &mut dyn Backend, requests: &[Value]) 
     }
     Ok((text, total))
 }
-

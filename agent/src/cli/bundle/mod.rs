@@ -8,8 +8,8 @@ use crate::backend::{self, BackendKind};
 pub mod assemble;
 pub mod make_probe;
 
-use assemble::Plan;
 use crate::config::Config;
+use assemble::Plan;
 
 #[derive(clap::Args)]
 pub struct Args {

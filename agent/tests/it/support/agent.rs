@@ -84,9 +84,14 @@ impl Drop for Agent {
 /// Waits until the agent's retained status says online.
 pub async fn wait_online(port: u16, device: &str) {
     let options = MqttOptions::new(format!("status-watch-{device}-{}", free_port()), "127.0.0.1", port);
-    laya_edge::client::ask::wait_online(options, &laya_topics::topic::Schema::default(), device, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{device} never came online: {e}"));
+    laya_edge::client::ask::wait_online(
+        options,
+        &laya_topics::topic::Schema::default(),
+        device,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{device} never came online: {e}"));
 }
 
 /// Writes an agent config of its own (no defaults from [`Agent::start`]) and starts the agent.

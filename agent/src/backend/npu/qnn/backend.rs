@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use candle_core::Tensor;
 use laya_topics::Value;
 
-use crate::bundle::HostBundle;
-use crate::backend::{Backend, BackendError, RowResult};
 use crate::backend::cpu::{CpuModel, ModelError};
+use crate::backend::{Backend, BackendError, RowResult};
+use crate::bundle::HostBundle;
 use crate::prompt::Row;
 
 use super::binary::{self, Encoding};
