@@ -29,7 +29,7 @@ pub enum SetupError {
 }
 
 /// Checks, in this process and without loading it, the checkpoint a worker of `config` will load
-/// (`model::CpuModel::check`: the encoder config and `model.safetensors`'s header against the
+/// (`backend::cpu::CpuModel::check`: the encoder config and `model.safetensors`'s header against the
 /// file and the architecture): the CPU backend's, the CPU fallback's, and the QNN backend's host
 /// stages (embeddings, head). A model that cannot load is refused at start rather than by
 /// every restarted worker. A bundle's checkpoint that no backend reads here is checked too when

@@ -23,7 +23,7 @@ pub fn run(args: Args) -> Result<(), String> {
 }
 
 /// What `laya-edge check --model DIR` found: the bundle loads, the checkpoint's weights load as
-/// far as their header tells (`model::CpuModel::check`: byte ranges inside the file, names and
+/// far as their header tells (`backend::cpu::CpuModel::check`: byte ranges inside the file, names and
 /// shapes against the architecture), every file is what the manifest says, every graph file is
 /// complete as far as its layout tells (`graph_file`), the probe lays out as recorded.
 pub fn check(dir: &Path) -> Result<String, BundleError> {
