@@ -144,9 +144,9 @@ fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) 
             ("3 contexts, calls merged", 3, true),
         ] {
             let mut config = laya_edge::config::Config::default();
-            config.model.dir = dir.display().to_string();
+            config.model.dir = dir.to_path_buf();
             config.engine.backend = laya_edge::config::BackendKind::Rknn;
-            config.rknn.library = lib.display().to_string();
+            config.rknn.library = Some(lib.to_path_buf());
             config.rknn.contexts = contexts;
             let mut engine_config =
                 laya_edge::engine::EngineConfig::from_config(program, &config, &host).expect("engine config");

@@ -6,6 +6,29 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// A path key: absent or `""` is none, and none is written as `""`, so a file reads and writes
+/// as it did when paths were strings.
+mod opt_path {
+    use std::path::PathBuf;
+
+    use serde::{Deserialize, Deserializer, Serializer, de, ser};
+
+    pub fn serialize<S: Serializer>(path: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+        match path {
+            Some(p) => s.serialize_str(p.to_str().ok_or_else(|| ser::Error::custom("a path that is not UTF-8"))?),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.contains('\0') {
+            return Err(de::Error::custom("a path with a NUL byte"));
+        }
+        Ok((!text.is_empty()).then(|| PathBuf::from(text)))
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -50,12 +73,16 @@ pub struct Mqtt {
     pub keep_alive_s: u64,
     pub username: String,
     /// A file holding the password (never the password itself in this file).
-    pub password_file: String,
+    #[serde(with = "opt_path")]
+    pub password_file: Option<PathBuf>,
     /// CA certificates (PEM) to verify the broker for `mqtts://` (required with mqtts).
-    pub ca_file: String,
+    #[serde(with = "opt_path")]
+    pub ca_file: Option<PathBuf>,
     /// Client certificate and key (PEM) for mutual TLS.
-    pub client_cert: String,
-    pub client_key: String,
+    #[serde(with = "opt_path")]
+    pub client_cert: Option<PathBuf>,
+    #[serde(with = "opt_path")]
+    pub client_key: Option<PathBuf>,
     /// Topic filters a request's response topic must match; `{prefix}` is substituted. Each
     /// must lie under `{prefix}/reply/{client}/{key}` (checked: a wider filter would let a
     /// question make the device publish on status, ask or another device's topics).
@@ -91,10 +118,10 @@ impl Default for Mqtt {
             session_expiry_s: 3600,
             keep_alive_s: 30,
             username: String::new(),
-            password_file: String::new(),
-            ca_file: String::new(),
-            client_cert: String::new(),
-            client_key: String::new(),
+            password_file: None,
+            ca_file: None,
+            client_cert: None,
+            client_key: None,
             response_topics: vec![laya_topics::topic::DEFAULT_RESPONSE_TOPICS.into()],
             max_payload: 256 * 1024,
             receive_maximum: 0,
@@ -155,12 +182,12 @@ impl Default for Limits {
 #[serde(default, deny_unknown_fields)]
 pub struct Model {
     /// A laya checkpoint directory or an NPU bundle (with `laya-bundle.json`).
-    pub dir: String,
+    pub dir: PathBuf,
 }
 
 impl Default for Model {
     fn default() -> Self {
-        Model { dir: "/usr/share/laya/models/laya".into() }
+        Model { dir: PathBuf::from("/usr/share/laya/models/laya") }
     }
 }
 
@@ -293,7 +320,8 @@ impl Default for Engine {
 #[serde(default, deny_unknown_fields)]
 pub struct Rknn {
     /// Explicit path of librknnrt.so (2.3.2 for the published graph); `RKNN_LIB` if empty.
-    pub library: String,
+    #[serde(with = "opt_path")]
+    pub library: Option<PathBuf>,
     /// The core mask of the one context when `contexts` is 1.
     pub core_mask: u32,
     /// Contexts per graph, 1 to 3; with more than one, each is pinned to its own NPU core and a
@@ -303,7 +331,7 @@ pub struct Rknn {
 
 impl Default for Rknn {
     fn default() -> Self {
-        Rknn { library: String::new(), core_mask: 0xFFFF, contexts: 3 }
+        Rknn { library: None, core_mask: 0xFFFF, contexts: 3 }
     }
 }
 
@@ -312,19 +340,25 @@ impl Default for Rknn {
 #[serde(default, deny_unknown_fields)]
 pub struct Qnn {
     /// Path of libQnnHtp.so.
-    pub backend_lib: String,
+    #[serde(with = "opt_path")]
+    pub backend_lib: Option<PathBuf>,
     /// Path of libQnnSystem.so.
-    pub system_lib: String,
+    #[serde(with = "opt_path")]
+    pub system_lib: Option<PathBuf>,
     /// Where the DSP skeleton libraries are (`ADSP_LIBRARY_PATH`).
+    /// (A search list, `;`-separated as FastRPC reads it, not one path; empty: none.)
     pub adsp_library_path: String,
     /// `default` (the runtime's own voting) or `burst` (DCVS off, top voltage corner).
     pub performance: Performance,
     /// `qnn-context-binary-generator`, for bundles whose graphs ship only a DLC; empty: none.
-    pub generator: String,
+    #[serde(with = "opt_path")]
+    pub generator: Option<PathBuf>,
     /// The DLC loader the generator needs (`libQnnModelDlc.so`).
-    pub model_lib: String,
+    #[serde(with = "opt_path")]
+    pub model_lib: Option<PathBuf>,
     /// Where generated context binaries are cached; empty: systemd's `$STATE_DIRECTORY`.
-    pub state_dir: String,
+    #[serde(with = "opt_path")]
+    pub state_dir: Option<PathBuf>,
     /// The SoC generated binaries are for (part of their cache key); empty: `qcs6490`.
     pub soc: String,
 }
@@ -332,13 +366,13 @@ pub struct Qnn {
 impl Default for Qnn {
     fn default() -> Self {
         Qnn {
-            backend_lib: String::new(),
-            system_lib: String::new(),
+            backend_lib: None,
+            system_lib: None,
             adsp_library_path: String::new(),
             performance: Performance::Default,
-            generator: String::new(),
-            model_lib: String::new(),
-            state_dir: String::new(),
+            generator: None,
+            model_lib: None,
+            state_dir: None,
             soc: String::new(),
         }
     }
@@ -393,7 +427,7 @@ impl Config {
     /// Checks values serde cannot.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if !self.qnn.generator.is_empty() && (self.qnn.model_lib.is_empty() || self.qnn.backend_lib.is_empty()) {
+        if self.qnn.generator.is_some() && (self.qnn.model_lib.is_none() || self.qnn.backend_lib.is_none()) {
             return bad("qnn.generator needs qnn.model_lib (libQnnModelDlc.so) and qnn.backend_lib".into());
         }
         if !(1..=3).contains(&self.rknn.contexts) {
@@ -405,7 +439,7 @@ impl Config {
         if self.mqtt.fleet.is_empty() != self.mqtt.share_group.is_empty() {
             return bad("mqtt.fleet and mqtt.share_group go together".into());
         }
-        if self.mqtt.client_cert.is_empty() != self.mqtt.client_key.is_empty() {
+        if self.mqtt.client_cert.is_none() != self.mqtt.client_key.is_none() {
             return bad("mqtt.client_cert and mqtt.client_key go together".into());
         }
         if self.limits.queue == 0 || self.limits.nesting_depth == 0 || self.mqtt.max_payload == 0 {
@@ -535,6 +569,12 @@ mod tests {
         let c = Config::parse("[engine]\nfallback = \"\"\n[qnn]\nperformance = \"\"\n", Path::new("-")).unwrap();
         assert_eq!((c.engine.fallback, c.qnn.performance), (Fallback::None, Performance::Default));
         assert!(Config::default().to_toml().unwrap().contains("fallback = \"\""));
+        // Paths: absent or empty is none, and none is written as an empty string, as before.
+        let c = Config::parse("[mqtt]\nca_file = \"\"\n[rknn]\nlibrary = \"/usr/lib/r.so\"\n", Path::new("-")).unwrap();
+        assert_eq!((c.mqtt.ca_file.as_deref(), c.mqtt.client_key.as_deref()), (None, None));
+        assert_eq!(c.rknn.library.as_deref(), Some(Path::new("/usr/lib/r.so")));
+        let written = c.to_toml().unwrap();
+        assert!(written.contains("ca_file = \"\"") && written.contains("library = \"/usr/lib/r.so\""), "{written}");
         for kind in [BackendKind::Cpu, BackendKind::Null, BackendKind::Rknn, BackendKind::Qnn] {
             let c = Config::parse(&format!("[engine]\nbackend = \"{}\"", kind.name()), Path::new("-")).unwrap();
             assert_eq!(c.engine.backend, kind);
@@ -550,7 +590,7 @@ mod tests {
         c.engine.threads = 3;
         c.rknn.core_mask = 3;
         c.qnn.performance = Performance::Burst;
-        c.qnn.backend_lib = "/opt/qairt/lib/libQnnHtp.so".into();
+        c.qnn.backend_lib = Some("/opt/qairt/lib/libQnnHtp.so".into());
         c.log.level = "laya_edge::engine=debug,warn".into();
         let text = c.to_toml().unwrap();
         assert!(text.contains("[qnn]") && text.contains("performance = \"burst\""), "{text}");

@@ -94,7 +94,7 @@ fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadErro
         .map(|g| RknnGraph { file: g.file.clone(), seq_len: g.seq_len, marker_slots: g.marker_slots })
         .collect();
     // rknn.library, else RKNN_LIB; never searched for.
-    let configured = Some(Path::new(&config.rknn.library)).filter(|p| !p.as_os_str().is_empty());
+    let configured = config.rknn.library.as_deref();
     let mut rknn = RknnConfig::from_config_or_env(configured).map_err(|e| e.to_string())?;
     if !manifest.runtime_allowlist.is_empty() {
         rknn.runtime_allowlist = manifest.runtime_allowlist.clone();
@@ -125,31 +125,31 @@ fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError
     use crate::backend::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
     let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
     let q = &config.qnn;
-    if q.backend_lib.is_empty() || q.system_lib.is_empty() {
+    let (Some(backend_lib), Some(system_lib)) = (&q.backend_lib, &q.system_lib) else {
         return Err("the qnn backend needs qnn.backend_lib (libQnnHtp.so) and qnn.system_lib (libQnnSystem.so)".into());
-    }
-    let mut qnn = QnnConfig::new(&q.backend_lib, &q.system_lib);
+    };
+    let mut qnn = QnnConfig::new(backend_lib, system_lib);
     // The agent also puts it into the worker's environment (worker_spec), so this sets nothing.
     qnn.adsp_library_path = Some(q.adsp_library_path.clone()).filter(|p| !p.is_empty());
     qnn.performance = match q.performance {
         crate::config::Performance::Burst => Performance::Burst,
         crate::config::Performance::Default => Performance::Default,
     };
-    if !q.generator.is_empty() {
-        if q.model_lib.is_empty() {
+    if let Some(generator) = &q.generator {
+        let Some(model_lib) = &q.model_lib else {
             return Err("qnn.generator needs qnn.model_lib (libQnnModelDlc.so)".into());
-        }
+        };
         qnn.generator = Some(GeneratorConfig {
-            program: q.generator.clone().into(),
+            program: generator.clone(),
             backend_lib: qnn.backend_lib.clone(),
-            model_lib: q.model_lib.clone().into(),
+            model_lib: model_lib.clone(),
         });
     }
     // systemd's StateDirectory= (the unit's /var/lib/laya-edge) unless configured.
     let systemd_state = std::env::var("STATE_DIRECTORY")
         .ok()
         .and_then(|v| v.split(':').next().filter(|v| !v.is_empty()).map(PathBuf::from));
-    qnn.state_dir = Some(PathBuf::from(&q.state_dir)).filter(|p| !p.as_os_str().is_empty()).or(systemd_state);
+    qnn.state_dir = q.state_dir.clone().or(systemd_state);
     if !q.soc.is_empty() {
         qnn.soc = q.soc.clone();
     }

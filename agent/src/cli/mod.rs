@@ -47,7 +47,7 @@ impl BackendArgs {
     pub fn config(&self) -> Result<Config, String> {
         let mut config = load_config(self.config.as_deref())?;
         if let Some(m) = &self.model {
-            config.model.dir = m.display().to_string();
+            config.model.dir = m.to_path_buf();
         }
         if let Some(b) = self.backend {
             config.engine.backend = b;
@@ -77,9 +77,7 @@ impl Login {
     pub fn apply(&self, options: &mut rumqttc::v5::MqttOptions) -> Result<(), String> {
         if let Some(user) = &self.username {
             let password = match &self.password_file {
-                Some(p) => {
-                    crate::service::connection::read_password(&p.display().to_string()).map_err(|e| e.to_string())?
-                }
+                Some(p) => crate::service::connection::read_password(p).map_err(|e| e.to_string())?,
                 None => String::new(),
             };
             options.set_credentials(user.clone(), password);

@@ -17,7 +17,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let kind = config.engine.backend;
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
     let mut backend = super::backend_for(&config, &bundle, true)?;
-    tracing::debug!(backend = kind.name(), model = %config.model.dir, "predict: answering the lines on stdin");
+    tracing::debug!(backend = kind.name(), model = %config.model.dir.display(), "predict: answering the lines on stdin");
     let out = std::io::BufWriter::new(std::io::stdout().lock());
     let max_tokens = config.limits.max_request_tokens;
     jsonl::for_each_line(std::io::stdin().lock(), out, |line| {

@@ -16,12 +16,12 @@ pub fn run(config: Config) -> Result<(), String> {
     let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
     let probe = probe::of_bundle(&bundle)
         .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir))?;
+        .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir.display()))?;
     let mut backend = super::backend_for(&config, &bundle, false)?;
     let rows: Vec<&Row> = probe.rows.iter().collect();
     let outputs = backend.run(&rows).map_err(|e| format!("the {} backend failed on the probe: {e}", backend.name()))?;
     let report = probe.judge(&outputs);
-    println!("{} on {}: {report}", backend.name(), config.model.dir);
+    println!("{} on {}: {report}", backend.name(), config.model.dir.display());
     if report.passed {
         println!(
             "passed (thresholds: argmax >= {}, clear decisions >= {}, mean cosine >= {})",

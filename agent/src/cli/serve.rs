@@ -51,7 +51,7 @@ impl Args {
             config.mqtt.device = d.clone();
         }
         if let Some(m) = &self.model {
-            config.model.dir = m.display().to_string();
+            config.model.dir = m.to_path_buf();
         }
         if let Some(b) = self.backend {
             config.engine.backend = b;
@@ -112,12 +112,12 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
             config.mqtt.device = "demo".into();
         }
         if args.model.is_none() {
-            config.model.dir = demo_model().display().to_string();
+            config.model.dir = demo_model();
         }
         if args.backend.is_none() {
             config.engine.backend = BackendKind::Cpu;
         }
-        println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir);
+        println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir.display());
     }
     let (bundle, engine_config) = match prepare(&config) {
         Ok(ready) => ready,

@@ -33,7 +33,7 @@ impl Args {
     /// The agent's configuration with the flags applied.
     pub fn config(&self) -> Result<Config, String> {
         let mut config = crate::engine::spec::worker_config().map_err(|e| e.to_string())?;
-        config.model.dir = self.model.display().to_string();
+        config.model.dir = self.model.to_path_buf();
         if let Some(f) = &self.faults {
             config.engine.null_faults = f.clone();
         }
@@ -52,7 +52,7 @@ pub fn run(args: Args, config: Config) -> Result<(), String> {
         leave_stopping_to_the_agent();
     }
     backend::set_threads(config.engine.threads)?;
-    tracing::debug!(pid = std::process::id(), backend = args.backend.name(), model = %config.model.dir, "worker: loading the backend");
+    tracing::debug!(pid = std::process::id(), backend = args.backend.name(), model = %config.model.dir.display(), "worker: loading the backend");
     crate::engine::worker::serve(
         || backend::load(args.backend, &config),
         std::io::stdin().lock(),

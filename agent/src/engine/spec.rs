@@ -66,7 +66,7 @@ mod tests {
         config.engine.threads = 2;
         config.engine.null_faults = "hang@3".into();
         config.rknn.core_mask = 1;
-        config.qnn.backend_lib = "/opt/qairt/lib/libQnnHtp.so".into();
+        config.qnn.backend_lib = Some("/opt/qairt/lib/libQnnHtp.so".into());
         config.qnn.adsp_library_path = "/usr/lib/rfsa/adsp".into();
         let spec = worker_spec(Path::new("/usr/bin/laya-edge"), BackendKind::Qnn, &config).unwrap();
         let args: Vec<&str> = spec.args.iter().map(|a| a.to_str().unwrap()).collect();

@@ -3,6 +3,7 @@
 //! Size, credentials and TLS; and [`preflight`], everything `serve` checks of `[mqtt]` before it
 //! connects, which `check-config` runs too.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,43 +54,44 @@ pub fn parse_broker(url: &str) -> Result<(String, u16, bool), ConnectionError> {
     Ok((host, port, tls))
 }
 
-fn read(path: &str) -> Result<Vec<u8>, ConnectionError> {
-    std::fs::read(path).map_err(|source| ConnectionError::Read { path: path.to_owned(), source })
+fn read(path: &Path) -> Result<Vec<u8>, ConnectionError> {
+    std::fs::read(path).map_err(|source| ConnectionError::Read { path: path.display().to_string(), source })
 }
 
 /// A rustls client configuration (ring provider, pure Rust) from the configured PEM files.
 fn tls_config(cfg: &Config) -> Result<rustls::ClientConfig, ConnectionError> {
     let tls = |e: &dyn std::fmt::Display| ConnectionError::Tls(e.to_string());
-    if cfg.mqtt.ca_file.is_empty() {
+    let Some(ca_file) = &cfg.mqtt.ca_file else {
         return Err(ConnectionError::Tls("mqtts:// needs mqtt.ca_file (PEM CA certificates)".into()));
-    }
+    };
     let mut roots = rustls::RootCertStore::empty();
-    let ca = read(&cfg.mqtt.ca_file)?;
+    let ca = read(ca_file)?;
     for cert in rustls_pemfile::certs(&mut ca.as_slice()) {
         roots.add(cert.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
     }
     if roots.is_empty() {
-        return Err(ConnectionError::Tls(format!("no certificates in {}", cfg.mqtt.ca_file)));
+        return Err(ConnectionError::Tls(format!("no certificates in {}", ca_file.display())));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| tls(&e))?
         .with_root_certificates(roots);
-    if cfg.mqtt.client_cert.is_empty() {
+    // Config::check: a client certificate comes with its key.
+    let (Some(client_cert), Some(client_key)) = (&cfg.mqtt.client_cert, &cfg.mqtt.client_key) else {
         return Ok(builder.with_no_client_auth());
-    }
-    let certs = rustls_pemfile::certs(&mut read(&cfg.mqtt.client_cert)?.as_slice())
+    };
+    let certs = rustls_pemfile::certs(&mut read(client_cert)?.as_slice())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| tls(&e))?;
-    let key = rustls_pemfile::private_key(&mut read(&cfg.mqtt.client_key)?.as_slice())
+    let key = rustls_pemfile::private_key(&mut read(client_key)?.as_slice())
         .map_err(|e| tls(&e))?
-        .ok_or_else(|| ConnectionError::Tls(format!("no private key in {}", cfg.mqtt.client_key)))?;
+        .ok_or_else(|| ConnectionError::Tls(format!("no private key in {}", client_key.display())))?;
     builder.with_client_auth_cert(certs, key).map_err(|e| tls(&e))
 }
 
 /// The password in `path`: its whole content, trailing newlines (`\n`, `\r`) trimmed.
-pub fn read_password(path: &str) -> Result<String, ConnectionError> {
+pub fn read_password(path: &Path) -> Result<String, ConnectionError> {
     Ok(String::from_utf8_lossy(&read(path)?).trim_end_matches(['\n', '\r']).to_owned())
 }
 
@@ -145,8 +147,10 @@ pub fn options(cfg: &Config, status_topic: &str, offline_payload: Vec<u8>) -> Re
     };
     o.set_last_will(LastWill::new(status_topic, offline_payload, QoS::AtLeastOnce, true, Some(will_props)));
     if !cfg.mqtt.username.is_empty() {
-        let password =
-            if cfg.mqtt.password_file.is_empty() { String::new() } else { read_password(&cfg.mqtt.password_file)? };
+        let password = match &cfg.mqtt.password_file {
+            None => String::new(),
+            Some(file) => read_password(file)?,
+        };
         o.set_credentials(cfg.mqtt.username.clone(), password);
     }
     if tls {
@@ -183,14 +187,14 @@ mod tests {
         refused(
             &|c| {
                 c.mqtt.username = "board-7".into();
-                c.mqtt.password_file = "/nonexistent/password".into();
+                c.mqtt.password_file = Some("/nonexistent/password".into());
             },
             "/nonexistent/password",
         );
         refused(
             &|c| {
                 c.mqtt.broker = "mqtts://localhost".into();
-                c.mqtt.ca_file = "/nonexistent/ca.pem".into();
+                c.mqtt.ca_file = Some("/nonexistent/ca.pem".into());
             },
             "/nonexistent/ca.pem",
         );

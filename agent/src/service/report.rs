@@ -47,7 +47,11 @@ pub async fn config_error(config: &Config, message: &str) -> Result<(), String> 
     let status = schema.topic(&device, Channel::Status).map_err(|e| e.to_string())?.to_string();
     // Nothing is known of the model yet: the configured directory, no name, no digest.
     let unknown = Identity::default();
-    let served = Served { backend: config.engine.backend.name(), model: config.model.dir.clone(), identity: &unknown };
+    let served = Served {
+        backend: config.engine.backend.name(),
+        model: config.model.dir.display().to_string(),
+        identity: &unknown,
+    };
     let offline = telemetry::status(false, &served, &Birth::now(&config.mqtt.fleet), None, 0);
     let mut own = config.clone();
     own.mqtt.client_id = format!("{}-report", config.client_id());

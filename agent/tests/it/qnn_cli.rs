@@ -143,9 +143,9 @@ fn fake_bundle(name: &str, model: &str) -> PathBuf {
 /// knobs.
 fn qnn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
     let mut config = laya_edge::config::Config::default();
-    config.model.dir = bundle.display().to_string();
-    config.qnn.backend_lib = lib.display().to_string();
-    config.qnn.system_lib = lib.display().to_string();
+    config.model.dir = bundle.to_path_buf();
+    config.qnn.backend_lib = Some(lib.to_path_buf());
+    config.qnn.system_lib = Some(lib.to_path_buf());
     let program = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
     let mut spec = laya_edge::engine::spec::worker_spec(&program, BackendKind::Qnn, &config).expect("spec");
     spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
@@ -485,7 +485,7 @@ fn the_probe_fails_on_a_minmax_256_binary_calibrated_without_the_mask_clip() {
     // A probe of four requests (12 rows): every row runs the 256-token graph, slow on the simulator.
     let requests = temp_dir("qnn-minmax-requests").join("probe.jsonl");
     let built_in =
-        std::fs::read_to_string(workspace().join("agent/src/bundle/probe_requests.jsonl")).expect("requests");
+        std::fs::read_to_string(workspace().join("agent/src/engine/probe_requests.jsonl")).expect("requests");
     std::fs::write(&requests, built_in.lines().take(4).collect::<Vec<_>>().join("\n")).expect("write");
     let bundle = assembled_demo_bundle(
         "minmax-noclip",

@@ -120,8 +120,8 @@ async fn serve_with_the_rknn_backend_answers_over_mqtt() {
 /// The agent's RKNN worker on `bundle` with `rknn.library = lib`, plus the fake runtime's knobs.
 fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
     let mut config = laya_edge::config::Config::default();
-    config.model.dir = bundle.display().to_string();
-    config.rknn.library = lib.display().to_string();
+    config.model.dir = bundle.to_path_buf();
+    config.rknn.library = Some(lib.to_path_buf());
     let program = test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"));
     let mut spec = laya_edge::engine::spec::worker_spec(&program, BackendKind::Rknn, &config).expect("spec");
     spec.env.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
@@ -226,9 +226,9 @@ fn a_question_with_more_options_than_marker_slots_is_too_large_in_place_and_the_
 /// The agent's settings for the RKNN backend on `bundle` with the fake runtime `lib`.
 fn rknn_config(bundle: &Path, lib: &Path) -> laya_edge::config::Config {
     let mut config = laya_edge::config::Config::default();
-    config.model.dir = bundle.display().to_string();
+    config.model.dir = bundle.to_path_buf();
     config.engine.backend = laya_edge::config::BackendKind::Rknn;
-    config.rknn.library = lib.display().to_string();
+    config.rknn.library = Some(lib.to_path_buf());
     config
 }
 

@@ -45,10 +45,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<(), String> {
     let config = crate::cli::load_config(args.config.as_deref())?;
-    let system_lib = args
-        .qnn_system_lib
-        .clone()
-        .or_else(|| (!config.qnn.system_lib.is_empty()).then(|| PathBuf::from(&config.qnn.system_lib)));
+    let system_lib = args.qnn_system_lib.clone().or_else(|| config.qnn.system_lib.clone());
     let plan = Plan {
         checkpoint: args.checkpoint,
         out: args.out.clone(),
@@ -61,7 +58,7 @@ pub fn run(args: Args) -> Result<(), String> {
     };
     let summary = assemble::assemble(&plan, |bundle| {
         let mut cpu = Config::default();
-        cpu.model.dir = bundle.dir.display().to_string();
+        cpu.model.dir = bundle.dir.to_path_buf();
         cpu.engine.threads = config.engine.threads;
         backend::load(BackendKind::Cpu, &cpu).map_err(|e| e.to_string())
     })?;
