@@ -108,12 +108,36 @@ impl AgentConfig {
             Some(Value::Array(a)) => a.len() + 1,
             Some(_) => return Err(bad("'act_costs' must be an object".into())),
         };
+        option_layout(cfg.get("option_layout")).map_err(bad)?;
         let encoder = cfg.get("encoder").and_then(Value::as_str).unwrap_or_default().to_owned();
         let langs_path = dir.join("lang_temperatures.json");
         let langs = if langs_path.is_file() { Some(read_json(&langs_path)?) } else { None };
         let temperatures =
             Temperatures::from_config(cfg.get("temperature"), cfg.get("temperature_by_options"), langs.as_ref())?;
         Ok(AgentConfig { encoder, head_layers, n_act, limits, temperatures })
+    }
+}
+
+/// The option layouts laya knows (laya 0.4.15's `OPTION_LAYOUTS`).
+const OPTION_LAYOUTS: [&str; 2] = ["sequential", "parallel"];
+
+/// Checks a checkpoint's `option_layout` (laya 0.4.15; absent before it, and in every published
+/// checkpoint: `"sequential"`). A `"parallel"` checkpoint (written by `laya-train`: options start
+/// at one position and do not attend to each other) was trained on inputs this agent does not
+/// build, so it is refused rather than answered wrongly; a value laya does not know is refused
+/// with laya's own message.
+fn option_layout(value: Option<&Value>) -> Result<(), String> {
+    match value {
+        None => Ok(()),
+        Some(Value::Str(s)) if s == "sequential" => Ok(()),
+        Some(Value::Str(s)) if s == "parallel" => Err(
+            "option_layout 'parallel' (options side by side, not attending to each other) is not supported by laya-edge: it lays options out one after another, which this checkpoint was not trained on; load it with laya.Agent".into(),
+        ),
+        Some(v) => Err(format!(
+            "option_layout must be one of {}, got {}",
+            OPTION_LAYOUTS.join(", "),
+            crate::prompt::pyrepr::repr(v)
+        )),
     }
 }
 
@@ -421,6 +445,26 @@ mod tests {
 
     fn fixture(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models").join(name)
+    }
+
+    #[test]
+    fn a_checkpoint_with_the_parallel_option_layout_is_refused_not_answered_wrongly() {
+        let dir = std::env::temp_dir().join(format!("laya-option-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let original = std::fs::read_to_string(fixture("bpe-t5").join("rl_agent_config.json")).unwrap();
+        let with = |layout: &str| {
+            let text = original.trim_end().trim_end_matches('}').to_owned() + &format!(", \"option_layout\": {layout}}}");
+            std::fs::write(dir.join("rl_agent_config.json"), text).unwrap();
+            AgentConfig::load(&dir)
+        };
+        assert!(with("\"sequential\"").is_ok(), "the layout of every published checkpoint");
+        let e = with("\"parallel\"").unwrap_err().to_string();
+        assert!(e.contains("option_layout 'parallel'") && e.contains("not supported"), "{e}");
+        let e = with("\"diagonal\"").unwrap_err().to_string();
+        assert!(e.ends_with("option_layout must be one of sequential, parallel, got 'diagonal'"), "{e}");
+        std::fs::write(dir.join("rl_agent_config.json"), &original).unwrap();
+        assert!(AgentConfig::load(&dir).is_ok(), "no option_layout: sequential");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
