@@ -453,7 +453,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let original = std::fs::read_to_string(fixture("bpe-t5").join("rl_agent_config.json")).unwrap();
         let with = |layout: &str| {
-            let text = original.trim_end().trim_end_matches('}').to_owned() + &format!(", \"option_layout\": {layout}}}");
+            let text =
+                original.trim_end().trim_end_matches('}').to_owned() + &format!(", \"option_layout\": {layout}}}");
             std::fs::write(dir.join("rl_agent_config.json"), text).unwrap();
             AgentConfig::load(&dir)
         };
