@@ -10,7 +10,6 @@ pub mod load;
 pub mod npu;
 pub mod null;
 
-pub use crate::config::BackendKind;
 pub use load::{SetupError, check_model, load, set_threads, this_program};
 
 use crate::prompt::Row;

@@ -16,9 +16,10 @@ pub mod worker;
 
 use std::path::{Path, PathBuf};
 
-use crate::backend::{self, BackendKind};
+use crate::backend;
 use crate::backend::{Backend, BackendError, RowResult};
 use crate::bundle::HostBundle;
+use crate::config::BackendKind;
 use crate::config::Config;
 use crate::engine::supervisor::Policy;
 use crate::engine::{Engine, EngineConfig};

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{self, BackendKind};
+use crate::backend;
 use crate::bundle::HostBundle;
 use crate::client;
+use crate::config::BackendKind;
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::service;

@@ -9,7 +9,8 @@
 
 use std::path::PathBuf;
 
-use crate::backend::{self, BackendKind};
+use crate::backend;
+use crate::config::BackendKind;
 use crate::config::Config;
 
 #[derive(clap::Args)]

@@ -11,7 +11,7 @@
 //! both sides, so the figures compare the backends, not the temperatures).
 
 use crate::backend::RowResult;
-pub use crate::bundle::Thresholds;
+use crate::bundle::Thresholds;
 use crate::prompt::Row;
 
 /// A decision is clear when the float model's top two probabilities differ by more than this.

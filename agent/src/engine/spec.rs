@@ -11,7 +11,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::backend::BackendKind;
+use crate::config::BackendKind;
 use crate::config::{Config, ConfigError};
 
 /// The environment variable that carries the agent's effective configuration (TOML) to its

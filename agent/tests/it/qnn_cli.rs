@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::support::*;
-use laya_edge::backend::BackendKind;
+use laya_edge::config::BackendKind;
 use laya_edge::engine::supervisor::{Policy, RestartReason};
 use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::prompt::{QType, Row};

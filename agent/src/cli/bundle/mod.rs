@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use crate::backend::{self, BackendKind};
+use crate::backend;
+use crate::config::BackendKind;
 pub mod assemble;
 pub mod make_probe;
 
