@@ -10,26 +10,7 @@ use crate::backend::{LoadError, LoadFailure};
 use laya_topics::wire::{self, EngineEvent, EventKind, ProbeFigures};
 
 use crate::engine::ProbeRun;
-use crate::engine::supervisor::{self, Notice, NoticeKind, RestartReason};
-
-impl From<supervisor::Role> for wire::Role {
-    fn from(role: supervisor::Role) -> wire::Role {
-        match role {
-            supervisor::Role::Primary => wire::Role::Primary,
-            supervisor::Role::Fallback => wire::Role::Fallback,
-        }
-    }
-}
-
-impl From<supervisor::BackendState> for wire::BackendState {
-    fn from(state: supervisor::BackendState) -> wire::BackendState {
-        match state {
-            supervisor::BackendState::Starting => wire::BackendState::Starting,
-            supervisor::BackendState::Ready => wire::BackendState::Ready,
-            supervisor::BackendState::Degraded => wire::BackendState::Degraded,
-        }
-    }
-}
+use crate::engine::supervisor::{Notice, NoticeKind, RestartReason};
 
 impl From<&NoticeKind> for EventKind {
     fn from(kind: &NoticeKind) -> EventKind {
@@ -84,7 +65,7 @@ pub fn takeover_event(named: bool, times: u64, client_id: &str) -> EngineEvent {
 pub fn probe_figures(run: &ProbeRun) -> ProbeFigures {
     let r = run.report.as_ref();
     ProbeFigures {
-        role: run.role.into(),
+        role: run.role,
         backend: run.backend.clone(),
         rows: run.rows as u64,
         agree: r.map(|r| r.agree as u64),
@@ -106,7 +87,7 @@ pub fn probe_event(run: &ProbeRun) -> EngineEvent {
         ..plain(
             EventKind::ProbeFailed,
             format!("the {} backend does not answer like the float model: {}", run.backend, run.verdict()),
-            Some(run.role.into()),
+            Some(run.role),
         )
     }
 }
@@ -127,7 +108,7 @@ pub fn runtime_rejected_event(n: &Notice) -> Option<EngineEvent> {
         name: None,
         message: message.clone(),
         deadline_ms: None,
-        role: Some(n.role.into()),
+        role: Some(n.role),
         probe: None,
     })
 }
@@ -145,7 +126,7 @@ pub fn engine_event(n: &Notice) -> EngineEvent {
             Some(RestartReason::Deadline(d)) => Some(d.as_millis() as u64),
             _ => None,
         },
-        role: Some(n.role.into()),
+        role: Some(n.role),
         probe: None,
     }
 }
@@ -167,7 +148,7 @@ mod tests {
     fn restart(reason: RestartReason) -> Notice {
         Notice {
             kind: NoticeKind::WorkerRestart,
-            role: supervisor::Role::Primary,
+            role: wire::Role::Primary,
             reason: Some(reason),
             message: "restarted".into(),
         }
@@ -202,7 +183,7 @@ mod tests {
     fn a_recovery_has_no_reason_and_names_its_role() {
         let n = Notice {
             kind: NoticeKind::BackendRecovered,
-            role: supervisor::Role::Fallback,
+            role: wire::Role::Fallback,
             reason: None,
             message: "back".into(),
         };
@@ -238,7 +219,7 @@ mod tests {
     #[test]
     fn a_probe_run_the_backend_failed_on_has_null_figures_and_says_why() {
         let run = ProbeRun {
-            role: supervisor::Role::Primary,
+            role: wire::Role::Primary,
             backend: "qnn".into(),
             rows: 36,
             report: None,
@@ -280,15 +261,7 @@ mod tests {
     }
 
     #[test]
-    fn every_engine_role_and_state_has_the_same_name_on_the_wire() {
-        for role in [supervisor::Role::Primary, supervisor::Role::Fallback] {
-            assert_eq!(wire::Role::from(role).as_str(), role.as_str());
-        }
-        for state in
-            [supervisor::BackendState::Starting, supervisor::BackendState::Ready, supervisor::BackendState::Degraded]
-        {
-            assert_eq!(wire::BackendState::from(state).as_str(), state.as_str());
-        }
+    fn every_engine_notice_has_the_same_name_on_the_wire() {
         for kind in [NoticeKind::WorkerRestart, NoticeKind::BackendDegraded, NoticeKind::BackendRecovered] {
             assert_eq!(EventKind::from(&kind).as_str(), kind.as_str());
         }

@@ -307,7 +307,7 @@ impl Questions {
         tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
         let (backend, role) = answered_by;
         let backend = if backend.is_empty() { serving.backend.clone() } else { backend };
-        let reply = Reply { id, device: self.device.clone(), backend, serving: role.into(), result, timing };
+        let reply = Reply { id, device: self.device.clone(), backend, serving: role, result, timing };
         Ok(to.encoding.encode(&reply.to_value()))
     }
 }

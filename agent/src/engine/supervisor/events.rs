@@ -18,23 +18,9 @@ pub type WorkerId = u64;
 /// The call id of a worker's health call (real calls start at 1).
 pub const HEALTH_CALL: CallId = 0;
 
-/// Which backend a worker runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The configured backend (an NPU on a board).
-    Primary,
-    /// The CPU reference, while the primary is degraded.
-    Fallback,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Primary => "primary",
-            Role::Fallback => "fallback",
-        }
-    }
-}
+// Which backend a worker runs, and the backend's state as clients see it: the wire's own types
+// (laya-topics), so the engine and its clients share one enum each.
+pub use laya_topics::wire::{BackendState, Role};
 
 /// Why a worker was restarted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,27 +192,6 @@ pub enum Action {
     /// Queue the bundle's probe on whichever worker serves, as a call of its own
     /// ([`Event::Submit`] with `probe`).
     Probe,
-}
-
-/// The backend's state as clients see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendState {
-    /// No worker has passed its health call yet (or the serving one is being replaced).
-    Starting,
-    /// A healthy primary serves.
-    Ready,
-    /// The primary is degraded: the fallback serves, or questions are refused until it recovers.
-    Degraded,
-}
-
-impl BackendState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendState::Starting => "starting",
-            BackendState::Ready => "ready",
-            BackendState::Degraded => "degraded",
-        }
-    }
 }
 
 /// The serving worker's state as the supervisor sees it.
