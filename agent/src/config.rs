@@ -227,7 +227,8 @@ pub enum Fallback {
     Cpu,
 }
 
-/// How telemetry documents are encoded (`mqtt.telemetry_encoding`).
+/// How telemetry documents are encoded (`mqtt.telemetry_encoding`): the file's name for a
+/// [`laya_topics::wire::Encoding`], which is not serde (laya-topics converts through `Value`, ADR 0001).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TelemetryEncoding {
