@@ -49,6 +49,7 @@ fn answer(bundle: &HostBundle, payload: &[u8], max_tokens: usize, s: &mut Stages
     let t2 = Instant::now();
     // The model's place: one row of zero logits per laid-out question, zero act logits.
     let outputs: Vec<RowOutput> = prepared
+        .questions
         .iter()
         .filter_map(|p| p.outcome.as_ref().ok())
         .map(|(_, row)| RowOutput {
@@ -56,8 +57,8 @@ fn answer(bundle: &HostBundle, payload: &[u8], max_tokens: usize, s: &mut Stages
             act_probs: decide::act_probabilities(&[0.0, 0.0]),
         })
         .collect();
-    let result =
-        decide::assemble(&prepared, &outputs, &bundle.config.temperatures, request.lang.as_deref()).expect("assemble");
+    let result = decide::assemble(&prepared.questions, &outputs, &bundle.config.temperatures, request.lang.as_deref())
+        .expect("assemble");
     let t3 = Instant::now();
     let reply = Reply {
         id,

@@ -29,6 +29,24 @@ mod opt_path {
     }
 }
 
+/// `[model] laya`: one of laya-topics' [`LayaVersion`](laya_topics::wire::LayaVersion) names.
+mod laya_version {
+    use laya_topics::wire::LayaVersion;
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(v: &LayaVersion, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LayaVersion, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|_| {
+            let known: Vec<&str> = LayaVersion::ALL.iter().map(|v| v.as_str()).collect();
+            de::Error::custom(format!("laya must be one of {}, got {text:?}", known.join(", ")))
+        })
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -183,11 +201,15 @@ impl Default for Limits {
 pub struct Model {
     /// A laya checkpoint directory or an NPU bundle (with `laya-bundle.json`).
     pub dir: PathBuf,
+    /// The laya whose semantics the model is answered with: `"0.3.20"` (the default) or
+    /// `"0.4.15"` (docs/config.md says what differs).
+    #[serde(with = "laya_version")]
+    pub laya: laya_topics::wire::LayaVersion,
 }
 
 impl Default for Model {
     fn default() -> Self {
-        Model { dir: PathBuf::from("/usr/share/laya/models/laya") }
+        Model { dir: PathBuf::from("/usr/share/laya/models/laya"), laya: Default::default() }
     }
 }
 

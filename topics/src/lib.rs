@@ -17,6 +17,6 @@ pub mod wire;
 /// The `model` laya reports in every [`PredictResult`].
 pub const MODEL_NAME: &str = "laya-rl-agent";
 
-pub use answer::{Action, Answer, AnswerError, PredictResult, Usage};
+pub use answer::{Abstention, Action, Answer, AnswerError, Collapsed, Fit, Gate, PredictResult, Usage};
 pub use request::{Request, RequestError};
 pub use value::{Integer, Map, Value};

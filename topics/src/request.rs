@@ -24,6 +24,9 @@ pub struct Request {
     pub head_max_len: Option<i64>,
     /// The caller's deadline in milliseconds from receipt.
     pub deadline_ms: Option<u64>,
+    /// laya 0.4.15's confidence gate, as sent (a number, a per-bucket map, or null: none). Its
+    /// validation is laya's, by the agent serving the model.
+    pub min_confidence: Option<Value>,
 }
 
 /// Why an envelope was refused.
@@ -74,7 +77,8 @@ impl Request {
             ),
         };
         let id = map.shift_remove("id");
-        Ok(Request { id, state, questions, lang, max_len, head_max_len, deadline_ms })
+        let min_confidence = map.shift_remove("min_confidence").filter(|v| *v != Value::Null);
+        Ok(Request { id, state, questions, lang, max_len, head_max_len, deadline_ms, min_confidence })
     }
 }
 

@@ -69,7 +69,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Load
     let model = Path::new(&config.model.dir);
     match kind {
         BackendKind::Cpu => {
-            let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+            let bundle = HostBundle::load_as(model, config.model.laya).map_err(|e| e.to_string())?;
             let ckpt = bundle.checkpoint.clone().ok_or("this bundle has no checkpoint for the CPU backend")?;
             Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?))
         }
@@ -85,7 +85,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Load
 #[cfg(feature = "rknn")]
 fn load_rknn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     use crate::backend::npu::rknn::{RknnBackend, RknnConfig, RknnGraph};
-    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let bundle = HostBundle::load_as(model, config.model.laya).map_err(|e| e.to_string())?;
     let manifest =
         bundle.manifest.as_ref().ok_or("the rknn backend needs an NPU bundle (a directory with laya-bundle.json)")?;
     let graphs: Vec<RknnGraph> = manifest
@@ -123,7 +123,7 @@ fn load_qnn(_: &Path, _: &Config) -> Result<Box<dyn Backend>, LoadError> {
 #[cfg(feature = "qnn")]
 fn load_qnn(model: &Path, config: &Config) -> Result<Box<dyn Backend>, LoadError> {
     use crate::backend::npu::qnn::{GeneratorConfig, Performance, PowerState, QnnBackend, QnnConfig};
-    let bundle = HostBundle::load(model).map_err(|e| e.to_string())?;
+    let bundle = HostBundle::load_as(model, config.model.laya).map_err(|e| e.to_string())?;
     let q = &config.qnn;
     let (Some(backend_lib), Some(system_lib)) = (&q.backend_lib, &q.system_lib) else {
         return Err("the qnn backend needs qnn.backend_lib (libQnnHtp.so) and qnn.system_lib (libQnnSystem.so)".into());

@@ -14,13 +14,17 @@ use std::path::{Path, PathBuf};
 
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};
+use laya_topics::wire::LayaVersion;
 
 use crate::decide::{TemperatureError, Temperatures};
 use crate::prompt::tokenizer::SpecialTokenNames;
-use crate::prompt::{Capacity, Limits, RowShape, Tokenizer, TokenizerError};
+use crate::prompt::{Capacity, Limits, OptionLayout, RowShape, Tokenizer, TokenizerError};
 
 /// The manifest file that marks an NPU bundle.
 pub const MANIFEST: &str = "laya-bundle.json";
+
+/// laya 0.4.15's calibration file in a checkpoint directory (read only under 0.4.15 semantics).
+pub const CALIBRATION: &str = "calibration.json";
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +69,8 @@ pub struct AgentConfig {
     /// The checkpoint's token budget (laya's defaults 512 and 192).
     pub limits: Limits,
     pub temperatures: Temperatures,
+    /// How options are laid out (`option_layout`, laya 0.4.15; sequential before it).
+    pub option_layout: OptionLayout,
 }
 
 /// Reads a JSON file with Python's semantics (`NaN` allowed, key order kept).
@@ -75,8 +81,16 @@ pub fn read_json(path: &Path) -> Result<Value, BundleError> {
 }
 
 impl AgentConfig {
-    /// Reads `dir/rl_agent_config.json` and the optional `dir/lang_temperatures.json`.
+    /// Reads `dir/rl_agent_config.json` and the optional `dir/lang_temperatures.json`, as laya
+    /// 0.3.20 does.
     pub fn load(dir: &Path) -> Result<AgentConfig, BundleError> {
+        AgentConfig::load_as(dir, LayaVersion::V0_3_20)
+    }
+
+    /// [`AgentConfig::load`] as `laya`'s version reads a checkpoint: under 0.4.15 the language
+    /// tables follow its stricter rules and an optional `dir/calibration.json` replaces the
+    /// temperatures; a parallel `option_layout` is refused under 0.3.20, which has none.
+    pub fn load_as(dir: &Path, laya: LayaVersion) -> Result<AgentConfig, BundleError> {
         if !dir.is_dir() {
             return Err(BundleError::NoDirectory(dir.to_owned()));
         }
@@ -108,31 +122,45 @@ impl AgentConfig {
             Some(Value::Array(a)) => a.len() + 1,
             Some(_) => return Err(bad("'act_costs' must be an object".into())),
         };
-        option_layout(cfg.get("option_layout")).map_err(bad)?;
+        let option_layout = option_layout(cfg.get("option_layout"), laya).map_err(bad)?;
         let encoder = cfg.get("encoder").and_then(Value::as_str).unwrap_or_default().to_owned();
         let langs_path = dir.join("lang_temperatures.json");
         let langs = if langs_path.is_file() { Some(read_json(&langs_path)?) } else { None };
-        let temperatures =
-            Temperatures::from_config(cfg.get("temperature"), cfg.get("temperature_by_options"), langs.as_ref())?;
-        Ok(AgentConfig { encoder, head_layers, n_act, limits, temperatures })
+        let mut temperatures = Temperatures::from_config_as(
+            laya,
+            cfg.get("temperature"),
+            cfg.get("temperature_by_options"),
+            langs.as_ref(),
+        )
+        .map_err(|e| match e {
+            TemperatureError::Laya(message) => BundleError::Config { path: langs_path.clone(), message },
+            e => e.into(),
+        })?;
+        let calibration = dir.join(CALIBRATION);
+        if laya.is_0_4() && calibration.is_file() {
+            crate::decide::calibration::apply(&mut temperatures, &read_json(&calibration)?)
+                .map_err(|e| BundleError::Config { path: calibration.clone(), message: e.to_string() })?;
+        }
+        Ok(AgentConfig { encoder, head_layers, n_act, limits, temperatures, option_layout })
     }
 }
 
 /// The option layouts laya knows (laya 0.4.15's `OPTION_LAYOUTS`).
 const OPTION_LAYOUTS: [&str; 2] = ["sequential", "parallel"];
 
-/// Checks a checkpoint's `option_layout` (laya 0.4.15; absent before it, and in every published
+/// Reads a checkpoint's `option_layout` (laya 0.4.15; absent before it, and in every published
 /// checkpoint: `"sequential"`). A `"parallel"` checkpoint (written by `laya-train`: options start
-/// at one position and do not attend to each other) was trained on inputs this agent does not
-/// build, so it is refused rather than answered wrongly; a value laya does not know is refused
-/// with laya's own message.
-fn option_layout(value: Option<&Value>) -> Result<(), String> {
+/// at one position and do not attend to each other) needs laya 0.4.15's semantics: under 0.3.20,
+/// which has no such layout, it is refused rather than answered wrongly. A value laya does not
+/// know is refused under either, with laya's own message.
+fn option_layout(value: Option<&Value>, laya: LayaVersion) -> Result<OptionLayout, String> {
     match value {
-        None => Ok(()),
-        Some(Value::Str(s)) if s == "sequential" => Ok(()),
-        Some(Value::Str(s)) if s == "parallel" => Err(
-            "option_layout 'parallel' (options side by side, not attending to each other) is not supported by laya-edge: it lays options out one after another, which this checkpoint was not trained on; load it with laya.Agent".into(),
-        ),
+        None => Ok(OptionLayout::Sequential),
+        Some(Value::Str(s)) if s == "sequential" => Ok(OptionLayout::Sequential),
+        Some(Value::Str(s)) if s == "parallel" && laya.is_0_4() => Ok(OptionLayout::Parallel),
+        Some(Value::Str(s)) if s == "parallel" => Err(format!(
+            "option_layout 'parallel' (options side by side, not attending to each other) is laya 0.4.15's and this model is served as laya {laya}, which lays options out one after another: the checkpoint was not trained on that. Serve it with [model] laya = \"0.4.15\" (--laya 0.4.15)"
+        )),
         Some(v) => Err(format!(
             "option_layout must be one of {}, got {}",
             OPTION_LAYOUTS.join(", "),
@@ -359,23 +387,39 @@ pub struct HostBundle {
     /// graph, and the row shapes its graphs run. Whatever backend answers (the CPU fallback
     /// included), rows are laid out within it.
     pub capacity: Capacity,
+    /// The laya whose semantics requests are answered with (`[model] laya`).
+    pub laya: LayaVersion,
 }
 
 impl HostBundle {
     /// [`HostBundle::load`], then every file the manifest lists checked against its sha256:
     /// what the agent and the commands that answer questions load.
     pub fn load_verified(dir: &Path) -> Result<HostBundle, BundleError> {
-        let bundle = HostBundle::load(dir)?;
+        HostBundle::load_verified_as(dir, LayaVersion::default())
+    }
+
+    /// [`HostBundle::load_verified`] served as `laya`'s version ([`HostBundle::load_as`]).
+    pub fn load_verified_as(dir: &Path, laya: LayaVersion) -> Result<HostBundle, BundleError> {
+        let bundle = HostBundle::load_as(dir, laya)?;
         if let Some(m) = &bundle.manifest {
             m.verify_files(dir)?;
         }
         Ok(bundle)
     }
 
-    /// Loads a laya checkpoint directory or an NPU bundle (a directory with `laya-bundle.json`).
+    /// Loads a laya checkpoint directory or an NPU bundle (a directory with `laya-bundle.json`),
+    /// served as laya 0.3.20.
     pub fn load(dir: &Path) -> Result<HostBundle, BundleError> {
+        HostBundle::load_as(dir, LayaVersion::default())
+    }
+
+    /// [`HostBundle::load`] served as `laya`'s version: its checkpoint read as that version
+    /// reads it ([`AgentConfig::load_as`]). An NPU bundle of a parallel-layout checkpoint is
+    /// refused: the graphs take no position ids and no option mask, so they would answer it as
+    /// if its options were laid out one after another.
+    pub fn load_as(dir: &Path, laya: LayaVersion) -> Result<HostBundle, BundleError> {
         if !dir.join(MANIFEST).is_file() {
-            let config = AgentConfig::load(dir)?;
+            let config = AgentConfig::load_as(dir, laya)?;
             let tokenizer = Tokenizer::load(&dir.join("tokenizer"))?;
             return Ok(HostBundle {
                 dir: dir.to_owned(),
@@ -384,6 +428,7 @@ impl HostBundle {
                 tokenizer,
                 checkpoint: Some(dir.to_owned()),
                 manifest: None,
+                laya,
             });
         }
         let manifest = Manifest::load(dir)?;
@@ -391,13 +436,14 @@ impl HostBundle {
         let path = dir.join(MANIFEST);
         let bad = |message: String| BundleError::Config { path: path.clone(), message };
         let mut config = match &manifest.checkpoint {
-            Some(ckpt) => AgentConfig::load(ckpt)?,
+            Some(ckpt) => AgentConfig::load_as(ckpt, laya)?,
             None => AgentConfig {
                 encoder: String::new(),
                 head_layers: 0,
                 n_act: 2,
                 limits: Limits::default(),
                 temperatures: Temperatures::default(),
+                option_layout: OptionLayout::Sequential,
             },
         };
         if let Some(t) = raw.get("temperature").and_then(Value::as_str) {
@@ -422,6 +468,12 @@ impl HostBundle {
             SpecialTokenNames { cls: get("cls"), sep: get("sep"), mask: get("mask"), pad: get("pad") }
         });
         let tokenizer = Tokenizer::load_file(&tokenizer_path, names.as_ref())?;
+        if config.option_layout == OptionLayout::Parallel && !manifest.graphs.is_empty() {
+            return Err(bad(format!(
+                "the checkpoint lays its options out in parallel (option_layout 'parallel'), and the {} graphs of this bundle take no position ids and no option mask, so they cannot run it; serve the checkpoint itself on the cpu backend",
+                manifest.backend
+            )));
+        }
         Ok(HostBundle {
             dir: dir.to_owned(),
             // A bundle without graphs (a CPU bundle) runs what its checkpoint runs.
@@ -434,6 +486,7 @@ impl HostBundle {
             tokenizer,
             checkpoint: manifest.checkpoint.clone(),
             manifest: Some(manifest),
+            laya,
         })
     }
 }
@@ -448,24 +501,28 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_with_the_parallel_option_layout_is_refused_not_answered_wrongly() {
+    fn a_parallel_checkpoint_is_served_only_as_laya_0_4_15_and_an_unknown_layout_never() {
         let dir = std::env::temp_dir().join(format!("laya-option-layout-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let original = std::fs::read_to_string(fixture("bpe-t5").join("rl_agent_config.json")).unwrap();
-        let with = |layout: &str| {
+        let with = |layout: &str, laya: LayaVersion| {
             let text =
                 original.trim_end().trim_end_matches('}').to_owned() + &format!(", \"option_layout\": {layout}}}");
             std::fs::write(dir.join("rl_agent_config.json"), text).unwrap();
-            AgentConfig::load(&dir)
+            AgentConfig::load_as(&dir, laya).map(|c| c.option_layout)
         };
-        assert!(with("\"sequential\"").is_ok(), "the layout of every published checkpoint");
-        let e = with("\"parallel\"").unwrap_err().to_string();
-        assert!(e.contains("option_layout 'parallel'") && e.contains("not supported"), "{e}");
-        let e = with("\"diagonal\"").unwrap_err().to_string();
-        assert!(e.ends_with("option_layout must be one of sequential, parallel, got 'diagonal'"), "{e}");
+        let (old, new) = (LayaVersion::V0_3_20, LayaVersion::V0_4_15);
+        assert_eq!(with("\"sequential\"", old).unwrap(), OptionLayout::Sequential, "every published checkpoint");
+        let e = with("\"parallel\"", old).unwrap_err().to_string();
+        assert!(e.contains("option_layout 'parallel'") && e.contains("laya = \"0.4.15\""), "{e}");
+        assert_eq!(with("\"parallel\"", new).unwrap(), OptionLayout::Parallel);
+        for laya in [old, new] {
+            let e = with("\"diagonal\"", laya).unwrap_err().to_string();
+            assert!(e.ends_with("option_layout must be one of sequential, parallel, got 'diagonal'"), "{e}");
+        }
         std::fs::write(dir.join("rl_agent_config.json"), &original).unwrap();
-        assert!(AgentConfig::load(&dir).is_ok(), "no option_layout: sequential");
-        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(AgentConfig::load(&dir).unwrap().option_layout, OptionLayout::Sequential, "no option_layout");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

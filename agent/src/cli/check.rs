@@ -27,7 +27,9 @@ pub fn run(args: Args) -> Result<(), String> {
 /// shapes against the architecture), every file is what the manifest says, every graph file is
 /// complete as far as its layout tells (`graph_file`), the probe lays out as recorded.
 pub fn check(dir: &Path) -> Result<String, BundleError> {
-    let bundle = HostBundle::load(dir)?;
+    // As laya 0.4.15 reads it, the laya that knows every file a model directory may hold (a
+    // calibration, a parallel layout): what 0.3.20 would ignore or refuse is checked too.
+    let bundle = HostBundle::load_as(dir, laya_topics::wire::LayaVersion::V0_4_15)?;
     // The weights as the CPU model reads them (header, byte ranges, tensor names and shapes),
     // without reading a tensor: a plain checkpoint has no sha256 to catch a truncated file. In a
     // bundle, after the sha256 (which says more precisely what happened to a file it lists).

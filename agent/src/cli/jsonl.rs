@@ -49,7 +49,7 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
         Err(e) => return error_line(request.id, e.code().as_str(), &e.to_string()),
     };
     let mut questions = Map::new();
-    for p in prepared {
+    for p in prepared.questions {
         let v = match p.outcome {
             Ok((_, row)) => {
                 let mut m = Map::new();

@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::engine::supervisor::Policy;
 use crate::engine::{Engine, EngineConfig};
 use crate::prompt::Row;
+use laya_topics::wire::LayaVersion;
 
 /// The flags of the commands that run a model themselves (`predict`, `probe`).
 #[derive(clap::Args)]
@@ -41,6 +42,18 @@ pub struct BackendArgs {
     /// Threads for the tensor math (overrides engine.threads; default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// The laya whose semantics the model is answered with: 0.3.20 or 0.4.15 (overrides
+    /// model.laya; default 0.3.20).
+    #[arg(long, value_parser = laya_version)]
+    laya: Option<LayaVersion>,
+}
+
+/// `--laya`: a [`LayaVersion`] name.
+pub fn laya_version(s: &str) -> Result<LayaVersion, String> {
+    s.parse().map_err(|_| {
+        let known: Vec<&str> = LayaVersion::ALL.iter().map(|v| v.as_str()).collect();
+        format!("one of {}", known.join(", "))
+    })
 }
 
 impl BackendArgs {
@@ -55,6 +68,9 @@ impl BackendArgs {
         }
         if let Some(t) = self.threads {
             config.engine.threads = t;
+        }
+        if let Some(l) = self.laya {
+            config.model.laya = l;
         }
         config.check().map_err(|e| e.to_string())?;
         Ok(config)

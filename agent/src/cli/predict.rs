@@ -15,7 +15,8 @@ pub type Args = super::BackendArgs;
 
 pub fn run(config: Config) -> Result<(), String> {
     let kind = config.engine.backend;
-    let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+    let bundle =
+        HostBundle::load_verified_as(Path::new(&config.model.dir), config.model.laya).map_err(|e| e.to_string())?;
     let mut backend = super::backend_for(&config, &bundle, true)?;
     tracing::debug!(backend = kind.name(), model = %config.model.dir.display(), "predict: answering the lines on stdin");
     let out = std::io::BufWriter::new(std::io::stdout().lock());

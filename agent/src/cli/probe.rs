@@ -13,7 +13,8 @@ use crate::prompt::Row;
 pub type Args = super::BackendArgs;
 
 pub fn run(config: Config) -> Result<(), String> {
-    let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+    let bundle =
+        HostBundle::load_verified_as(Path::new(&config.model.dir), config.model.laya).map_err(|e| e.to_string())?;
     let probe = probe::of_bundle(&bundle)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir.display()))?;

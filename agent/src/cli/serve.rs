@@ -34,6 +34,9 @@ pub struct Args {
     /// Overrides engine.backend.
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
+    /// Overrides model.laya: the laya whose semantics the model is answered with (0.3.20, 0.4.15).
+    #[arg(long, value_parser = super::laya_version)]
+    laya: Option<laya_topics::wire::LayaVersion>,
     /// Start an in-process broker and the bundled demo model, ask the example questions,
     /// print the answers, keep serving.
     #[arg(long)]
@@ -56,6 +59,9 @@ impl Args {
         }
         if let Some(b) = self.backend {
             config.engine.backend = b;
+        }
+        if let Some(l) = self.laya {
+            config.model.laya = l;
         }
         config.check().map_err(|e| e.to_string())?;
         Ok(config)
@@ -150,7 +156,8 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
 fn prepare(config: &Config) -> Result<(Arc<HostBundle>, EngineConfig), String> {
     // What check-config checks of [mqtt], before the model: a refusal names the key.
     service::connection::preflight(config).map_err(|e| e.to_string())?;
-    let bundle = HostBundle::load_verified(Path::new(&config.model.dir)).map_err(|e| e.to_string())?;
+    let bundle =
+        HostBundle::load_verified_as(Path::new(&config.model.dir), config.model.laya).map_err(|e| e.to_string())?;
     // The weights the workers will load, checked here without loading them (a truncated file is
     // named now, not by a worker that fails at every restart).
     backend::check_model(config, &bundle).map_err(|e| e.to_string())?;

@@ -5,13 +5,21 @@
 //! table, when one is configured for the request's language, replaces both. Every value is
 //! confined to [0.5, 5.0] and anything that is not a finite number becomes 1.0, because some
 //! shipped buckets sharpen rather than soften (laya's `clamp_temperature`).
+//!
+//! laya 0.4.15 reads the same tables with stricter rules ([`Temperatures::from_config_as`]): a
+//! boolean is not a temperature (1.0, where 0.3.20 floated `false` to 0.0 and clamped it to 0.5),
+//! a `null` language entry or a `null` temperature inherits the checkpoint's own, and a malformed
+//! override is refused with laya's message. A `calibration.json` may then replace the checkpoint's
+//! temperatures and add a histogram-binning map (see [`super::calibration`]).
 
 use std::collections::HashMap;
 
 use indexmap::IndexMap;
 use laya_topics::Value;
+use laya_topics::wire::LayaVersion;
 
 use crate::prompt::QType;
+use crate::prompt::pyrepr::repr;
 
 /// Lowest temperature laya applies.
 pub const TEMP_MIN: f64 = 0.5;
@@ -19,7 +27,7 @@ pub const TEMP_MIN: f64 = 0.5;
 pub const TEMP_MAX: f64 = 5.0;
 
 /// Python's `float(v)` for a JSON value, `None` where Python raises.
-fn py_float(v: &Value) -> Option<f64> {
+pub(crate) fn py_float(v: &Value) -> Option<f64> {
     match v {
         Value::Float(f) => Some(*f),
         Value::Int(i) => Some(i.to_f64()),
@@ -41,12 +49,17 @@ fn py_float(v: &Value) -> Option<f64> {
     }
 }
 
-/// laya's `clamp_temperature`.
+/// laya 0.3.20's `clamp_temperature`.
 pub fn clamp_temperature(v: &Value) -> f64 {
     match py_float(v) {
         Some(t) if t.is_finite() => t.clamp(TEMP_MIN, TEMP_MAX),
         _ => 1.0,
     }
+}
+
+/// `clamp_temperature` as `laya` of version `laya` has it: 0.4.15 reads a boolean as no number.
+pub fn clamp_temperature_as(laya: LayaVersion, v: &Value) -> f64 {
+    if laya.is_0_4() && matches!(v, Value::Bool(_)) { 1.0 } else { clamp_temperature(v) }
 }
 
 /// laya's `temp_bucket`: `"<type>:2"`, `":3-5"`, `":6-10"` or `":11+"`.
@@ -84,16 +97,21 @@ pub enum TemperatureError {
     ByOptions(String),
     #[error("lang temperatures must be an object of language -> table")]
     Languages,
+    /// laya 0.4.15's own message for a malformed language override or calibration file.
+    #[error("{0}")]
+    Laya(String),
 }
 
 impl TemperatureTable {
     /// Reads `temperature` (a 3-list; absent means `default_raw`) and `temperature_by_options`.
     fn from_values(
+        laya: LayaVersion,
         what: &str,
         temperature: Option<&Value>,
         by_options: Option<&Value>,
         default_raw: &[Value],
     ) -> Result<TemperatureTable, TemperatureError> {
+        let clamp = |v: &Value| clamp_temperature_as(laya, v);
         let raw: &[Value] = match temperature {
             None => default_raw,
             Some(Value::Array(items)) => items,
@@ -102,10 +120,10 @@ impl TemperatureTable {
         let [a, b, c] = raw else {
             return Err(TemperatureError::NotThree(what.to_owned()));
         };
-        let per_type = [clamp_temperature(a), clamp_temperature(b), clamp_temperature(c)];
+        let per_type = [clamp(a), clamp(b), clamp(c)];
         let by_options = match by_options {
             None | Some(Value::Null) => IndexMap::new(),
-            Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), clamp_temperature(v))).collect(),
+            Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), clamp(v))).collect(),
             Some(_) => return Err(TemperatureError::ByOptions(what.to_owned())),
         };
         Ok(TemperatureTable { per_type, by_options })
@@ -122,6 +140,10 @@ pub struct Temperatures {
     pub base: TemperatureTable,
     /// By primary language subtag, lowercased (`de` for `de-DE`).
     pub langs: HashMap<String, TemperatureTable>,
+    /// laya 0.4.15's histogram-binning map from `calibration.json`: bucket -> the recalibrated
+    /// confidence of each of its equal-width bins. Empty: none (laya applies a map only when it
+    /// is a non-empty dict).
+    pub binning: IndexMap<String, Vec<f64>>,
 }
 
 /// `lang.split("-")[0].lower()`.
@@ -138,15 +160,33 @@ impl Temperatures {
         by_options: Option<&Value>,
         langs: Option<&Value>,
     ) -> Result<Temperatures, TemperatureError> {
+        Temperatures::from_config_as(LayaVersion::V0_3_20, temperature, by_options, langs)
+    }
+
+    /// [`Temperatures::from_config`] with the rules of `laya`'s version (0.4.15's
+    /// `resolve_lang_temperatures`: see the module doc).
+    pub fn from_config_as(
+        laya: LayaVersion,
+        temperature: Option<&Value>,
+        by_options: Option<&Value>,
+        langs: Option<&Value>,
+    ) -> Result<Temperatures, TemperatureError> {
         let ones = [Value::Float(1.0), Value::Float(1.0), Value::Float(1.0)];
         let base_raw: Vec<Value> = match temperature {
             Some(Value::Array(items)) => items.clone(),
             _ => ones.to_vec(),
         };
-        let base = TemperatureTable::from_values("the checkpoint's", temperature, by_options, &ones)?;
+        let base = TemperatureTable::from_values(laya, "the checkpoint's", temperature, by_options, &ones)?;
         let mut tables = HashMap::new();
         match langs {
             None | Some(Value::Null) => {}
+            // `(raw or {}).items()`: any falsy value is no table.
+            Some(v) if laya.is_0_4() && !v.is_truthy() => {}
+            Some(Value::Object(m)) if laya.is_0_4() => {
+                for (lang, cfg) in m {
+                    tables.insert(primary_language(lang), lang_table_0_4(lang, cfg, &base_raw)?);
+                }
+            }
             Some(Value::Object(m)) => {
                 for (lang, cfg) in m {
                     if !matches!(cfg, Value::Object(_)) {
@@ -154,6 +194,7 @@ impl Temperatures {
                     }
                     let what = format!("language {lang:?}");
                     let table = TemperatureTable::from_values(
+                        laya,
                         &what,
                         cfg.get("temperature"),
                         cfg.get("temperature_by_options"),
@@ -164,7 +205,12 @@ impl Temperatures {
             }
             Some(_) => return Err(TemperatureError::Languages),
         }
-        Ok(Temperatures { base, langs: tables })
+        Ok(Temperatures { base, langs: tables, binning: IndexMap::new() })
+    }
+
+    /// Whether `lang` selects one of the per-language tables (laya's `lang_override`).
+    pub fn has_language(&self, lang: Option<&str>) -> bool {
+        lang.filter(|l| !l.is_empty()).is_some_and(|l| self.langs.contains_key(&primary_language(l)))
     }
 
     /// The temperature for a question of `qtype` with `k` options, in `lang` if given.
@@ -173,6 +219,42 @@ impl Temperatures {
             lang.filter(|l| !l.is_empty()).and_then(|l| self.langs.get(&primary_language(l))).unwrap_or(&self.base);
         table.lookup(qtype, k)
     }
+}
+
+/// One entry of laya 0.4.15's `resolve_lang_temperatures`, with its messages.
+fn lang_table_0_4(lang: &str, cfg: &Value, base_raw: &[Value]) -> Result<TemperatureTable, TemperatureError> {
+    let laya = LayaVersion::V0_4_15;
+    let l = crate::prompt::pyrepr::repr_str(lang);
+    let empty = Value::Object(Default::default());
+    let cfg = if *cfg == Value::Null { &empty } else { cfg };
+    if !matches!(cfg, Value::Object(_)) {
+        return Err(TemperatureError::Laya(format!(
+            "Language override {l} must be a mapping, got {}",
+            cfg.python_type_name()
+        )));
+    }
+    let base = Value::Array(base_raw.to_vec());
+    let t_raw = match cfg.get("temperature") {
+        None | Some(Value::Null) => &base,
+        Some(t) => t,
+    };
+    if !matches!(t_raw, Value::Array(items) if items.len() == 3) {
+        return Err(TemperatureError::Laya(format!(
+            "Language override {l} temperature must be a list of 3 floats, got {}",
+            repr(t_raw)
+        )));
+    }
+    // `cfg.get("temperature_by_options") or {}`: any falsy value is no table.
+    let by_options = cfg.get("temperature_by_options").filter(|v| v.is_truthy());
+    if let Some(v) = by_options
+        && !matches!(v, Value::Object(_))
+    {
+        return Err(TemperatureError::Laya(format!(
+            "Language override {l} temperature_by_options must be a mapping of bucket -> float, got {}",
+            v.python_type_name()
+        )));
+    }
+    TemperatureTable::from_values(laya, "", Some(t_raw), by_options, base_raw)
 }
 
 #[cfg(test)]

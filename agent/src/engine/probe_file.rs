@@ -50,7 +50,7 @@ pub fn rows_of(bundle: &HostBundle, request: &Value, origin: &Path) -> Result<Ve
     let bad = |message: String| BundleError::Probe { path: origin.to_owned(), message };
     let r = Request::from_value(request.clone()).map_err(|e| bad(e.to_string()))?;
     let prepared = pipeline::prepare(bundle, &r, usize::MAX).map_err(|e| bad(e.to_string()))?;
-    Ok(prepared.into_iter().filter_map(|p| p.outcome.ok().map(|(_, row)| (p.qid, row))).collect())
+    Ok(prepared.questions.into_iter().filter_map(|p| p.outcome.ok().map(|(_, row)| (p.qid, row))).collect())
 }
 
 fn float_list(v: Option<&Value>) -> Option<Vec<f32>> {

@@ -108,6 +108,7 @@ mod tests {
             max_len,
             head_max_len,
             deadline_ms: None,
+            min_confidence: None,
         }
     }
 

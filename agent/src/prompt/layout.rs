@@ -6,6 +6,7 @@
 //! (from the left for a conversation list, so the newest turns stay), and the mask token's text
 //! replaced by a space in everything the caller wrote.
 
+use laya_topics::wire::LayaVersion;
 use laya_topics::{Value, json};
 
 use super::pyrepr::repr_str;
@@ -32,11 +33,45 @@ impl Default for Limits {
     }
 }
 
+/// How a checkpoint lays its options out (`option_layout` in `rl_agent_config.json`, laya 0.4.15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OptionLayout {
+    /// One after another, each attending to all (every published checkpoint).
+    #[default]
+    Sequential,
+    /// All starting at one position, none attending to another (`laya-train`'s parallel layout).
+    Parallel,
+}
+
+/// What laying a row out did to its budget: laya 0.4.15's `build_sequence` statistics, from
+/// which a reply's `usage` is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayoutStats {
+    /// The state's tokens before the cut.
+    pub state_tokens: usize,
+    /// How many of them did not fit.
+    pub state_tokens_dropped: usize,
+    /// The options the question defines.
+    pub options: usize,
+    /// How many of them still have a token span of their own after the head budget's cut.
+    pub options_distinct: usize,
+    /// The cut applied to every option, if one was.
+    pub tokens_per_option: Option<usize>,
+}
+
+impl LayoutStats {
+    /// Whether the state lost tokens.
+    pub fn truncated(&self) -> bool {
+        self.state_tokens_dropped > 0
+    }
+}
+
 /// One question's row: what the model is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub input_ids: Vec<u32>,
-    /// Index of each option's `[MASK]` in `input_ids`, in option order.
+    /// Index of each option's `[MASK]` in `input_ids`, in slot order: option order, or the
+    /// question's `option_order` (slot `s` holds option `order[s]`).
     pub marker_pos: Vec<u32>,
     pub qtype: QType,
 }
@@ -69,21 +104,23 @@ fn py_slice_end(len: usize, end: i64) -> usize {
 }
 
 /// laya's `build_sequence` for one question, plus `_encode_state`'s check that every option's
-/// marker fits.
+/// marker fits (its message is `laya`'s version's), with what the budget did to the row.
 pub fn build_row(
     tok: &Tokenizer,
     qid: &str,
     q: &Question,
     state: &EncodedState,
     limits: Limits,
-) -> Result<Row, LayoutError> {
+    laya: LayaVersion,
+) -> Result<(Row, LayoutStats), LayoutError> {
     let mask = tok.mask.text.as_str();
     let options = render_options(q);
     let instructions = q.instructions.replace(mask, " ");
     let mut head_ids = tok.encode_recurring(&format!("{} question: {instructions}", q.qtype.name()))?;
 
     let mut option_ids: Vec<Vec<u32>> = Vec::with_capacity(options.len());
-    for option in &options {
+    let order: Vec<usize> = q.option_order.clone().unwrap_or_else(|| (0..options.len()).collect());
+    for option in order.iter().filter_map(|&i| options.get(i)) {
         let mut ids = vec![tok.mask.id];
         let mut text_ids = tok.encode_recurring(&format!(" {}", option.replace(mask, " ")))?;
         text_ids.truncate(OPTION_TOKEN_CAP);
@@ -94,14 +131,22 @@ pub fn build_row(
     // Saturating: a request's budget is any 64-bit integer (Python's are unbounded); the
     // results are clamped below, so saturating gives laya's rows for every value.
     let mut budget = limits.head_max_len.saturating_sub(option_tokens(&option_ids));
+    let mut tokens_per_option = None;
     if budget < 16 {
         let n = option_ids.len().max(1) as i64;
         let per = limits.head_max_len.saturating_sub(16).div_euclid(n).max(4) as usize;
         for o in &mut option_ids {
             o.truncate(per);
         }
+        tokens_per_option = Some(per);
         budget = limits.head_max_len.saturating_sub(option_tokens(&option_ids));
     }
+    let options_distinct = {
+        let mut spans: Vec<&Vec<u32>> = option_ids.iter().collect();
+        spans.sort();
+        spans.dedup();
+        spans.len()
+    };
     head_ids.truncate(budget.max(8) as usize);
 
     let mut ids = Vec::with_capacity(limits.max_len.clamp(0, 1 << 16) as usize);
@@ -122,12 +167,28 @@ pub fn build_row(
     ids.truncate(py_slice_end(ids.len(), limits.max_len));
     let marker_pos: Vec<u32> = markers.into_iter().filter(|&m| (m as i64) < limits.max_len).map(|m| m as u32).collect();
     if marker_pos.len() != options.len() {
-        return Err(LayoutError::Question(QuestionError {
-            kind: QuestionErrorKind::DoesNotFit,
-            message: format!("question {} options exceed head_max_len={}", repr_str(qid), limits.head_max_len),
-        }));
+        let message = if laya.is_0_4() {
+            format!(
+                "question {}: only {} of its {} option markers fit in max_len={} with head_max_len={} spent on the question; lower head_max_len, raise max_len, or use fewer options",
+                repr_str(qid),
+                marker_pos.len(),
+                option_ids.len(),
+                limits.max_len,
+                limits.head_max_len
+            )
+        } else {
+            format!("question {} options exceed head_max_len={}", repr_str(qid), limits.head_max_len)
+        };
+        return Err(LayoutError::Question(QuestionError { kind: QuestionErrorKind::DoesNotFit, message }));
     }
-    Ok(Row { input_ids: ids, marker_pos, qtype: q.qtype })
+    let stats = LayoutStats {
+        state_tokens: st.len(),
+        state_tokens_dropped: st.len() - kept.len(),
+        options: option_ids.len(),
+        options_distinct,
+        tokens_per_option,
+    };
+    Ok((Row { input_ids: ids, marker_pos, qtype: q.qtype }, stats))
 }
 
 /// Why a row could not be built.
@@ -162,8 +223,8 @@ mod tests {
         for max_len in [i64::MIN, -1, 0, 512, i64::MAX] {
             for head_max_len in [i64::MIN, -1, 0, 192, i64::MAX] {
                 let limits = Limits { max_len, head_max_len };
-                match build_row(&tok, "q", &q, &state, limits) {
-                    Ok(row) => assert!(max_len > 0 && row.input_ids.len() as i64 <= max_len, "{limits:?}"),
+                match build_row(&tok, "q", &q, &state, limits, LayaVersion::V0_3_20) {
+                    Ok((row, _)) => assert!(max_len > 0 && row.input_ids.len() as i64 <= max_len, "{limits:?}"),
                     Err(LayoutError::Question(e)) => assert_eq!(e.kind, QuestionErrorKind::DoesNotFit, "{limits:?}"),
                     Err(e) => panic!("{limits:?}: {e}"),
                 }

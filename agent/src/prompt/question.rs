@@ -3,7 +3,12 @@
 //! A question definition arrives as a caller's JSON object. It is checked with laya's rules and
 //! laya's messages (a caller who moves between laya and laya-edge sees the same words), then
 //! turned into a [`Question`] whose shape the rest of the pipeline can rely on.
+//!
+//! The rules are those of the laya version the model is served as: laya 0.4.15 adds checks on
+//! question ids, instructions, choice labels (scalars, none null, none repeated) and null score
+//! levels, takes numbers and booleans as choice labels, and reads a question's `option_order`.
 
+use laya_topics::wire::LayaVersion;
 use laya_topics::{Value, json};
 
 use super::pyrepr::{repr, repr_str, repr_str_list};
@@ -44,8 +49,9 @@ impl QType {
 /// The options of a question, normalised.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Criteria {
-    /// Label -> description (`Null` for none), in the caller's order, labels unique.
-    Choice(Vec<(String, Value)>),
+    /// Label -> description (`Null` for none), in the caller's order, labels unique. A label is
+    /// a string (laya 0.4.15: also a number or a bool, the answer's key as the caller wrote it).
+    Choice(Vec<(Value, Value)>),
     /// Level descriptions, level 0 first.
     Score(Vec<Value>),
     /// The optional descriptions of the false and true options.
@@ -61,6 +67,53 @@ pub struct Question {
     pub criteria: Criteria,
     /// Noul display labels `(false, true)`, stripped; the defaults when absent.
     pub noul_labels: (String, String),
+    /// laya 0.4.15's `option_order`: slot `s` shows option `order[s]` (a permutation of the
+    /// option indices). None: the options in their own order (always, under laya 0.3.20).
+    pub option_order: Option<Vec<usize>>,
+}
+
+/// A choice label as option text: Python's `str(label)`.
+pub fn label_text(label: &Value) -> String {
+    match label {
+        Value::Str(s) => s.clone(),
+        Value::Bool(true) => "True".to_owned(),
+        Value::Bool(false) => "False".to_owned(),
+        other => repr(other),
+    }
+}
+
+/// A choice label as a JSON object key (the `probabilities` of its answer): what `json.dumps`
+/// makes of a `str`, `int`, `float` or `bool` key.
+pub fn label_key(label: &Value) -> String {
+    match label {
+        Value::Str(s) => s.clone(),
+        Value::Bool(b) => b.to_string(),
+        Value::Float(f) if f.is_nan() => "NaN".to_owned(),
+        Value::Float(f) if f.is_infinite() => if *f > 0.0 { "Infinity" } else { "-Infinity" }.to_owned(),
+        other => repr(other),
+    }
+}
+
+/// Python's `==` between two scalar labels: numbers (booleans included) by value, strings by
+/// text, never a number and a string.
+fn py_scalar_eq(a: &Value, b: &Value) -> bool {
+    // An exact decimal for an integral number, so 2**60 and 2.0**60 compare as Python does.
+    fn integral(v: &Value) -> Option<String> {
+        match v {
+            Value::Bool(b) => Some(u8::from(*b).to_string()),
+            Value::Int(i) => Some(i.as_str().trim_start_matches('+').to_owned()),
+            Value::Float(f) if f.is_finite() && f.fract() == 0.0 => {
+                Some(format!("{:.0}", f.abs())).map(|d| if *f < 0.0 && d != "0" { format!("-{d}") } else { d })
+            }
+            _ => None,
+        }
+    }
+    match (a, b) {
+        (Value::Str(x), Value::Str(y)) => x == y,
+        (Value::Str(_), _) | (_, Value::Str(_)) => false,
+        (Value::Float(x), Value::Float(y)) => x == y,
+        _ => matches!((integral(a), integral(b)), (Some(x), Some(y)) if x == y),
+    }
 }
 
 /// Why a question cannot be answered.
@@ -130,9 +183,19 @@ fn resolve_noul_labels(labels: Option<&Value>) -> Result<(String, String), Strin
     Ok((f.to_owned(), t.to_owned()))
 }
 
-/// Checks a question definition with laya's rules and normalises it.
+/// Checks a question definition with laya 0.3.20's rules and normalises it.
 pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError> {
+    parse_question_as(LayaVersion::V0_3_20, qid, def)
+}
+
+/// Checks a question definition with the rules of `laya`'s version (`Agent._check_question`)
+/// and normalises it (`Agent._to_internal`).
+pub fn parse_question_as(laya: LayaVersion, qid: &str, def: &Value) -> Result<Question, QuestionError> {
     let q = repr_str(qid);
+    let v4 = laya.is_0_4();
+    if v4 && py_strip(qid).is_empty() {
+        return Err(QuestionError::invalid(format!("question id must be a non-empty string, got {q}")));
+    }
     let Some(map) = def.as_object() else {
         return Err(QuestionError::invalid(format!(
             "question {q}: definition must be a dict, got {}",
@@ -152,6 +215,9 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
             "question {q}: no 'instructions'; add the text the model should answer"
         )));
     };
+    if v4 {
+        check_instructions(&q, instructions)?;
+    }
     let crit = map.get("criteria").unwrap_or(&Value::Null);
     match qtype {
         QType::Choice => {
@@ -165,6 +231,9 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
                     "question {q}: a choice question needs at least one criterion"
                 )));
             }
+            if v4 {
+                check_choice_labels(&q, crit)?;
+            }
         }
         QType::Score => {
             if !matches!(crit, Value::Array(_)) {
@@ -174,6 +243,11 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
             }
             if !crit.is_truthy() {
                 return Err(QuestionError::invalid(format!("question {q}: a score question needs at least one level")));
+            }
+            if v4 && let Some(i) = crit.as_array().unwrap_or_default().iter().position(|l| *l == Value::Null) {
+                return Err(QuestionError::invalid(format!(
+                    "question {q}: score level {i} is null; give every level a description, index 0 first"
+                )));
             }
         }
         QType::Noul => match crit {
@@ -196,6 +270,10 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
             }
         },
     }
+    let option_order = match map.get("option_order") {
+        Some(order) if v4 => Some(check_option_order(&q, qtype, crit, order)?),
+        _ => None,
+    };
     let labels = map.get("labels");
     if labels.is_some() && qtype != QType::Noul {
         return Err(QuestionError::invalid(format!("question {q}: 'labels' is only supported for noul questions")));
@@ -205,9 +283,10 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
     // _to_internal
     let criteria = match (qtype, crit) {
         (QType::Choice, Value::Array(items)) => {
-            let mut labels: Vec<(String, Value)> = Vec::with_capacity(items.len());
+            let mut labels: Vec<(Value, Value)> = Vec::with_capacity(items.len());
             for item in items {
-                let Some(label) = item.as_str() else {
+                // laya 0.3.20 takes any label here and then fails inside on a non-string one.
+                if !v4 && item.as_str().is_none() {
                     return Err(QuestionError {
                         kind: QuestionErrorKind::Unsupported,
                         message: format!(
@@ -215,15 +294,18 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
                             item.python_type_name()
                         ),
                     });
-                };
-                // `{c: None for c in crit}`: a repeated label keeps its first place.
-                if !labels.iter().any(|(l, _)| l == label) {
-                    labels.push((label.to_owned(), Value::Null));
+                }
+                // `{c: None for c in crit}`: a repeated label keeps its first place (0.4.15
+                // refused repeats above).
+                if !labels.iter().any(|(l, _)| py_scalar_eq(l, item)) {
+                    labels.push((item.clone(), Value::Null));
                 }
             }
             Criteria::Choice(labels)
         }
-        (QType::Choice, Value::Object(m)) => Criteria::Choice(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        (QType::Choice, Value::Object(m)) => {
+            Criteria::Choice(m.iter().map(|(k, v)| (Value::Str(k.clone()), v.clone())).collect())
+        }
         (QType::Score, Value::Array(levels)) => Criteria::Score(levels.clone()),
         (QType::Noul, Value::Object(m)) => {
             // `{str(k).lower(): v}`: a later key that lowercases the same replaces the value.
@@ -246,7 +328,97 @@ pub fn parse_question(qid: &str, def: &Value) -> Result<Question, QuestionError>
         Value::Str(s) => s.clone(),
         other => json::to_string(other, json::Style::PYTHON),
     };
-    Ok(Question { qtype, instructions, criteria, noul_labels })
+    Ok(Question { qtype, instructions, criteria, noul_labels, option_order })
+}
+
+/// laya 0.4.15's checks of `instructions` (`q` is the question id's repr).
+fn check_instructions(q: &str, ins: &Value) -> Result<(), QuestionError> {
+    let tail = "add the text the model should answer";
+    let empty = match ins {
+        Value::Null => {
+            return Err(QuestionError::invalid(format!("question {q}: 'instructions' must not be None; {tail}")));
+        }
+        Value::Str(s) => py_strip(s).is_empty(),
+        Value::Array(_) | Value::Object(_) => !ins.is_truthy(),
+        // Numbers and booleans (`int` in Python) are taken as they are.
+        Value::Int(_) | Value::Float(_) | Value::Bool(_) => false,
+    };
+    if empty {
+        return Err(QuestionError::invalid(format!("question {q}: 'instructions' must not be empty; {tail}")));
+    }
+    Ok(())
+}
+
+/// laya 0.4.15's checks of choice labels: scalars, none null, and (in a list) no two equal.
+fn check_choice_labels(q: &str, crit: &Value) -> Result<(), QuestionError> {
+    let labels: Vec<Value> = match crit {
+        Value::Array(items) => items.clone(),
+        Value::Object(m) => m.keys().map(|k| Value::Str(k.clone())).collect(),
+        _ => Vec::new(),
+    };
+    for (i, label) in labels.iter().enumerate() {
+        match label {
+            Value::Null => {
+                return Err(QuestionError::invalid(format!(
+                    "question {q}: choice label {i} is null; a label is rendered as option text and used as the answer key, so it must be a string, number or bool -- a null label renders as the text \"None\" while its answer key is \"null\""
+                )));
+            }
+            Value::Array(_) | Value::Object(_) => {
+                return Err(QuestionError::invalid(format!(
+                    "question {q}: choice label {i} is a {}; a label is rendered as option text and used as the answer key, so it must be a scalar (a string, number or bool), got {}",
+                    label.python_type_name(),
+                    repr(label)
+                )));
+            }
+            _ => {}
+        }
+    }
+    if matches!(crit, Value::Array(_)) {
+        for (i, label) in labels.iter().enumerate() {
+            if let Some(first) = labels[..i].iter().position(|l| py_scalar_eq(l, label)) {
+                return Err(QuestionError::invalid(format!(
+                    "question {q}: choice label {i} ({}) repeats label {first}; the labels are the answer keys, so every option needs its own (1, 1.0 and True are one key)",
+                    repr(label)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// laya 0.4.15's check of `option_order`: a permutation of the option indices.
+fn check_option_order(q: &str, qtype: QType, crit: &Value, order: &Value) -> Result<Vec<usize>, QuestionError> {
+    // `_option_count`: a noul is always two options; otherwise one per criterion.
+    let n = match (qtype, crit) {
+        (QType::Noul, _) => 2,
+        (_, Value::Array(a)) => a.len(),
+        (_, Value::Object(m)) => m.len(),
+        _ => 0,
+    };
+    let refuse = || {
+        QuestionError::invalid(format!(
+            "question {q}: 'option_order' must be a permutation of range({n}) -- one slot per option, each option once -- got {}",
+            repr(order)
+        ))
+    };
+    let Value::Array(items) = order else { return Err(refuse()) };
+    if items.len() != n {
+        return Err(refuse());
+    }
+    // `sorted(int(i) for i in order if isinstance(i, int) and not isinstance(i, bool))`
+    let mut ints: Vec<usize> = Vec::with_capacity(n);
+    for item in items {
+        if let Value::Int(i) = item {
+            // An index past every option (or negative) can never complete the permutation.
+            ints.push(i.to_i64().and_then(|v| usize::try_from(v).ok()).filter(|v| *v < n).ok_or_else(refuse)?);
+        }
+    }
+    let mut sorted = ints.clone();
+    sorted.sort_unstable();
+    if sorted != (0..n).collect::<Vec<_>>() {
+        return Err(refuse());
+    }
+    Ok(ints)
 }
 
 #[cfg(test)]
@@ -261,7 +433,10 @@ mod tests {
     #[test]
     fn a_choice_list_becomes_unique_labels_without_descriptions() {
         let q = parse("q", r#"{"type": "choice", "instructions": "i", "criteria": ["a", "b", "a"]}"#).unwrap();
-        assert_eq!(q.criteria, Criteria::Choice(vec![("a".into(), Value::Null), ("b".into(), Value::Null)]));
+        assert_eq!(
+            q.criteria,
+            Criteria::Choice(vec![(Value::from("a"), Value::Null), (Value::from("b"), Value::Null)])
+        );
     }
 
     #[test]

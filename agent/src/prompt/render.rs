@@ -5,7 +5,7 @@
 
 use laya_topics::{Value, json};
 
-use super::question::{Criteria, Question};
+use super::question::{Criteria, Question, label_text};
 
 /// `render_criterion`: strings as they are, anything else as JSON with `", "` and `": "`.
 pub fn render_criterion(value: &Value) -> String {
@@ -25,11 +25,11 @@ pub fn render_options(q: &Question) -> Vec<String> {
     match &q.criteria {
         Criteria::Choice(labels) => labels
             .iter()
-            .map(
-                |(label, desc)| {
-                    if is_blank(desc) { label.clone() } else { format!("{label}: {}", render_criterion(desc)) }
-                },
-            )
+            .map(|(label, desc)| {
+                // `str(k)`: a number or bool label (laya 0.4.15) as Python prints it.
+                let label = label_text(label);
+                if is_blank(desc) { label } else { format!("{label}: {}", render_criterion(desc)) }
+            })
             .collect(),
         Criteria::Score(levels) => {
             levels.iter().enumerate().map(|(i, level)| format!("level {i}: {}", render_criterion(level))).collect()

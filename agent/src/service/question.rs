@@ -231,9 +231,8 @@ impl Questions {
         let serving = self.current.get();
         let bundle = serving.bundle.clone();
         let t0 = Instant::now();
-        // Only the language is read after layout: the request itself (its state document, the
-        // larger part of its memory) is dropped with the layout's work.
-        let lang = request.lang.clone();
+        // The request itself (its state document, the larger part of its memory) is dropped
+        // with the layout's work: what decoding needs of it is in the prepared request.
         let max_tokens = self.admission.limits.max_request_tokens;
         let prepare = move || pipeline::prepare(&bundle, &request, max_tokens);
         // A panic must not lose the question: it gets an error reply like any other failure.
@@ -256,7 +255,7 @@ impl Questions {
         if deadline.is_some_and(|d| tokenized >= d) {
             return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into()));
         }
-        let rows: Vec<Row> = prepared.iter().filter_map(|p| p.outcome.as_ref().ok().map(|(_, r)| r.clone())).collect();
+        let rows: Vec<Row> = prepared.rows().cloned().collect();
         let mut answered_by = (serving.backend.clone(), Role::Primary);
         let (outputs, infer_ms) = if rows.is_empty() {
             (Vec::new(), 0.0)
@@ -290,8 +289,8 @@ impl Questions {
             }
         };
         let inferred = Instant::now();
-        let result = pipeline::finish(&serving.bundle, &prepared, outputs, lang.as_deref())
-            .map_err(|e| error(e.code(), e.to_string()))?;
+        let result =
+            pipeline::finish(&serving.bundle, &prepared, outputs).map_err(|e| error(e.code(), e.to_string()))?;
         let done = Instant::now();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let timing = Timing {

@@ -79,6 +79,8 @@ pub struct Identity {
     pub model_name: String,
     /// The sha256 of the bundle's manifest (none: a plain checkpoint directory).
     pub bundle_sha256: Option<String>,
+    /// The laya whose semantics the model is answered with.
+    pub laya: laya_topics::wire::LayaVersion,
 }
 
 impl Identity {
@@ -99,7 +101,7 @@ impl Identity {
         let model_name = named
             .map(str::to_owned)
             .unwrap_or_else(|| bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-        Identity { model_name, bundle_sha256 }
+        Identity { model_name, bundle_sha256, laya: bundle.laya }
     }
 }
 
@@ -152,6 +154,7 @@ pub fn status(
         bundle_sha256: served.identity.bundle_sha256.clone(),
         fleet: birth.fleet.clone(),
         takeovers,
+        laya: Some(served.identity.laya),
     }
 }
 
@@ -283,7 +286,7 @@ mod tests {
     use super::*;
 
     fn identity() -> Identity {
-        Identity { model_name: "tickets".into(), bundle_sha256: Some("ab".repeat(32)) }
+        Identity { model_name: "tickets".into(), bundle_sha256: Some("ab".repeat(32)), laya: Default::default() }
     }
 
     #[test]

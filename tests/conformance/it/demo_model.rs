@@ -71,7 +71,7 @@ fn answer(request: &Value) -> PredictResult {
 fn decision(a: &Answer) -> (&'static str, Value) {
     match a {
         Answer::Noul { noul, .. } => ("noul", Value::Bool(*noul >= 0.5)),
-        Answer::Choice { choice, .. } => ("choice", Value::Str(choice.clone())),
+        Answer::Choice { choice, .. } => ("choice", choice.clone()),
         Answer::Score { probabilities, .. } => {
             let mut best = 0;
             for (i, (_, p)) in probabilities.iter().enumerate() {

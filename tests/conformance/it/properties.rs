@@ -77,6 +77,7 @@ fn request() -> impl Strategy<Value = Request> {
             max_len,
             head_max_len,
             deadline_ms: None,
+            min_confidence: None,
         })
 }
 

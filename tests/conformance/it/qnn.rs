@@ -443,7 +443,7 @@ fn demo_decision(a: &Answer) -> (Value, f64) {
     order.sort_by(|x, y| y.1.total_cmp(&x.1));
     let margin = order[0].1 - order.get(1).map_or(0.0, |o| o.1);
     match choice {
-        Some(c) => (Value::Str(c.clone()), margin),
+        Some(c) => (c.clone(), margin),
         None => (Value::int(order[0].0 as i64), margin),
     }
 }

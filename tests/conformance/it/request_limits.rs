@@ -66,12 +66,13 @@ fn a_max_len_bomb_is_laid_out_within_the_models_budget() {
         max_len: Some(1_000_000),
         head_max_len: Some(1_000_000),
         deadline_ms: None,
+        min_confidence: None,
     };
     let prepared = pipeline::prepare(&b, &request, usize::MAX).unwrap();
-    let (_, row) = prepared[0].outcome.as_ref().unwrap();
+    let (_, row) = prepared.questions[0].outcome.as_ref().unwrap();
     assert_eq!(row.input_ids.len(), 512);
     let at_model = pipeline::prepare(&b, &without_budget(&request), usize::MAX).unwrap();
-    assert_eq!(Some(row), at_model[0].outcome.as_ref().ok().map(|(_, r)| r));
+    assert_eq!(Some(row), at_model.questions[0].outcome.as_ref().ok().map(|(_, r)| r));
 }
 
 #[test]
@@ -85,6 +86,7 @@ fn a_request_whose_rows_carry_more_than_max_request_tokens_is_refused_as_a_whole
     let request = Request::from_value(laya_topics::json::parse_str(&text, Default::default()).unwrap()).unwrap();
     let tokens: usize = pipeline::prepare(&b, &request, usize::MAX)
         .unwrap()
+        .questions
         .iter()
         .map(|p| p.outcome.as_ref().unwrap().1.input_ids.len())
         .sum();

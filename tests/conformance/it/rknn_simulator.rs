@@ -237,7 +237,11 @@ fn the_agents_own_layout_of_the_held_out_requests_reaches_the_simulators_answers
     for r in real {
         // laya-edge's layout of the request gives the row laya's Agent._encode_state gave.
         let prepared = pipeline::prepare(&bundle, &heldout_request(&r.request), max_tokens).unwrap();
-        let ours = prepared.iter().find(|p| p.qid == r.qid).unwrap_or_else(|| panic!("{}: no such question", r.name));
+        let ours = prepared
+            .questions
+            .iter()
+            .find(|p| p.qid == r.qid)
+            .unwrap_or_else(|| panic!("{}: no such question", r.name));
         let (_, row) = ours.outcome.as_ref().unwrap_or_else(|e| panic!("{}: {e}", r.name));
         assert_eq!(row, &r.row, "{}: laya-edge's row vs laya's", r.name);
         // And the backend answers it like the simulator.

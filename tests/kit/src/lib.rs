@@ -27,6 +27,19 @@ pub fn model_dir(name: &str) -> PathBuf {
     fixtures_dir().join("models").join(name)
 }
 
+/// `tests/fixtures/laya-0.4.15`: what laya 0.4.15's code made of the same checkpoints and of
+/// requests for its own features (tools/fixtures/generate_0415.py).
+pub fn fixtures_0415_dir() -> PathBuf {
+    workspace().join("tests").join("fixtures").join("laya-0.4.15")
+}
+
+/// A checkpoint the 0.4.15 fixtures name: its own (`bpe-t5-parallel`, `bpe-t5-calibrated`,
+/// `bpe-t5-lang`), else the 0.3.20 fixtures' one of that name.
+pub fn model_dir_0415(name: &str) -> PathBuf {
+    let own = fixtures_0415_dir().join("models").join(name);
+    if own.is_dir() { own } else { model_dir(name) }
+}
+
 /// Compact JSON text, for exact comparisons with readable failures.
 pub fn text(v: &Value) -> String {
     json::to_string(v, Style::COMPACT)

@@ -9,6 +9,7 @@ use crate::value::{Map, Value};
 use crate::{cbor, json};
 
 pub use event::{BackendState, EngineEvent, EventKind, ProbeFigures, Role};
+pub use laya::LayaVersion;
 pub use reply::{Reply, Timing};
 pub use status::Status;
 pub use telemetry::{Telemetry, TokenMemo};
@@ -66,6 +67,7 @@ macro_rules! wire_names {
 }
 
 mod event;
+mod laya;
 mod reply;
 mod status;
 mod telemetry;

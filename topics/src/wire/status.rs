@@ -1,6 +1,7 @@
 //! The retained status document and the backend states it names. The one document a consumer
 //! reads back (`laya-edge fleet`), so it is the one with a `from_value`.
 
+use super::LayaVersion;
 use super::event::BackendState;
 use crate::value::{Map, Value};
 
@@ -33,6 +34,9 @@ pub struct Status {
     /// How often in this run another client connected with this device's client id and took its
     /// session (DISCONNECT 0x8E): above zero, two devices share one client id (a cloned image).
     pub takeovers: u64,
+    /// The laya whose semantics the model is answered with (`[model] laya`); none when read
+    /// back from an older agent's status, which served laya 0.3.20.
+    pub laya: Option<LayaVersion>,
 }
 
 impl Status {
@@ -51,6 +55,7 @@ impl Status {
         m.insert("bundle_sha256".into(), self.bundle_sha256.as_deref().map_or(Value::Null, Value::from));
         m.insert("fleet".into(), self.fleet.as_str().into());
         m.insert("takeovers".into(), Value::Int(self.takeovers.into()));
+        m.insert("laya".into(), self.laya.map_or("", LayaVersion::as_str).into());
         Value::Object(m)
     }
 
@@ -73,6 +78,7 @@ impl Status {
             bundle_sha256: v.get("bundle_sha256").and_then(Value::as_str).map(str::to_owned),
             fleet: s("fleet"),
             takeovers: u("takeovers"),
+            laya: v.get("laya").and_then(Value::as_str).and_then(|s| s.parse().ok()),
         })
     }
 }
@@ -98,12 +104,13 @@ mod tests {
             bundle_sha256: Some("ab".repeat(32)),
             fleet: "line-3".into(),
             takeovers: 3,
+            laya: Some(LayaVersion::V0_4_15),
         };
         assert_eq!(Status::from_value(&s.to_value()), Some(s));
         let old = json::parse_str(r#"{"state":"offline","backend":"cpu"}"#, Default::default()).unwrap();
         let read = Status::from_value(&old).unwrap();
         assert!(!read.online);
-        assert_eq!((read.backend.as_str(), read.birth, read.bundle_sha256), ("cpu", 0, None));
+        assert_eq!((read.backend.as_str(), read.birth, read.bundle_sha256, read.laya), ("cpu", 0, None, None));
         assert_eq!(Status::from_value(&Value::Object(Map::new())), None);
     }
 

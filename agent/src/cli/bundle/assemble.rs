@@ -12,12 +12,14 @@
 use std::path::{Path, PathBuf};
 
 use laya_topics::json::{self, Style};
+use laya_topics::wire::LayaVersion;
 use laya_topics::{Map, Value};
 
 use super::make_probe;
 use crate::backend::Backend;
 use crate::bundle::{AgentConfig, HostBundle, MANIFEST, digest, read_json};
 use crate::engine::probe_file as probe;
+use crate::prompt::OptionLayout;
 
 /// What `laya-edge bundle` is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -303,8 +305,14 @@ pub fn assemble(
     if !plan.qnn.is_empty() && !plan.rknn.is_empty() {
         return Err("a bundle holds graphs for one backend: give --qnn or --rknn, not both".into());
     }
-    // A checkpoint laya can load, before anything is copied.
-    AgentConfig::load(&plan.checkpoint).map_err(|e| e.to_string())?;
+    // A checkpoint laya can load, before anything is copied (as laya 0.4.15 reads it, which
+    // knows every file and layout a checkpoint may have), and one the graphs can run.
+    let checkpoint = AgentConfig::load_as(&plan.checkpoint, LayaVersion::V0_4_15).map_err(|e| e.to_string())?;
+    let parallel = checkpoint.option_layout == OptionLayout::Parallel;
+    if parallel && !(plan.qnn.is_empty() && plan.rknn.is_empty()) {
+        return Err("this checkpoint lays its options out in parallel (option_layout 'parallel'): the NPU graphs take no position ids and no option mask, so they cannot run it; serve the checkpoint on the cpu backend with [model] laya = \"0.4.15\"".into());
+    }
+    let laya = if parallel { LayaVersion::V0_4_15 } else { LayaVersion::default() };
     if plan.out.exists() && std::fs::read_dir(&plan.out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         return Err(format!("{} exists and is not empty: choose a new directory", plan.out.display()));
     }
@@ -348,7 +356,7 @@ pub fn assemble(
     write_manifest(&plan.out, &manifest)?;
 
     // The probe: laid out for this bundle (its graphs' capacity), answered by the float model.
-    let bundle = HostBundle::load(&plan.out).map_err(|e| e.to_string())?;
+    let bundle = HostBundle::load_as(&plan.out, laya).map_err(|e| e.to_string())?;
     let mut warnings = Vec::new();
     if let Some(m) = &bundle.manifest {
         for g in m.graphs.iter().filter(|g| !m.usable(g)) {
