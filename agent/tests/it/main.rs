@@ -12,6 +12,7 @@ mod examples;
 mod fixtures_cli;
 mod front_end_limits;
 mod healing;
+mod laya_0_4_15;
 #[cfg(feature = "qnn")]
 mod qnn_cli;
 mod reload;
