@@ -1,7 +1,8 @@
 //! `laya-edge serve` with `[model] laya = "0.4.15"` on a real mosquitto: the status document
 //! says which laya it answers as, replies carry laya 0.4.15's answers (its `usage`, the
 //! `min_confidence` gate, the checkpoint's `calibration.json`) in laya-edge's envelope (`id`,
-//! `device`, `backend`, `timing_ms`), equal to the in-process pipeline's, and a request laya
+//! `device`, `backend`, `timing_ms`), equal to the in-process pipeline's and within the CPU
+//! model's tolerance of laya 0.4.15's own for a recorded request, and a request laya
 //! 0.4.15 refuses gets an error reply with laya's message. The same agent on laya 0.3.20 refuses
 //! `min_confidence` rather than ignoring it.
 
@@ -91,6 +92,28 @@ async fn an_agent_serving_laya_0_4_15_says_so_and_answers_with_its_usage_gate_an
             assert!(usage.get(k).is_some(), "{id}: usage without {k}: {usage:?}");
         }
     }
+
+    // A recorded request on the calibrated checkpoint, gated: laya 0.4.15's own answers (the
+    // calibration's temperatures and binned confidences, the gate's verdicts), within the CPU
+    // model's tolerance of laya's (tests/conformance/it/cpu_model.rs).
+    let fixtures = std::fs::read_to_string(test_kit::fixtures_0415_dir().join("cases.jsonl")).expect("cases");
+    let case = fixtures
+        .lines()
+        .map(parse)
+        .find(|c| c.get("id") == Some(&Value::from("bpe-t5-calibrated/v4-0011")))
+        .expect("the recorded gated request");
+    let req = case.get("request").expect("request");
+    assert!(req.get("min_confidence").is_some_and(|m| *m != Value::Null));
+    c.ask("laya/v1/dev415/ask", Encoding::Json.encode(req), Some("laya/v1/reply/asker-415/rec"), None, Encoding::Json)
+        .await;
+    let v = next_reply(&mut c).await;
+    let laya = case.get("result").and_then(|r| r.get("answers")).and_then(Value::as_object).expect("laya's answers");
+    let ours = v.get("answers").and_then(Value::as_object).unwrap_or_else(|| panic!("{v:?}"));
+    assert_eq!(ours.keys().collect::<Vec<_>>(), laya.keys().collect::<Vec<_>>());
+    for (qid, a) in ours {
+        test_kit::assert_like_laya("v4-0011", qid, a, &laya[qid], 1e-3);
+    }
+    assert_eq!(v.get("usage"), case.get("result").and_then(|r| r.get("usage")));
 
     // Refused as laya 0.4.15 refuses them, with its message.
     for (id, body, message) in [
