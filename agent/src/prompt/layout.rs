@@ -8,6 +8,7 @@
 
 use laya_topics::{Value, json};
 
+use super::parallel::ParallelLayout;
 use super::pyrepr::repr_str;
 use super::question::{QType, Question, QuestionError, QuestionErrorKind};
 use super::render::render_options;
@@ -39,6 +40,10 @@ pub struct Row {
     /// Index of each option's `[MASK]` in `input_ids`, in option order.
     pub marker_pos: Vec<u32>,
     pub qtype: QType,
+    /// The parallel option layout of a checkpoint with `option_layout: "parallel"`
+    /// ([`super::parallel`]); `None`: the sequential layout (positions `0..len`, every token
+    /// attending to every other).
+    pub layout: Option<ParallelLayout>,
 }
 
 /// The state, tokenized once for all questions of a request.
@@ -127,7 +132,7 @@ pub fn build_row(
             message: format!("question {} options exceed head_max_len={}", repr_str(qid), limits.head_max_len),
         }));
     }
-    Ok(Row { input_ids: ids, marker_pos, qtype: q.qtype })
+    Ok(Row { input_ids: ids, marker_pos, qtype: q.qtype, layout: None })
 }
 
 /// Why a row could not be built.

@@ -7,6 +7,7 @@
 
 pub mod capacity;
 pub mod layout;
+pub mod parallel;
 pub mod pyrepr;
 pub mod question;
 pub mod render;

@@ -7,6 +7,7 @@
 mod cpu_model;
 mod demo_model;
 mod host_pipeline;
+mod parallel_layout;
 mod properties;
 mod qnn;
 mod request_limits;
