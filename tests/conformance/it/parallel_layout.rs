@@ -96,8 +96,9 @@ fn copy_dir(src: &Path, dst: &Path) {
 }
 
 /// bpe-t5 with `"option_layout": "parallel"` in its rl_agent_config.json, as the probe made it.
-fn parallel_checkpoint() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("laya-edge-parallel-bpe-t5-{}", std::process::id()));
+/// `tag` keeps the copies of tests running at once apart.
+fn parallel_checkpoint(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("laya-edge-parallel-bpe-t5-{tag}-{}", std::process::id()));
     copy_dir(&model_dir("bpe-t5"), &dir);
     let cfg = dir.join("rl_agent_config.json");
     let text = std::fs::read_to_string(&cfg).unwrap();
@@ -118,7 +119,7 @@ struct Loaded {
 fn loaded() -> &'static Loaded {
     static LOADED: OnceLock<Loaded> = OnceLock::new();
     LOADED.get_or_init(|| {
-        let dir = &parallel_checkpoint();
+        let dir = &parallel_checkpoint("model");
         let bundle = bundle("bpe-t5");
         let model = CpuModel::load(dir, &bundle.config).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         // Everything is in memory now (the weights are read into buffers of their own).
@@ -274,4 +275,36 @@ fn a_layout_of_the_wrong_length_is_refused_as_the_rows_fault() {
     let l = loaded();
     let err = l.model.forward(&[&row], l.bundle.tokenizer.pad.id).expect_err("refused");
     assert!(err.is_input(), "{err}");
+}
+
+#[test]
+fn a_worker_carries_the_layout_to_the_cpu_backend_and_answers_like_laya() {
+    use laya_edge::backend::Backend;
+    use laya_edge::backend::cpu::CpuBackend;
+    use laya_edge::engine::protocol::{FromWorker, ToWorker, read_frame};
+    let call = probe().iter().find(|c| c.rows.len() >= 3).unwrap();
+    let rows: Vec<Row> = call.rows.iter().map(|r| r.row.clone()).collect();
+    let mut input = ToWorker::Run { call: 1, rows }.encode();
+    input.extend(ToWorker::Shutdown.encode());
+    let dir = parallel_checkpoint("worker");
+    let b = bundle("bpe-t5");
+    let load = || -> Result<Box<dyn Backend>, laya_edge::backend::LoadError> {
+        let backend = CpuBackend::load(&dir, &b.config, b.tokenizer.pad.id).map_err(|e| e.to_string())?;
+        Ok(Box::new(backend))
+    };
+    let mut out = Vec::new();
+    laya_edge::engine::worker::serve(load, input.as_slice(), &mut out).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let mut bytes = out.as_slice();
+    let mut done = None;
+    while let Some(payload) = read_frame(&mut bytes).unwrap() {
+        if let FromWorker::Done { rows, .. } = FromWorker::decode(&payload).unwrap() {
+            done = Some(rows);
+        }
+    }
+    let got = done.expect("a Done frame");
+    for (got, want) in got.iter().zip(&call.rows) {
+        let d = max_abs_diff(&got.logits, &want.logits).max(max_abs_diff(&got.act_logits, &want.act_logits));
+        assert!(d <= 1e-4, "{}: {:?} vs {:?}", want.qid, got.logits, want.logits);
+    }
 }
