@@ -48,7 +48,7 @@ fn main() {
         let worker = WorkerSpec { program: Path::new(env!("CARGO_BIN_EXE_laya-edge")).to_owned(), args, env: Vec::new() };
         let engine = Engine::start(EngineConfig::new(Policy::default(), worker));
         // Warm up (worker start).
-        let warm = prompt::Row { input_ids: vec![1, 2], marker_pos: vec![0], qtype: prompt::QType::Noul };
+        let warm = prompt::Row { input_ids: vec![1, 2], marker_pos: vec![0], qtype: prompt::QType::Noul, layout: None };
         engine.run(vec![warm], None).await.expect("warm-up");
         let sem = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
         let start = Instant::now();

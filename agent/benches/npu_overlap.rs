@@ -59,6 +59,7 @@ fn row(n: usize, k: usize, vocab: u32, seed: u32) -> Row {
         input_ids: (0..n as u32).map(|i| 5 + (i * 7919 + seed * 31) % (vocab - 5)).collect(),
         marker_pos: (0..k as u32).map(|j| 1 + 8 * j).collect(),
         qtype: QType::Choice,
+        layout: None,
     }
 }
 

@@ -78,7 +78,13 @@ pub fn prepare(
     let gate = MinConfidence::of_request(laya, request).map_err(PipelineError::Refused)?;
     prompt::check_state(laya, &request.state).map_err(PipelineError::Refused)?;
     let capacity = &bundle.capacity;
-    let mut prepared = prompt::prepare_as(laya, &bundle.tokenizer, request, capacity.limits_for(request))?;
+    let mut prepared = prompt::prepare_as(
+        laya,
+        bundle.config.option_layout,
+        &bundle.tokenizer,
+        request,
+        capacity.limits_for(request),
+    )?;
     for p in &mut prepared {
         if let Ok((_, row)) = &p.outcome
             && let Err(e) = capacity.check(&p.qid, row)

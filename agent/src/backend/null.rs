@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn logits_are_deterministic_and_depend_on_the_input() {
-        let a = Row { input_ids: vec![1, 2, 3], marker_pos: vec![1, 2], qtype: QType::Choice };
+        let a = Row { input_ids: vec![1, 2, 3], marker_pos: vec![1, 2], qtype: QType::Choice, layout: None };
         let b = Row { input_ids: vec![1, 2, 4], ..a.clone() };
         assert_eq!(NullBackend::logits_for(&a), NullBackend::logits_for(&a));
         assert_ne!(NullBackend::logits_for(&a).logits, NullBackend::logits_for(&b).logits);
@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn a_fault_on_the_nth_call_hits_only_that_call() {
         let mut n = NullBackend::new(parse_faults("error=transient@2").unwrap()).unwrap();
-        let row = Row { input_ids: vec![1], marker_pos: vec![0], qtype: QType::Noul };
+        let row = Row { input_ids: vec![1], marker_pos: vec![0], qtype: QType::Noul, layout: None };
         assert!(n.run(&[&row]).is_ok());
         assert!(matches!(n.run(&[&row]), Err(BackendError::Transient(_))));
         assert!(n.run(&[&row]).is_ok());
@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn slow_rows_report_their_progress_before_the_answer() {
         let mut n = NullBackend::new(parse_faults("row-sleep=1,step-sleep=1x2@2").unwrap()).unwrap();
-        let row = Row { input_ids: vec![1], marker_pos: vec![0], qtype: QType::Noul };
+        let row = Row { input_ids: vec![1], marker_pos: vec![0], qtype: QType::Noul, layout: None };
         let mut seen = Vec::new();
         n.run_with_progress(&[&row, &row, &row], &mut |d, of| seen.push((d, of))).unwrap();
         assert_eq!(seen, [(1, 3), (2, 3)]);

@@ -56,6 +56,11 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
                 m.insert("input_ids".into(), ids_value(&row.input_ids));
                 m.insert("marker_pos".into(), ids_value(&row.marker_pos));
                 m.insert("qtype".into(), Value::int(row.qtype.index() as i64));
+                // A parallel-layout checkpoint's rows: laya 0.4.15's `build_sequence` layout.
+                if let Some(layout) = &row.layout {
+                    m.insert("position_ids".into(), ids_value(&layout.position_ids));
+                    m.insert("option_ids".into(), ids_value(&layout.option_ids));
+                }
                 Value::Object(m)
             }
             Err(e) => laya_topics::AnswerError { code: e.code().to_owned(), message: e.message }.to_value(),

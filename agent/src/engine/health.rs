@@ -77,7 +77,7 @@ mod tests {
     use crate::prompt::QType;
 
     fn row(ids: &[u32]) -> Row {
-        Row { input_ids: ids.to_vec(), marker_pos: vec![0], qtype: QType::Noul }
+        Row { input_ids: ids.to_vec(), marker_pos: vec![0], qtype: QType::Noul, layout: None }
     }
 
     fn out(v: f32) -> RowResult {

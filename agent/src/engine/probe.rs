@@ -229,7 +229,7 @@ mod tests {
     use crate::prompt::QType;
 
     fn row(ids: &[u32]) -> Row {
-        Row { input_ids: ids.to_vec(), marker_pos: vec![1, 2], qtype: QType::Choice }
+        Row { input_ids: ids.to_vec(), marker_pos: vec![1, 2], qtype: QType::Choice, layout: None }
     }
 
     fn out(logits: &[f32]) -> RowResult {

@@ -1,11 +1,13 @@
 //! The frames between the agent and its worker process.
 //!
-//! Small and binary on purpose: token ids and markers go in, logits come out, nothing else. Every
-//! frame is a little-endian `u32` payload length followed by the payload, whose first byte says
-//! what it is. Decoding is defensive: a truncated or oversized frame is an error, never a panic
-//! (a crashing worker may leave half a frame behind). The worker reads with [`read_frame`]
-//! (blocking), the agent with [`read_from_worker`] (async).
+//! Small and binary on purpose: token ids and markers (and a parallel row's position and option
+//! ids) go in, logits come out, nothing else. Every frame is a little-endian `u32` payload length
+//! followed by the payload, whose first byte says what it is. Decoding is defensive: a truncated
+//! or oversized frame is an error, never a panic (a crashing worker may leave half a frame
+//! behind). The worker reads with [`read_frame`] (blocking), the agent with [`read_from_worker`]
+//! (async).
 
+use crate::prompt::parallel::ParallelLayout;
 use crate::prompt::{QType, Row};
 
 use crate::backend::{BackendError, LoadFailure, RowResult};
@@ -161,6 +163,9 @@ const FAILED: u8 = 12;
 const LOAD_FAILED: u8 = 13;
 const PROGRESS: u8 = 14;
 const NO_CODE: i64 = i64::MIN;
+/// Set in a row's question-type byte when its parallel layout (position ids, then option ids)
+/// follows its markers. A row without one is encoded as before the layout existed.
+const PARALLEL: u8 = 0x80;
 
 impl ToWorker {
     /// The frame, length prefix included.
@@ -171,9 +176,14 @@ impl ToWorker {
                 w.u64(*call);
                 w.len(rows.len());
                 for r in rows {
-                    w.u8(r.qtype.index() as u8);
+                    let flag = if r.layout.is_some() { PARALLEL } else { 0 };
+                    w.u8(r.qtype.index() as u8 | flag);
                     w.u32s(&r.input_ids);
                     w.u32s(&r.marker_pos);
+                    if let Some(layout) = &r.layout {
+                        w.u32s(&layout.position_ids);
+                        w.u32s(&layout.option_ids);
+                    }
                 }
                 w.finish()
             }
@@ -190,13 +200,20 @@ impl ToWorker {
                 let n = r.count(9)?;
                 let mut rows = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let qtype = match r.u8()? {
+                    let kind = r.u8()?;
+                    let qtype = match kind & !PARALLEL {
                         0 => QType::Choice,
                         1 => QType::Score,
                         2 => QType::Noul,
                         _ => return Err(FrameError::Invalid("question type")),
                     };
-                    rows.push(Row { input_ids: r.u32s()?, marker_pos: r.u32s()?, qtype });
+                    let (input_ids, marker_pos) = (r.u32s()?, r.u32s()?);
+                    let layout = if kind & PARALLEL != 0 {
+                        Some(ParallelLayout { position_ids: r.u32s()?, option_ids: r.u32s()? })
+                    } else {
+                        None
+                    };
+                    rows.push(Row { input_ids, marker_pos, qtype, layout });
                 }
                 ToWorker::Run { call, rows }
             }
@@ -352,7 +369,7 @@ mod tests {
     fn frames_round_trip() {
         let run = ToWorker::Run {
             call: 7,
-            rows: vec![Row { input_ids: vec![1, 2, 3], marker_pos: vec![1], qtype: QType::Noul }],
+            rows: vec![Row { input_ids: vec![1, 2, 3], marker_pos: vec![1], qtype: QType::Noul, layout: None }],
         };
         assert_eq!(ToWorker::decode(payload(&run.encode())).unwrap(), run);
         let done = FromWorker::Done {
@@ -380,11 +397,61 @@ mod tests {
         }
     }
 
+    fn parallel_row() -> Row {
+        Row {
+            input_ids: vec![1, 7, 2, 4, 8, 4, 9, 9, 2, 30, 2],
+            marker_pos: vec![3, 5],
+            qtype: QType::Score,
+            layout: Some(ParallelLayout {
+                position_ids: vec![0, 1, 2, 3, 4, 3, 4, 5, 6, 7, 8],
+                option_ids: vec![0, 0, 0, 1, 1, 2, 2, 2, 0, 0, 0],
+            }),
+        }
+    }
+
+    #[test]
+    fn a_row_with_a_parallel_layout_round_trips_beside_one_without() {
+        let sequential = Row { input_ids: vec![1, 2, 3], marker_pos: vec![1], qtype: QType::Noul, layout: None };
+        let run = ToWorker::Run { call: 9, rows: vec![parallel_row(), sequential.clone(), parallel_row()] };
+        assert_eq!(ToWorker::decode(payload(&run.encode())).unwrap(), run);
+        // Every cut of the layout's bytes is an error, not a row without its layout.
+        let frame = ToWorker::Run { call: 9, rows: vec![parallel_row()] }.encode();
+        for cut in 5..frame.len() {
+            assert!(ToWorker::decode(&frame[4..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_row_without_a_layout_encodes_to_the_same_bytes_as_before_layouts_existed() {
+        let run = ToWorker::Run {
+            call: 0x0102_0304_0506_0708,
+            rows: vec![Row { input_ids: vec![1, 300, 2], marker_pos: vec![1], qtype: QType::Noul, layout: None }],
+        };
+        // The frame as the encoder wrote it before rows had a layout (commit 973e1f3).
+        let mut want: Vec<u8> = vec![];
+        want.extend_from_slice(&(1u32 + 8 + 4 + 1 + 4 + 12 + 4 + 4).to_le_bytes());
+        want.push(RUN);
+        want.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.push(2);
+        for v in [3u32, 1, 300, 2, 1, 1] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(run.encode(), want);
+        // The same row with a layout differs in its question-type byte only, then carries it.
+        let mut with = run.clone();
+        let ToWorker::Run { rows, .. } = &mut with else { unreachable!() };
+        rows[0].layout = Some(ParallelLayout::sequential(3));
+        let bytes = with.encode();
+        assert_eq!(bytes[4 + 1 + 8 + 4], 2 | PARALLEL);
+        assert_eq!(&bytes[4 + 1 + 8 + 4 + 1..want.len()], &want[4 + 1 + 8 + 4 + 1..]);
+    }
+
     #[test]
     fn truncated_and_bogus_frames_are_errors_not_panics() {
         let run = ToWorker::Run {
             call: 1,
-            rows: vec![Row { input_ids: vec![1; 10], marker_pos: vec![0], qtype: QType::Choice }],
+            rows: vec![Row { input_ids: vec![1; 10], marker_pos: vec![0], qtype: QType::Choice, layout: None }],
         };
         let frame = run.encode();
         for cut in 5..frame.len() {

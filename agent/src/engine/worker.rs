@@ -75,7 +75,7 @@ mod tests {
 
     #[test]
     fn a_worker_announces_itself_then_answers_each_batch() {
-        let row = Row { input_ids: vec![5, 6], marker_pos: vec![0, 1], qtype: QType::Choice };
+        let row = Row { input_ids: vec![5, 6], marker_pos: vec![0, 1], qtype: QType::Choice, layout: None };
         let mut input = ToWorker::Run { call: 9, rows: vec![row.clone()] }.encode();
         input.extend(ToWorker::Shutdown.encode());
         let mut out = Vec::new();

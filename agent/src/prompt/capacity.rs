@@ -113,7 +113,7 @@ mod tests {
     }
 
     fn row(n: usize, k: usize) -> Row {
-        Row { input_ids: vec![1; n], marker_pos: (0..k as u32).collect(), qtype: QType::Choice }
+        Row { input_ids: vec![1; n], marker_pos: (0..k as u32).collect(), qtype: QType::Choice, layout: None }
     }
 
     #[test]

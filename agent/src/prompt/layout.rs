@@ -9,6 +9,7 @@
 use laya_topics::wire::LayaVersion;
 use laya_topics::{Value, json};
 
+use super::parallel::ParallelLayout;
 use super::pyrepr::repr_str;
 use super::question::{QType, Question, QuestionError, QuestionErrorKind};
 use super::render::render_options;
@@ -74,6 +75,10 @@ pub struct Row {
     /// question's `option_order` (slot `s` holds option `order[s]`).
     pub marker_pos: Vec<u32>,
     pub qtype: QType,
+    /// The parallel option layout of a checkpoint with `option_layout: "parallel"`
+    /// ([`super::parallel`]); `None`: the sequential layout (positions `0..len`, every token
+    /// attending to every other).
+    pub layout: Option<ParallelLayout>,
 }
 
 /// The state, tokenized once for all questions of a request.
@@ -104,7 +109,8 @@ fn py_slice_end(len: usize, end: i64) -> usize {
 }
 
 /// laya's `build_sequence` for one question, plus `_encode_state`'s check that every option's
-/// marker fits (its message is `laya`'s version's), with what the budget did to the row.
+/// marker fits (its message is `laya`'s version's), with what the budget did to the row; laid
+/// out in parallel ([`super::parallel`]) for a checkpoint whose options are.
 pub fn build_row(
     tok: &Tokenizer,
     qid: &str,
@@ -112,6 +118,7 @@ pub fn build_row(
     state: &EncodedState,
     limits: Limits,
     laya: LayaVersion,
+    layout: OptionLayout,
 ) -> Result<(Row, LayoutStats), LayoutError> {
     let mask = tok.mask.text.as_str();
     let options = render_options(q);
@@ -159,6 +166,7 @@ pub fn build_row(
         ids.extend_from_slice(o);
     }
     ids.push(tok.sep.id);
+    let head_len = ids.len();
     let room = limits.max_len.saturating_sub(ids.len() as i64 + 1).max(0) as usize;
     let st = &state.ids;
     let kept = if state.truncate_left { &st[st.len().saturating_sub(room)..] } else { &st[..room.min(st.len())] };
@@ -188,7 +196,14 @@ pub fn build_row(
         options_distinct,
         tokens_per_option,
     };
-    Ok((Row { input_ids: ids, marker_pos, qtype: q.qtype }, stats))
+    let row = Row { input_ids: ids, marker_pos, qtype: q.qtype, layout: None };
+    let row = match layout {
+        OptionLayout::Sequential => row,
+        // Every row here kept all its markers, so laying out after the `max_len` cut is laya's
+        // "lay out, then cut both" (`parallel::with_parallel_layout`).
+        OptionLayout::Parallel => super::parallel::with_parallel_layout(row, head_len),
+    };
+    Ok((row, stats))
 }
 
 /// Why a row could not be built.
@@ -223,7 +238,7 @@ mod tests {
         for max_len in [i64::MIN, -1, 0, 512, i64::MAX] {
             for head_max_len in [i64::MIN, -1, 0, 192, i64::MAX] {
                 let limits = Limits { max_len, head_max_len };
-                match build_row(&tok, "q", &q, &state, limits, LayaVersion::V0_3_20) {
+                match build_row(&tok, "q", &q, &state, limits, LayaVersion::V0_3_20, OptionLayout::Sequential) {
                     Ok((row, _)) => assert!(max_len > 0 && row.input_ids.len() as i64 <= max_len, "{limits:?}"),
                     Err(LayoutError::Question(e)) => assert_eq!(e.kind, QuestionErrorKind::DoesNotFit, "{limits:?}"),
                     Err(e) => panic!("{limits:?}: {e}"),

@@ -8,6 +8,7 @@
 
 pub mod capacity;
 pub mod layout;
+pub mod parallel;
 pub mod pyrepr;
 pub mod question;
 pub mod render;
@@ -43,16 +44,17 @@ pub fn check_state(laya: LayaVersion, state: &Value) -> Result<(), String> {
 /// Validates every question of a request with laya 0.3.20's rules and lays out the valid ones,
 /// tokenizing the state once ([`prepare_as`]).
 pub fn prepare(tok: &Tokenizer, request: &Request, limits: Limits) -> Result<Vec<Prepared>, TokenizerError> {
-    prepare_as(LayaVersion::V0_3_20, tok, request, limits)
+    prepare_as(LayaVersion::V0_3_20, OptionLayout::Sequential, tok, request, limits)
 }
 
 /// Validates every question of a request with the rules of `laya`'s version and lays out the
-/// valid ones, tokenizing the state once.
+/// valid ones in the checkpoint's option `layout`, tokenizing the state once.
 ///
 /// An invalid question does not stop the others: it carries its error in its place. Only a
 /// tokenizer failure fails the request as a whole.
 pub fn prepare_as(
     laya: LayaVersion,
+    layout: OptionLayout,
     tok: &Tokenizer,
     request: &Request,
     limits: Limits,
@@ -69,7 +71,7 @@ pub fn prepare_as(
                     Some(s) => s,
                     None => layout::encode_state(tok, &request.state)?,
                 };
-                let row = layout::build_row(tok, &qid, &q, &encoded, limits, laya);
+                let row = layout::build_row(tok, &qid, &q, &encoded, limits, laya, layout);
                 state = Some(encoded);
                 match row {
                     Ok((row, stats)) => (Ok((q, row)), Some(stats)),

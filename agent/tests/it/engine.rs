@@ -27,7 +27,7 @@ fn marker(name: &str) -> String {
 }
 
 fn row(seed: u32) -> Row {
-    Row { input_ids: vec![1, 4, seed, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice }
+    Row { input_ids: vec![1, 4, seed, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice, layout: None }
 }
 
 fn fast_policy(deadline_ms: u64) -> Policy {
@@ -166,7 +166,15 @@ async fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_reply_names_who_answe
         ..EngineConfig::new(policy, worker("null", "-", Some("load-fail")))
     });
     let out = engine
-        .run(vec![Row { input_ids: vec![1, 50, 60, 2, 4, 70, 2], marker_pos: vec![4], qtype: QType::Noul }], None)
+        .run(
+            vec![Row {
+                input_ids: vec![1, 50, 60, 2, 4, 70, 2],
+                marker_pos: vec![4],
+                qtype: QType::Noul,
+                layout: None,
+            }],
+            None,
+        )
         .await;
     let out = out.expect("served by the fallback");
     assert_eq!((out.role, out.backend.as_str()), (Role::Fallback, "cpu"));
@@ -372,6 +380,7 @@ async fn a_worker_that_stops_reading_its_stdin_does_not_freeze_the_timers_or_the
         input_ids: (0..50_000).map(|i| 5 + i % 200).collect(),
         marker_pos: vec![1, 25_000],
         qtype: QType::Choice,
+        layout: None,
     };
     let e2 = engine.clone();
     let big_call = tokio::spawn({
@@ -465,7 +474,12 @@ fn null_probe() -> laya_edge::engine::probe::Probe {
 fn null_probe_of(n: u32) -> laya_edge::engine::probe::Probe {
     use laya_edge::backend::Backend;
     let rows: Vec<Row> = (0..n)
-        .map(|i| Row { input_ids: vec![1, 4, 300 + i, 9, 5, 2], marker_pos: vec![1, 3, 4], qtype: QType::Choice })
+        .map(|i| Row {
+            input_ids: vec![1, 4, 300 + i, 9, 5, 2],
+            marker_pos: vec![1, 3, 4],
+            qtype: QType::Choice,
+            layout: None,
+        })
         .collect();
     let refs: Vec<&Row> = rows.iter().collect();
     let expected = NullBackend::new(Vec::new()).expect("null").run(&refs).expect("run");
@@ -604,7 +618,7 @@ async fn queue_behind(engine: &Engine, rows: &[Row]) -> Vec<tokio::task::JoinHan
 
 /// A row holding the null backend's poison token.
 fn poison() -> Row {
-    Row { input_ids: vec![1, 4, 666, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice }
+    Row { input_ids: vec![1, 4, 666, 9, 2], marker_pos: vec![1, 3], qtype: QType::Choice, layout: None }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -156,7 +156,7 @@ fn qnn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
 async fn a_hung_or_failing_qnn_runtime_is_restarted_by_the_watchdog_and_a_recovered_restart_is_retried_in_place() {
     let lib = build_fake_library("fake-qnn", "fake_qnn");
     let bundle = fake_bundle("watchdog", "bpe-small");
-    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul, layout: None };
     let policy = Policy {
         fixed_deadline: Some(Duration::from_millis(3000)),
         load_allowance: Duration::ZERO,

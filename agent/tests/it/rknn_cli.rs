@@ -132,7 +132,7 @@ fn rknn_worker(bundle: &Path, lib: &Path, env: &[(&str, &str)]) -> WorkerSpec {
 async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
     let lib = fake_library();
     let bundle = bundle_dir("watchdog", "bpe-small");
-    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul, layout: None };
     let policy = Policy {
         fixed_deadline: Some(Duration::from_millis(1500)),
         load_allowance: Duration::ZERO,
@@ -166,7 +166,12 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
 async fn a_hang_in_one_of_three_contexts_is_caught_by_the_watchdog_and_a_fresh_worker_answers() {
     let lib = fake_library();
     let bundle = bundle_dir("watchdog3", "bpe-small");
-    let row = |n: u32| Row { input_ids: vec![1, 60 + n, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let row = |n: u32| Row {
+        input_ids: vec![1, 60 + n, 70, 2, 4, 80, 2],
+        marker_pos: vec![4],
+        qtype: QType::Noul,
+        layout: None,
+    };
     let policy = Policy {
         fixed_deadline: Some(Duration::from_millis(1500)),
         load_allowance: Duration::ZERO,
@@ -252,7 +257,7 @@ async fn a_constant_output_rknn_runtime_fails_every_workers_health_call_and_the_
     assert_eq!(engine_config.health.len(), 2);
     engine_config.primary.env.push((CONSTANT.0.into(), CONSTANT.1.into()));
     let engine = Engine::start(engine_config);
-    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let row = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul, layout: None };
     let result = engine.run(vec![row], None).await;
     assert!(matches!(&result, Err(EngineError::Unavailable(m)) if m.contains("constant output")), "{result:?}");
     let restarts = engine.restarts();
@@ -271,7 +276,7 @@ async fn a_constant_output_rknn_runtime_is_caught_on_a_new_workers_first_row_aft
         laya_edge::engine::supervisor::Policy::from_config(&config, false),
         rknn_worker(&bundle, &lib, &[CONSTANT]),
     ));
-    let first = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul };
+    let first = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul, layout: None };
     let other = Row { input_ids: vec![1, 61, 71, 2, 4, 81, 2], ..first.clone() };
     // Worker 1's first row: nothing to compare with yet, so it is answered.
     engine.run(vec![first], None).await.expect("the first row is answered");

@@ -67,7 +67,7 @@ fn answered_cases() -> impl Iterator<Item = &'static Case> {
 fn prepared_of(case: &Case) -> Vec<prompt::Prepared> {
     let b = bundle(&case.model);
     let request = request_of(case);
-    prompt::prepare_as(LAYA, &b.tokenizer, &request, laya_limits(&request, &b))
+    prompt::prepare_as(LAYA, b.config.option_layout, &b.tokenizer, &request, laya_limits(&request, &b))
         .unwrap_or_else(|e| panic!("{}: {e}", case.id))
 }
 
@@ -146,7 +146,7 @@ fn question_validation_gives_layas_0_4_15_verdicts_and_messages() {
 
 #[test]
 fn token_layouts_and_their_budget_figures_are_layas_0_4_15() {
-    let (mut rows, mut refused) = (0, 0);
+    let (mut rows, mut refused, mut parallel_rows) = (0, 0, 0);
     for case in answered_cases() {
         let layout = case.field("layout").as_object().expect("layout is an object");
         for p in prepared_of(case) {
@@ -171,6 +171,13 @@ fn token_layouts_and_their_budget_figures_are_layas_0_4_15() {
             let markers: Vec<i64> = row.marker_pos.iter().map(|&i| i64::from(i)).collect();
             assert_eq!(markers, ints(want.get("marker_pos").unwrap()), "{id}: marker_pos");
             assert_eq!(Some(row.qtype.index() as i64), want.get("qtype").and_then(Value::as_i64), "{id}");
+            // The parallel checkpoint's rows carry laya's position and option ids; no other does.
+            let layout = row.layout.as_ref().map(|l| (l.position_ids.clone(), l.option_ids.clone()));
+            let recorded =
+                want.get("position_ids").map(|p| (ints(p), ints(want.get("option_ids").expect("option_ids"))));
+            let as_i64 = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+            assert_eq!(layout.as_ref().map(|(p, o)| (as_i64(p), as_i64(o))), recorded, "{id}: parallel layout");
+            parallel_rows += usize::from(row.layout.is_some());
             let stats = p.stats.unwrap_or_else(|| panic!("{id}: no layout figures"));
             let state = want.get("state_stats").expect("state_stats");
             let n = |v: &Value, k: &str| v.get(k).and_then(Value::as_i64).unwrap_or_else(|| panic!("{id}: {k}"));
@@ -188,6 +195,8 @@ fn token_layouts_and_their_budget_figures_are_layas_0_4_15() {
         }
     }
     assert!(rows >= 1500 && refused >= 10, "compared {rows} rows and {refused} refusals");
+    // 139 rows of the parallel checkpoint in the fixtures.
+    assert!(parallel_rows >= 130, "only {parallel_rows} parallel rows");
 }
 
 #[test]

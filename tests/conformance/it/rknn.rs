@@ -20,6 +20,7 @@ use laya_edge::backend::cpu::CpuBackend;
 use laya_edge::backend::npu::rknn::{RknnBackend, RknnConfig, RknnError, RknnGraph, Status};
 use laya_edge::backend::{Backend, BackendError, RowResult};
 use laya_edge::pipeline;
+use laya_edge::prompt::parallel::ParallelLayout;
 use laya_edge::prompt::{QType, Row};
 use laya_topics::{Request, Value};
 
@@ -75,6 +76,7 @@ fn row(n: usize, k: usize, seed: u32) -> Row {
         input_ids: (0..n as u32).map(|i| 5 + (i * 7 + seed) % 200).collect(),
         marker_pos: (1..=k as u32).collect(),
         qtype: QType::Choice,
+        layout: None,
     }
 }
 
@@ -365,8 +367,14 @@ fn a_row_no_graph_holds_is_an_input_error() {
             other => panic!("expected an input error, got {other:?}"),
         }
     }
-    let empty = Row { input_ids: vec![], marker_pos: vec![], qtype: QType::Score };
+    let empty = Row { input_ids: vec![], marker_pos: vec![], qtype: QType::Score, layout: None };
     assert!(matches!(b.run(&[&empty]), Err(BackendError::Input(_))));
+    // A parallel row: the graph takes no position ids, so it would answer a different input.
+    let parallel = Row { layout: Some(ParallelLayout::sequential(10)), ..row(10, 2, 0) };
+    match b.run(&[&parallel]) {
+        Err(BackendError::Input(msg)) => assert!(msg.contains("parallel option layout"), "{msg}"),
+        other => panic!("expected an input error, got {other:?}"),
+    }
     // The backend still works afterwards.
     assert_eq!(b.run(&[&row(10, 2, 0)]).unwrap()[0].logits.len(), 2);
 }

@@ -114,6 +114,7 @@ fn sim_rows() -> Vec<SimRow> {
                 input_ids: inputs[0].1[..n].iter().map(|&t| t as u32).collect(),
                 marker_pos: inputs[2].1[..k].iter().map(|&p| p as u32).collect(),
                 qtype,
+                layout: None,
             };
             let request = r.get("request").and_then(Value::as_str).unwrap().to_owned();
             let qid = r.get("qid").and_then(Value::as_str).unwrap().to_owned();

@@ -242,7 +242,7 @@ impl Context {
             2 => QType::Noul,
             _ => return None,
         };
-        Some(Row { input_ids, marker_pos, qtype })
+        Some(Row { input_ids, marker_pos, qtype, layout: None })
     }
 }
 

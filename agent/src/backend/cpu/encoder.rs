@@ -6,6 +6,9 @@
 //! Each layer: `h += Wo(attn(norm(h)))` with no norm before layer 0's attention, fused `Wqkv`,
 //! rotary embeddings with the theta of the layer's type, then `h += Wo(act(a) * g)` where
 //! `a, g = Wi(norm(h)).chunk(2)`.
+//!
+//! RoPE rotates token `i` by position `i` (transformers' default `position_ids`), or, for rows
+//! with a parallel option layout, by each row's own position ids ([`Positions::PerRow`]).
 
 use candle_core::{D, Device, Module, Tensor};
 use candle_nn::LayerNorm;
@@ -52,18 +55,41 @@ impl Rope {
 
     /// `[L, head_dim / 2]` cos and sin tables for positions `0..l`.
     fn tables(&self, l: usize) -> Result<(Tensor, Tensor), ModelError> {
+        let (cos, sin) = self.angles((0..l).map(|pos| pos as f32), l);
         let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(l * half);
-        let mut sin = Vec::with_capacity(l * half);
-        for pos in 0..l {
+        Ok((Tensor::from_vec(cos, (l, half), &Device::Cpu)?, Tensor::from_vec(sin, (l, half), &Device::Cpu)?))
+    }
+
+    /// `[B, L, head_dim / 2]` cos and sin tables for each row's own positions (`[B * L]`).
+    fn tables_at(&self, positions: &[u32], b: usize, l: usize) -> Result<(Tensor, Tensor), ModelError> {
+        let (cos, sin) = self.angles(positions.iter().map(|&pos| pos as f32), b * l);
+        let half = self.inv_freq.len();
+        Ok((Tensor::from_vec(cos, (b, l, half), &Device::Cpu)?, Tensor::from_vec(sin, (b, l, half), &Device::Cpu)?))
+    }
+
+    /// cos and sin of `pos * inv_freq` for each position, as transformers computes them in f32.
+    fn angles(&self, positions: impl Iterator<Item = f32>, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for pos in positions {
             for &f in &self.inv_freq {
-                let angle = pos as f32 * f;
+                let angle = pos * f;
                 cos.push(angle.cos());
                 sin.push(angle.sin());
             }
         }
-        Ok((Tensor::from_vec(cos, (l, half), &Device::Cpu)?, Tensor::from_vec(sin, (l, half), &Device::Cpu)?))
+        (cos, sin)
     }
+}
+
+/// Where RoPE puts each token of a batch.
+#[derive(Debug, Clone, Copy)]
+pub enum Positions<'a> {
+    /// `0..L` for every row (the sequential layout).
+    Sequential,
+    /// Each row's own position ids, `[B * L]` row-major (a parallel layout, `prompt::parallel`).
+    PerRow(&'a [u32]),
 }
 
 /// The encoder's weights and configuration.
@@ -164,9 +190,31 @@ impl Encoder {
         sliding_bias: &Tensor,
         on_layer: &mut dyn FnMut(usize),
     ) -> Result<Tensor, ModelError> {
-        let (_, l, _) = embeds.dims3()?;
-        let (cos_g, sin_g) = self.rope_global.tables(l)?;
-        let (cos_l, sin_l) = self.rope_local.tables(l)?;
+        self.encode_at(embeds, global_bias, sliding_bias, Positions::Sequential, on_layer)
+    }
+
+    /// [`Encoder::encode_with`] with RoPE at the given positions: transformers' `position_ids`,
+    /// which laya 0.4.15 passes for the parallel layout.
+    pub fn encode_at(
+        &self,
+        embeds: &Tensor,
+        global_bias: &Tensor,
+        sliding_bias: &Tensor,
+        positions: Positions<'_>,
+        on_layer: &mut dyn FnMut(usize),
+    ) -> Result<Tensor, ModelError> {
+        let (b, l, _) = embeds.dims3()?;
+        let ((cos_g, sin_g), (cos_l, sin_l)) = match positions {
+            Positions::Sequential => (self.rope_global.tables(l)?, self.rope_local.tables(l)?),
+            Positions::PerRow(p) => {
+                if p.len() != b * l {
+                    return Err(
+                        candle_core::Error::Msg(format!("{} position ids for a [{b}, {l}] batch", p.len())).into()
+                    );
+                }
+                (self.rope_global.tables_at(p, b, l)?, self.rope_local.tables_at(p, b, l)?)
+            }
+        };
         let mut h = self.emb_norm.forward(&embeds.contiguous()?)?;
         for (n, layer) in self.layers.iter().enumerate() {
             let (bias, cos, sin) = match layer.kind {

@@ -18,7 +18,7 @@ pub mod weights;
 pub use config::EncoderConfig;
 pub use encoder::Encoder;
 pub use head::{Head, HeadOutput};
-pub use model::{CpuModel, ModelError, check_row};
+pub use model::{CpuModel, ModelError, check_row, refuse_layout};
 
 use std::path::Path;
 

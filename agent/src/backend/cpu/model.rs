@@ -1,16 +1,30 @@
 //! The CPU model itself: [`CpuModel`] loads a laya checkpoint and runs the encoder and the head
 //! over a batch of rows.
+//!
+//! A batch whose rows have no parallel option layout runs exactly as it always has (laya 0.3.20's
+//! sequential masks, RoPE at `0..L`). As soon as one row has a layout, the batch runs laya
+//! 0.4.15's parallel path: each row's own position ids and `parallel_option_masks`. A row without
+//! a layout in such a batch is given the layout laya gives a row without options (positions
+//! `0..len`, option 0), under which the parallel masks and positions are the sequential ones, so
+//! it gets the outputs it would get in a batch of its own kind (a test holds it to that). laya's
+//! `collate_items` refuses a batch that mixes the two only because it would have to invent the
+//! missing layouts; here each row keeps its own, and the engine's merged batches and health rows
+//! need no special case. The decision head is the same in both layouts (laya's head has no
+//! positional encoding and masks padding only).
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
+use super::encoder::Positions;
 use super::masks;
 use super::weights::{Expected, Weights};
 use super::{Encoder, EncoderConfig, Head, HeadOutput};
 
 use crate::bundle::{AgentConfig, BundleError};
 use crate::prompt::Row;
+use crate::prompt::parallel::ParallelLayout;
 
 /// Why the model could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +45,10 @@ pub enum ModelError {
     MarkerOutOfRange { row: usize, pos: u32, len: usize },
     #[error("row {row} is empty")]
     EmptyRow { row: usize },
+    #[error("row {row}: a parallel layout of {positions} position ids and {options} option ids for {len} tokens")]
+    LayoutLength { row: usize, positions: usize, options: usize, len: usize },
+    #[error("row {row} has a parallel option layout, which the {backend} backend does not run")]
+    LayoutUnsupported { row: usize, backend: &'static str },
 }
 
 impl ModelError {
@@ -38,13 +56,18 @@ impl ModelError {
     pub fn is_input(&self) -> bool {
         matches!(
             self,
-            ModelError::TokenOutOfRange { .. } | ModelError::MarkerOutOfRange { .. } | ModelError::EmptyRow { .. }
+            ModelError::TokenOutOfRange { .. }
+                | ModelError::MarkerOutOfRange { .. }
+                | ModelError::EmptyRow { .. }
+                | ModelError::LayoutLength { .. }
+                | ModelError::LayoutUnsupported { .. }
         )
     }
 }
 
-/// Checks row `r` before any stage runs it: not empty, every marker inside the row and, with
-/// `vocab`, every token inside the vocabulary. Every backend refuses the same rows the same way.
+/// Checks row `r` before any stage runs it: not empty, every marker inside the row, a parallel
+/// layout (if any) with one position id and one option id per token and, with `vocab`, every
+/// token inside the vocabulary. Every backend refuses the same rows the same way.
 pub fn check_row(r: usize, row: &Row, vocab: Option<usize>) -> Result<(), ModelError> {
     if row.input_ids.is_empty() {
         return Err(ModelError::EmptyRow { row: r });
@@ -57,7 +80,20 @@ pub fn check_row(r: usize, row: &Row, vocab: Option<usize>) -> Result<(), ModelE
     if let Some(&pos) = row.marker_pos.iter().find(|&&p| p as usize >= row.input_ids.len()) {
         return Err(ModelError::MarkerOutOfRange { row: r, pos, len: row.input_ids.len() });
     }
+    if let Some(layout) = &row.layout {
+        let (positions, options, len) = (layout.position_ids.len(), layout.option_ids.len(), row.input_ids.len());
+        if positions != len || options != len {
+            return Err(ModelError::LayoutLength { row: r, positions, options, len });
+        }
+    }
     Ok(())
+}
+
+/// Refuses row `r` if it has a parallel option layout: for the backends that run only the
+/// sequential one (the NPU graphs take no position ids, and their masks are built for it), which
+/// would otherwise answer it as a different input.
+pub fn refuse_layout(r: usize, row: &Row, backend: &'static str) -> Result<(), ModelError> {
+    if row.layout.is_some() { Err(ModelError::LayoutUnsupported { row: r, backend }) } else { Ok(()) }
 }
 
 /// The Laya model on the CPU.
@@ -133,12 +169,40 @@ impl CpuModel {
         }
         let dev = Device::Cpu;
         let ids = Tensor::from_vec(ids, (b, l), &dev)?;
-        let global = Tensor::from_vec(masks::attention_biases(&lengths, l, None), (b, 1, l, l), &dev)?;
         let window = Some(self.encoder.config.sliding_window());
-        let sliding = Tensor::from_vec(masks::attention_biases(&lengths, l, window), (b, 1, l, l), &dev)?;
+        let parallel = rows.iter().any(|r| r.layout.is_some());
+        let (global, sliding, positions) = if parallel {
+            // laya 0.4.15's parallel path: its own masks and RoPE at the position ids. A row of
+            // the batch without a layout runs as laya lays out a row without options: positions
+            // `0..len`, no option, which gives it the sequential biases and positions exactly.
+            let laid_out: Vec<Cow<'_, ParallelLayout>> = rows
+                .iter()
+                .map(|r| match &r.layout {
+                    Some(p) => Cow::Borrowed(p),
+                    None => Cow::Owned(ParallelLayout::sequential(r.input_ids.len())),
+                })
+                .collect();
+            let views: Vec<masks::LaidOut<'_>> = laid_out
+                .iter()
+                .map(|p| masks::LaidOut { position_ids: &p.position_ids, option_ids: &p.option_ids })
+                .collect();
+            // Padded with position 0, as laya's `collate_items`.
+            let mut positions = vec![0u32; b * l];
+            for (r, p) in laid_out.iter().enumerate() {
+                positions[r * l..r * l + p.position_ids.len()].copy_from_slice(&p.position_ids);
+            }
+            let global = masks::parallel_attention_biases(&views, l, None);
+            let sliding = masks::parallel_attention_biases(&views, l, window);
+            (global, sliding, Some(positions))
+        } else {
+            (masks::attention_biases(&lengths, l, None), masks::attention_biases(&lengths, l, window), None)
+        };
+        let global = Tensor::from_vec(global, (b, 1, l, l), &dev)?;
+        let sliding = Tensor::from_vec(sliding, (b, 1, l, l), &dev)?;
         let embeds = self.encoder.embed(&ids)?;
         let of = self.steps();
-        let hidden = self.encoder.encode_with(&embeds, &global, &sliding, &mut |layer| {
+        let positions = positions.as_deref().map_or(Positions::Sequential, Positions::PerRow);
+        let hidden = self.encoder.encode_at(&embeds, &global, &sliding, positions, &mut |layer| {
             progress(u32::try_from(layer).unwrap_or(u32::MAX).min(of - 1), of)
         })?;
         let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index() as u32).collect();

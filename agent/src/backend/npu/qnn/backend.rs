@@ -282,7 +282,9 @@ impl Backend for QnnBackend {
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let vocab = self.model.encoder.config.vocab_size;
         for (r, row) in rows.iter().enumerate() {
-            crate::backend::cpu::check_row(r, row, Some(vocab)).map_err(|e| BackendError::Input(e.to_string()))?;
+            crate::backend::cpu::check_row(r, row, Some(vocab))
+                .and_then(|()| crate::backend::cpu::refuse_layout(r, row, "qnn"))
+                .map_err(|e| BackendError::Input(e.to_string()))?;
         }
         if rows.len() == 1 {
             let hidden = self.encode(&rows[0].input_ids)?;

@@ -116,7 +116,9 @@ impl RknnBackend {
     fn session_for(&self, r: usize, row: &Row) -> Result<usize, BackendError> {
         let (n, k) = (row.input_ids.len(), row.marker_pos.len());
         // The graph itself has no vocabulary check to mirror: the ids go in as they are.
-        crate::backend::cpu::check_row(r, row, None).map_err(|e| BackendError::Input(e.to_string()))?;
+        crate::backend::cpu::check_row(r, row, None)
+            .and_then(|()| crate::backend::cpu::refuse_layout(r, row, "rknn"))
+            .map_err(|e| BackendError::Input(e.to_string()))?;
         let shapes: Vec<(usize, usize)> =
             self.lanes[0].iter().map(|s| (s.graph.seq_len, s.graph.marker_slots)).collect();
         choose_graph(&shapes, n, k).ok_or_else(|| {

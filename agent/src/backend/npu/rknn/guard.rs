@@ -41,7 +41,7 @@ mod tests {
     use crate::prompt::QType;
 
     fn row(ids: &[u32]) -> Row {
-        Row { input_ids: ids.to_vec(), marker_pos: vec![0], qtype: QType::Choice }
+        Row { input_ids: ids.to_vec(), marker_pos: vec![0], qtype: QType::Choice, layout: None }
     }
 
     #[test]

@@ -83,7 +83,7 @@ mod tests {
 
     #[test]
     fn padding_masks_everything_past_the_row() {
-        let row = Row { input_ids: vec![5, 6, 7], marker_pos: vec![1, 2], qtype: QType::Noul };
+        let row = Row { input_ids: vec![5, 6, 7], marker_pos: vec![1, 2], qtype: QType::Noul, layout: None };
         let mut p = Padded::new(5, 4);
         p.fill(&row, 99);
         assert_eq!(p.input_ids, [5, 6, 7, 99, 99]);
@@ -92,7 +92,7 @@ mod tests {
         assert_eq!(p.marker_mask, [1, 1, 0, 0]);
         assert_eq!(p.qtype, [2]);
         // Refilling with a shorter row leaves nothing of the previous one behind.
-        p.fill(&Row { input_ids: vec![8], marker_pos: vec![0], qtype: QType::Choice }, 99);
+        p.fill(&Row { input_ids: vec![8], marker_pos: vec![0], qtype: QType::Choice, layout: None }, 99);
         assert_eq!(p.input_ids, [8, 99, 99, 99, 99]);
         assert_eq!(p.marker_mask, [1, 0, 0, 0]);
         assert_eq!(p.qtype, [0]);
