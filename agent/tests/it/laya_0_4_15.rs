@@ -160,3 +160,15 @@ async fn an_agent_serving_laya_0_3_20_refuses_min_confidence_instead_of_ignoring
     let message = error.get("message").and_then(Value::as_str).unwrap();
     assert!(message.contains("laya = \"0.4.15\""), "{message}");
 }
+
+#[test]
+fn bundle_refuses_npu_graphs_for_a_parallel_checkpoint_before_copying_anything() {
+    let ckpt = test_kit::model_dir_0415("bpe-t5-parallel");
+    let out = temp_dir("bundle-parallel").join("b");
+    for flag in ["--rknn", "--qnn"] {
+        let args = ["bundle", "--checkpoint", ckpt.to_str().unwrap(), "--out", out.to_str().unwrap(), flag, "g.bin"];
+        let (_, err, ok) = run_cli(&args.map(std::ffi::OsStr::new), &[], "");
+        assert!(!ok && err.contains("option_layout 'parallel'") && err.contains("no position ids"), "{flag}: {err}");
+        assert!(!out.exists(), "{flag}: {} was written", out.display());
+    }
+}
