@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use laya_edge::cli::{ask, bundle, check, check_config, fleet, layout, predict, probe, serve, worker};
 
 #[derive(Parser)]
-#[command(name = "laya-edge", version, about = "Laya typed decisions on edge NPUs")]
+#[command(name = "laya-edge", version = laya_edge::cli::version(), about = "Laya typed decisions on edge NPUs")]
 struct Cli {
     /// What to log, as a RUST_LOG-style filter (`debug`, `laya_edge::engine=debug,info`);
     /// overrides `[log] level`, LAYA_LOG and RUST_LOG.
@@ -66,20 +66,22 @@ fn main() -> ExitCode {
     });
     let filter = config.as_ref().ok().map(|c| c.log.level.as_str()).or(cli.log.as_deref());
     laya_edge::platform::logging::init(filter);
+    let done = |r: Result<(), String>| r.map(|()| ExitCode::SUCCESS);
     let result = config.and_then(|config| match cli.command {
-        Command::Layout(args) => layout::run(args),
-        Command::Predict(_) => predict::run(config),
-        Command::Serve(args) => serve::run(args, config),
-        Command::CheckConfig(args) => check_config::run(args, config),
-        Command::Ask(args) => ask::run(args),
-        Command::Worker(args) => worker::run(args, config),
-        Command::Bundle(args) => bundle::run(args),
-        Command::Check(args) => check::run(args),
-        Command::Probe(_) => probe::run(config),
-        Command::Fleet(args) => fleet::run(args),
+        // `ask` says with its exit status how the question went (ask::ExitStatus).
+        Command::Ask(args) => ask::run(args).map(ExitCode::from),
+        Command::Layout(args) => done(layout::run(args)),
+        Command::Predict(_) => done(predict::run(config)),
+        Command::Serve(args) => done(serve::run(args, config)),
+        Command::CheckConfig(args) => done(check_config::run(args, config)),
+        Command::Worker(args) => done(worker::run(args, config)),
+        Command::Bundle(args) => done(bundle::run(args)),
+        Command::Check(args) => done(check::run(args)),
+        Command::Probe(_) => done(probe::run(config)),
+        Command::Fleet(args) => done(fleet::run(args)),
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::FAILURE

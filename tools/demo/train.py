@@ -33,6 +33,46 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
 
+SEED = 19
+SPEC = dict(vocab=1600, hidden=64, layers=2, heads=4, intermediate=128, every_n=3, local_attention=128,
+            global_theta=160000.0, local_theta=10000.0, bias=False, initializer_range=0.1)
+RL = dict(encoder="answerdotai/ModernBERT-base", head_layers=1, max_len=256, head_max_len=160, act_costs={"ask": 0.1})
+
+
+def arg_parser():
+    ap = argparse.ArgumentParser()
+    # No defaults that point at tracked files: the shipped model is rebuilt with
+    # `--out models/demo --metrics tools/demo/metrics.json` said out loud (tools/demo/README.md).
+    ap.add_argument("--out", required=True, help="the checkpoint directory to write (replaced if it exists)")
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help="seed of the tokenizer corpus, the data, the initial weights and the order (%d made models/demo)" % SEED)
+    ap.add_argument("--train-requests", type=int, default=6000)
+    ap.add_argument("--val-requests", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--batch", type=int, default=24)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="stop after this many steps of the --steps schedule (what a STOP file in --out did)")
+    ap.add_argument("--aux-weight", type=float, default=0.5)
+    ap.add_argument("--facts-weight", type=float, default=1.0)
+    ap.add_argument("--no-question-probe", dest="question_probe", action="store_false")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads; on the 2-core machine shared with Rust builds one thread ran a step "
+                         "about 4x faster than two (the second thread mostly waited for the first)")
+    ap.add_argument("--kinds", default="", help="comma-separated question kinds (tickets.KINDS); default all")
+    ap.add_argument("--hidden", type=int, default=SPEC["hidden"])
+    ap.add_argument("--layers", type=int, default=SPEC["layers"])
+    ap.add_argument("--heads", type=int, default=SPEC["heads"])
+    ap.add_argument("--intermediate", type=int, default=SPEC["intermediate"])
+    ap.add_argument("--init-range", type=float, default=SPEC["initializer_range"])
+    ap.add_argument("--metrics", default=None, help="where to write the training metrics (default: OUT/../metrics-<name>.json beside OUT)")
+    return ap
+
+
+# Parsed before the imports below, so a usage mistake (no --out) is said without torch and laya
+# installed and before anything is written.
+ARGS = arg_parser().parse_args() if __name__ == "__main__" else None
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -44,10 +84,6 @@ import tickets  # noqa: E402
 
 torch.use_deterministic_algorithms(False)
 
-SEED = 19
-SPEC = dict(vocab=1600, hidden=64, layers=2, heads=4, intermediate=128, every_n=3, local_attention=128,
-            global_theta=160000.0, local_theta=10000.0, bias=False, initializer_range=0.1)
-RL = dict(encoder="answerdotai/ModernBERT-base", head_layers=1, max_len=256, head_max_len=160, act_costs={"ask": 0.1})
 
 
 def corpus(rng, n):
@@ -240,41 +276,23 @@ def accuracy(logits, rows):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="models/demo")
-    ap.add_argument("--train-requests", type=int, default=6000)
-    ap.add_argument("--val-requests", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch", type=int, default=24)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--stop-at", type=int, default=0,
-                    help="stop after this many steps of the --steps schedule (what a STOP file in --out did)")
-    ap.add_argument("--aux-weight", type=float, default=0.5)
-    ap.add_argument("--facts-weight", type=float, default=1.0)
-    ap.add_argument("--no-question-probe", dest="question_probe", action="store_false")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads; on the 2-core machine shared with Rust builds one thread ran a step "
-                         "about 4x faster than two (the second thread mostly waited for the first)")
-    ap.add_argument("--kinds", default="", help="comma-separated question kinds (tickets.KINDS); default all")
-    ap.add_argument("--hidden", type=int, default=SPEC["hidden"])
-    ap.add_argument("--layers", type=int, default=SPEC["layers"])
-    ap.add_argument("--heads", type=int, default=SPEC["heads"])
-    ap.add_argument("--intermediate", type=int, default=SPEC["intermediate"])
-    ap.add_argument("--init-range", type=float, default=SPEC["initializer_range"])
-    ap.add_argument("--metrics", default=os.path.join(HERE, "metrics.json"))
-    args = ap.parse_args()
+    args = ARGS
+    if args.metrics is None:
+        out_dir = os.path.abspath(args.out)
+        args.metrics = os.path.join(os.path.dirname(out_dir), "metrics-%s.json" % os.path.basename(out_dir))
+    seed = args.seed
     torch.set_num_threads(args.threads)
     started = time.time()
-    random.seed(SEED)
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
     out = args.out
     if os.path.exists(out):
         shutil.rmtree(out)
     tok_dir = os.path.join(out, "tokenizer")
     os.makedirs(tok_dir)
-    tk = fixtures.train_bpe(corpus(random.Random(SEED), 6000), SPEC["vocab"])
+    tk = fixtures.train_bpe(corpus(random.Random(seed), 6000), SPEC["vocab"])
     fixtures.save_tokenizer(tk, tok_dir)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -294,12 +312,12 @@ def main():
 
     # train and validation requests come from different seeds; the committed test set from a third
     kinds = [k for k in args.kinds.split(",") if k] or None
-    train_rows = dataset(tok, SEED + 1, args.train_requests, kinds)
-    val_rows = dataset(tok, SEED + 2, args.val_requests, kinds)
+    train_rows = dataset(tok, seed + 1, args.train_requests, kinds)
+    val_rows = dataset(tok, seed + 2, args.val_requests, kinds)
     print("rows: train %d, val %d, longest %d tokens (%.0fs)" % (len(train_rows), len(val_rows),
                                                          max(len(r["ids"]) for r in train_rows), time.time() - started), file=sys.stderr)
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = lc.build_model(RL, encoder_dir=enc_dir, pretrained=False)
     act_init = {k: v.clone() for k, v in model.act_head.state_dict().items()}
     captured = {}
@@ -312,7 +330,7 @@ def main():
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
-    rng = random.Random(SEED + 3)
+    rng = random.Random(seed + 3)
     step, plan, running, running_aux, running_facts = 0, [], None, None, 0.0
     stop_at = args.stop_at or args.steps
     stop_file = os.path.join(out, "STOP")
@@ -358,7 +376,7 @@ def main():
     from safetensors.torch import save_file
     save_file(sd, os.path.join(out, "model.safetensors"))
 
-    metrics = {"seed": SEED, "steps": args.steps, "steps_done": step, "batch": args.batch, "lr": args.lr, "aux_weight": args.aux_weight,
+    metrics = {"seed": seed, "steps": args.steps, "steps_done": step, "batch": args.batch, "lr": args.lr, "aux_weight": args.aux_weight,
                "facts_weight": args.facts_weight, "question_probe": args.question_probe, "kinds": kinds or "all",
                "threads": args.threads, "encoder": {k: SPEC[k] for k in ("hidden", "layers", "heads", "intermediate",
                                                                           "initializer_range")},

@@ -29,7 +29,9 @@ pub const CALIBRATION: &str = "calibration.json";
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
-    #[error("model directory {0} does not exist")]
+    #[error(
+        "model directory {0} does not exist: name one with --model DIR (or model.dir in the configuration); `laya-edge serve --demo` serves the bundled demo model"
+    )]
     NoDirectory(PathBuf),
     #[error(
         "incompatible model: {0} does not contain 'rl_agent_config.json'; that file ships with the weights of a Laya checkpoint"

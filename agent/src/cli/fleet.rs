@@ -16,22 +16,25 @@ use laya_topics::wire::Encoding;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The broker, `mqtt://host:port` (`serve --demo` prints its own).
     #[arg(long, default_value = "mqtt://localhost:1883")]
     broker: String,
+    /// The topic prefix the devices use (`mqtt.prefix`).
     #[arg(long, default_value = laya_topics::topic::DEFAULT_PREFIX)]
     prefix: String,
     /// Only the devices of this fleet (`mqtt.fleet` in their configuration).
     #[arg(long)]
     fleet: Option<String>,
-    /// Print one snapshot after listening for `--window-s` seconds, then exit.
+    /// Print one snapshot once every online device has sent its telemetry (its figures), at most
+    /// `--window-s` seconds after connecting, then exit.
     #[arg(long)]
     once: bool,
     /// Print JSON (`{"devices": [...]}`, one document per refresh) instead of a table.
     #[arg(long)]
     json: bool,
-    /// How long `--once` listens before printing (retained statuses arrive at once, telemetry
-    /// every `telemetry_interval_s`).
-    #[arg(long, default_value_t = 5)]
+    /// The most `--once` listens before printing (retained statuses arrive at once, telemetry
+    /// every `telemetry_interval_s`: 60 s by default, 2 s in `serve --demo`).
+    #[arg(long, default_value_t = 10)]
     window_s: u64,
     /// Seconds between redraws of the live view.
     #[arg(long, default_value_t = 1)]
@@ -88,6 +91,11 @@ async fn watch(args: Args) -> Result<(), String> {
                     let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
                     let doc = Encoding::detect(ct.as_deref(), &p.payload).decode(&p.payload, 32).ok();
                     fleet.handle(Instant::now(), &topic, doc.as_ref());
+                    if args.once && !fleet.awaiting_telemetry() {
+                        print(&fleet, &args, false);
+                        let _ = client.disconnect().await;
+                        return Ok(());
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => {

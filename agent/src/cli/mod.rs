@@ -48,6 +48,30 @@ pub struct BackendArgs {
     laya: Option<LayaVersion>,
 }
 
+/// `laya-edge --version`: the version, the git commit it was built from (when built from git),
+/// the cargo features built in and the laya semantics served.
+pub fn version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let features: Vec<&str> =
+            [("demo", cfg!(feature = "demo")), ("qnn", cfg!(feature = "qnn")), ("rknn", cfg!(feature = "rknn"))]
+                .into_iter()
+                .filter_map(|(name, on)| on.then_some(name))
+                .collect();
+        let commit = option_env!("LAYA_EDGE_COMMIT").unwrap_or("unknown (not built from git)");
+        let laya: Vec<String> = LayaVersion::ALL
+            .iter()
+            .map(|v| if *v == LayaVersion::default() { format!("{v} (default)") } else { v.to_string() })
+            .collect();
+        let features = if features.is_empty() { "none".to_owned() } else { features.join(", ") };
+        format!(
+            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}",
+            env!("CARGO_PKG_VERSION"),
+            laya.join(", ")
+        )
+    })
+}
+
 /// `--laya`: a [`LayaVersion`] name.
 pub fn laya_version(s: &str) -> Result<LayaVersion, String> {
     s.parse().map_err(|_| {

@@ -41,6 +41,9 @@ pub struct Args {
     /// print the answers, keep serving.
     #[arg(long)]
     demo: bool,
+    /// The demo broker's port (default: a free one); only with --demo.
+    #[arg(long, requires = "demo")]
+    port: Option<u16>,
 }
 
 impl Args {
@@ -68,26 +71,67 @@ impl Args {
     }
 }
 
-/// The demo model bundled in the repository (a toy trained on synthetic support tickets:
-/// tools/demo/README.md).
-fn demo_model() -> PathBuf {
-    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
-    if built_in.is_dir() { built_in } else { PathBuf::from("models/demo") }
+/// Where the demo model (a toy trained on synthetic support tickets: tools/demo/README.md) may
+/// be, in order: where an install puts it (beside the binary, `../share/laya-edge/demo` from its
+/// directory, `/usr/share/laya-edge/demo`, which the Yocto recipe's `demo` package config
+/// installs), then the checkout this binary was built from, then `./models/demo`.
+pub fn demo_model_candidates() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(bin) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        out.push(bin.join("models").join("demo"));
+        out.push(bin.join("..").join("share").join("laya-edge").join("demo"));
+    }
+    out.push(PathBuf::from("/usr/share/laya-edge/demo"));
+    out.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo"));
+    out.push(PathBuf::from("models/demo"));
+    out
+}
+
+/// The first demo model directory found, or where it was looked for.
+fn demo_model() -> Result<PathBuf, String> {
+    let candidates = demo_model_candidates();
+    match candidates.iter().find(|c| c.join("rl_agent_config.json").is_file()) {
+        Some(found) => Ok(std::fs::canonicalize(found).unwrap_or_else(|_| found.clone())),
+        None => {
+            let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+            Err(format!("the demo model was not found; looked in {} (or give --model DIR)", looked.join(", ")))
+        }
+    }
 }
 
 /// The demo's in-process broker, in a build with the `demo` feature.
 #[cfg(feature = "demo")]
-fn start_demo_broker() -> Result<u16, String> {
-    service::demo::start_broker()
+fn start_demo_broker(port: Option<u16>) -> Result<u16, String> {
+    service::demo::start_broker(port)
 }
 
 /// A build without the `demo` feature (a board's) has no broker of its own.
 #[cfg(not(feature = "demo"))]
-fn start_demo_broker() -> Result<u16, String> {
+fn start_demo_broker(_: Option<u16>) -> Result<u16, String> {
     Err("--demo needs the in-process broker, which this build leaves out (cargo feature `demo`); run `cargo run -- serve --demo` from a checkout, or serve against a broker with --broker".into())
 }
 
 const DEMO_REQUESTS: &str = include_str!("../../../config/demo-requests.jsonl");
+
+/// The demo's telemetry interval (a board's default is 60 s).
+const DEMO_TELEMETRY_S: u64 = 2;
+
+/// How to ask the demo yourself, ready to paste: `laya-edge ask` and `mosquitto_rr` lines for
+/// the first example question.
+fn ask_yourself(config: &Config) -> String {
+    let request = DEMO_REQUESTS.lines().find(|l| !l.trim().is_empty()).unwrap_or("{}");
+    let quoted = format!("'{}'", request.replace('\'', "'\\''"));
+    let exe = std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| "laya-edge".into());
+    let (host, port) = match service::connection::parse_broker(&config.mqtt.broker) {
+        Ok((h, p, _)) => (h, p),
+        Err(_) => ("127.0.0.1".into(), 1883),
+    };
+    let (prefix, device) = (&config.mqtt.prefix, &config.mqtt.device);
+    format!(
+        "ask it yourself:\n  {exe} ask --broker {} --device {device} {quoted}\n  mosquitto_rr -h {host} -p {port} -V 5 -t {prefix}/{device}/ask -e {prefix}/reply/me/1 -m {quoted}\nwatch it: {exe} fleet --broker {} --once",
+        config.mqtt.broker, config.mqtt.broker
+    )
+}
 
 /// The service's runtime: one thread. Its work is I/O and short host steps (the model runs in the
 /// worker process, large requests are tokenized in the blocking pool), and on two cores every
@@ -111,20 +155,31 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     if args.demo {
         // It waits (up to 2 s) for the broker to listen: not on the runtime's only thread.
-        let port = tokio::task::spawn_blocking(start_demo_broker).await.map_err(|e| e.to_string())??;
+        if args.model.is_none() {
+            config.model.dir = demo_model()?;
+        }
+        let wanted = args.port;
+        let port =
+            tokio::task::spawn_blocking(move || start_demo_broker(wanted)).await.map_err(|e| e.to_string())??;
         if args.broker.is_none() {
             config.mqtt.broker = format!("mqtt://127.0.0.1:{port}");
         }
         if args.device.is_none() {
             config.mqtt.device = "demo".into();
         }
-        if args.model.is_none() {
-            config.model.dir = demo_model();
-        }
         if args.backend.is_none() {
             config.engine.backend = BackendKind::Cpu;
         }
-        println!("demo broker on mqtt://127.0.0.1:{port}, device \"demo\", model {}", config.model.dir.display());
+        // Figures for `fleet` within seconds, not the board's minute.
+        if config.mqtt.telemetry_interval_s == crate::config::Mqtt::default().telemetry_interval_s {
+            config.mqtt.telemetry_interval_s = DEMO_TELEMETRY_S;
+        }
+        println!(
+            "demo broker on {}, device \"{}\", model {}",
+            config.mqtt.broker,
+            config.mqtt.device,
+            config.model.dir.display()
+        );
     }
     let (bundle, engine_config) = match prepare(&config) {
         Ok(ready) => ready,
@@ -190,6 +245,7 @@ fn reload_on_sighup(
                     config.mqtt.device = started_with.mqtt.device.clone();
                     config.model.dir = started_with.model.dir.clone();
                     config.engine.backend = started_with.engine.backend;
+                    config.mqtt.telemetry_interval_s = started_with.mqtt.telemetry_interval_s;
                 }
                 let (bundle, engine) = prepare(&config)?;
                 Ok::<_, String>(service::Reload::Candidate {
@@ -222,6 +278,7 @@ fn ask_demo_questions(config: &Config) -> Result<(), String> {
         fleet: None,
     };
     let (broker, device) = (config.mqtt.broker.clone(), config.mqtt.device.clone());
+    let how = ask_yourself(config);
     tokio::spawn(async move {
         // Ask only once the agent is subscribed: on a fresh broker an early question has no
         // listener yet.
@@ -241,7 +298,7 @@ fn ask_demo_questions(config: &Config) -> Result<(), String> {
                 Err(e) => tracing::error!(question = i, error = %e, "demo question failed"),
             }
         }
-        println!("demo: answered the example questions; still serving (Ctrl-C to stop)");
+        println!("demo: answered the example questions; still serving (Ctrl-C to stop)\n{how}");
     });
     Ok(())
 }

@@ -20,8 +20,10 @@ use laya_topics::wire::Encoding;
 /// Why asking failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
-    #[error("no reply within {0:?}")]
-    Timeout(Duration),
+    /// No reply in time; `last_status` is the device's retained status as last seen (none: no
+    /// status at all, which is what a misnamed device or a wrong prefix looks like).
+    #[error("{}", timeout_message(*.after, .last_status.as_ref()))]
+    Timeout { after: Duration, last_status: Option<Value> },
     #[error("broker: {0}")]
     Connection(String),
     #[error("the reply could not be decoded: {0}")]
@@ -30,6 +32,18 @@ pub enum AskError {
     Topic(#[from] laya_topics::topic::TopicError),
     #[error("no random bytes for the correlation data")]
     Random,
+}
+
+fn timeout_message(after: Duration, last_status: Option<&Value>) -> String {
+    match last_status {
+        None => format!(
+            "no reply within {after:?}, and no status from the device either: is it named right (--device, --prefix) and online?"
+        ),
+        Some(s) => format!(
+            "no reply within {after:?}; the device's last status: {}",
+            laya_topics::json::to_string(s, laya_topics::json::Style::COMPACT)
+        ),
+    }
 }
 
 /// `n` random bytes from the operating system, as lowercase hex.
@@ -69,6 +83,13 @@ pub async fn ask(
         (None, Some(f)) => target.schema.fleet_ask(f)?,
         (None, None) => return Err(AskError::Connection("name a device or a fleet".into())),
     };
+    // The device's retained status, to say on a timeout what was last known of it.
+    let status_topic = match &target.device {
+        Some(d) => Some(target.schema.topic(d, Channel::Status)?.to_string()),
+        None => None,
+    };
+    let last_status = std::sync::Mutex::new(None::<Value>);
+    let mut pending_subacks = if status_topic.is_some() { 2 } else { 1 };
     let (client, mut eventloop) = AsyncClient::new(options, 16);
     let work = async {
         let mut sent = false;
@@ -76,12 +97,28 @@ pub async fn ask(
             let event = eventloop.poll().await.map_err(|e| AskError::Connection(e.to_string()))?;
             match event {
                 Event::Incoming(Packet::ConnAck(_)) => {
+                    if let Some(t) = &status_topic {
+                        client
+                            .subscribe(t.clone(), QoS::AtMostOnce)
+                            .await
+                            .map_err(|e| AskError::Connection(e.to_string()))?;
+                    }
                     client
                         .subscribe(reply_topic.clone(), QoS::AtLeastOnce)
                         .await
                         .map_err(|e| AskError::Connection(e.to_string()))?;
                 }
-                Event::Incoming(Packet::SubAck(_)) if !sent => {
+                Event::Incoming(Packet::Publish(p))
+                    if status_topic.as_deref().is_some_and(|t| p.topic.as_ref() == t.as_bytes()) =>
+                {
+                    if let Ok(v) = Encoding::Json.decode(&p.payload, 8)
+                        && let Ok(mut last) = last_status.lock()
+                    {
+                        *last = Some(v);
+                    }
+                }
+                // The reply topic's SUBACK: subscribed last, so the status topic's came first.
+                Event::Incoming(Packet::SubAck(_)) if !sent && sub_acks_left(&mut pending_subacks) => {
                     sent = true;
                     let props = PublishProperties {
                         response_topic: Some(reply_topic.clone()),
@@ -117,7 +154,19 @@ pub async fn ask(
             }
         }
     };
-    tokio::time::timeout(timeout, work).await.map_err(|_| AskError::Timeout(timeout))?
+    match tokio::time::timeout(timeout, work).await {
+        Ok(result) => result,
+        Err(_) => {
+            let last_status = last_status.lock().ok().and_then(|mut s| s.take());
+            Err(AskError::Timeout { after: timeout, last_status })
+        }
+    }
+}
+
+/// Counts one SUBACK down; true when it was the last one awaited.
+fn sub_acks_left(pending: &mut u32) -> bool {
+    *pending = pending.saturating_sub(1);
+    *pending == 0
 }
 
 /// Waits until `device`'s retained status says `online` (so a question sent now is heard).
@@ -150,5 +199,5 @@ pub async fn wait_online(
             }
         }
     };
-    tokio::time::timeout(timeout, work).await.map_err(|_| AskError::Timeout(timeout))?
+    tokio::time::timeout(timeout, work).await.map_err(|_| AskError::Timeout { after: timeout, last_status: None })?
 }

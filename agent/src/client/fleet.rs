@@ -149,6 +149,13 @@ impl Fleet {
         }
     }
 
+    /// Whether a device is online by its status but has sent no telemetry yet (what `fleet
+    /// --once` waits for: its figures); false with no device at all.
+    pub fn awaiting_telemetry(&self) -> bool {
+        self.devices.is_empty()
+            || self.devices.values().any(|d| d.status.as_ref().is_some_and(|s| s.online) && d.telemetry_at.is_none())
+    }
+
     fn health(d: &Device, now: Instant) -> Health {
         let Some(status) = &d.status else { return Health::Unknown };
         if !status.online {

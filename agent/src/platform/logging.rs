@@ -13,6 +13,10 @@
 //! level word or colours, since the journal adds its own; elsewhere lines are human-readable with
 //! a timestamp and the level.
 //!
+//! The demo's in-process broker (rumqttd) logs its own connections, at `ERROR` for a client that
+//! closed before its CONNECT (the demo's own port probe does that): its lines are left out unless
+//! the filter names it or asks for `debug` or `trace`.
+//!
 //! A worker's stderr is a pipe its agent reads: the agent starts it with [`PRIORITY_VAR`] set, so
 //! the worker writes priority-prefixed lines, and logs each line again under the target
 //! [`WORKER_TARGET`] at that line's level with the worker's pid and role ([`worker_line`]). The
@@ -92,6 +96,10 @@ pub fn init(directive: Option<&str>) {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,
     };
+    let filter = match quiet_broker(wanted.as_deref()).then(|| "rumqttd=off".parse()) {
+        Some(Ok(d)) => filter.add_directive(d),
+        _ => filter,
+    };
     let journal = std::env::var_os("JOURNAL_STREAM").is_some() || std::env::var_os(PRIORITY_VAR).is_some();
     let colour = !journal && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
@@ -109,9 +117,26 @@ pub fn init(directive: Option<&str>) {
     }
 }
 
+/// Whether the demo broker's lines are left out under `filter`: unless it names the broker or
+/// asks for debug or trace.
+fn quiet_broker(filter: Option<&str>) -> bool {
+    let f = filter.unwrap_or("").to_ascii_lowercase();
+    !(f.contains("rumqttd") || f.contains("debug") || f.contains("trace"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_demo_brokers_lines_are_left_out_unless_asked_for() {
+        assert!(quiet_broker(None));
+        assert!(quiet_broker(Some("info")));
+        assert!(quiet_broker(Some("laya_edge::engine=warn,info")));
+        assert!(!quiet_broker(Some("debug")));
+        assert!(!quiet_broker(Some("rumqttd=info")));
+        assert!(!quiet_broker(Some("laya_edge=TRACE")));
+    }
 
     #[test]
     fn a_worker_line_keeps_its_level_and_an_unprefixed_line_is_info() {

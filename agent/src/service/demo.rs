@@ -3,10 +3,20 @@
 
 use std::net::TcpListener;
 
-/// Starts rumqttd on a free loopback port in a background thread; returns the port.
-pub fn start_broker() -> Result<u16, String> {
-    let port =
-        TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| format!("no free port: {e}"))?.port();
+/// Starts rumqttd on loopback, on `port` or a free one, in a background thread; returns the port.
+pub fn start_broker(port: Option<u16>) -> Result<u16, String> {
+    let port = match port {
+        Some(p) => {
+            // Said here rather than by the broker thread, which would only log it.
+            TcpListener::bind(("127.0.0.1", p))
+                .map_err(|e| format!("the demo broker cannot listen on port {p}: {e}"))?;
+            p
+        }
+        None => TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?
+            .port(),
+    };
     let text = format!(
         r#"
 id = 0

@@ -244,12 +244,15 @@ pub async fn run(
     // A reload's candidate being health-checked beside the serving engine, and its verdict.
     let (verdict_tx, mut verdicts) = mpsc::unbounded_channel::<(Box<Config>, Arc<Serving>, Result<(), String>)>();
     tokio::pin!(shutdown);
+    // Whether the broker connection is up now (the shutdown says goodbye only over one).
+    let mut connected = false;
     loop {
         alive.beat(Part::Loop);
         tokio::select! {
             _ = &mut shutdown => break,
             msg = net_rx.recv() => match msg {
                 Some(Net::Connected { session_present }) => {
+                    connected = true;
                     tracing::info!(broker = %config.mqtt.broker, session_present, "connected to the broker");
                     if !session_present {
                         outbox.push(Item::Subscribe(ask_topic.clone()));
@@ -272,6 +275,7 @@ pub async fn run(
                 // Not acknowledged while stopping: the broker delivers it again later.
                 Some(Net::Question(p)) if !flow.stopping() => handler.arrived(p, Instant::now(), &waiting_tx),
                 Some(Net::Question(_)) => {}
+                Some(Net::Lost) => connected = false,
                 Some(Net::Closed) | None => break,
             },
             // After a burst, once nothing is in progress: freed heap back to the kernel.
@@ -348,6 +352,8 @@ pub async fn run(
     // own bound, so the liveness watch ends here.
     alive.stop();
     notifier.stopping();
+    let in_progress = config.limits.queue.saturating_sub(handler.places.available_permits());
+    tracing::info!(in_progress, connected, "stopping");
     let outbox_done = outbox.close();
     flow.stop();
     // Questions still arriving are left unacknowledged; the poller must never wait for room.
@@ -362,6 +368,12 @@ pub async fn run(
     // neither answered nor acknowledged.
     if !handler.gate.close(Duration::from_secs(5)).await {
         tracing::warn!("a reply was still being handed to the client at shutdown");
+    }
+    if !connected {
+        // Nothing can be sent: the broker's Last Will says `offline` for us.
+        tracing::info!("not connected to the broker: stopped without a goodbye (the Last Will says offline)");
+        poller.abort();
+        return Ok(());
     }
     // What the outbox was sending goes before `offline`.
     let _ = tokio::time::timeout(Duration::from_secs(5), outbox_done).await;

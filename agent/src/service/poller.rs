@@ -27,6 +27,8 @@ pub enum Net {
     TakenOver {
         named: bool,
     },
+    /// The connection was lost (it is being retried).
+    Lost,
     /// The broker closed the connection after our DISCONNECT.
     Closed,
 }
@@ -106,6 +108,9 @@ pub fn spawn(
                     loss
                 }
             };
+            if net_tx.send(Net::Lost).is_err() {
+                break;
+            }
             let taken_before = link.takeovers;
             let wait = link.lost(&loss, Instant::now());
             if link.takeovers > taken_before {
