@@ -124,9 +124,11 @@ pub fn apply(temperatures: &mut Temperatures, payload: &Value) -> Result<(), Tem
         return Err(refuse(format!("calibration JSON must be an object, got {}", payload.python_type_name())));
     }
     check_version(payload.get("version"))?;
-    let temps = match payload.get("temperature") {
-        Some(Value::Array(items)) if items.len() == 3 => items,
-        _ => return Err(refuse("calibration JSON must contain temperature: [3 floats]".into())),
+    let Some(Value::Array(temps)) = payload.get("temperature") else {
+        return Err(refuse("calibration JSON must contain temperature: [3 floats]".into()));
+    };
+    let [a, b, c] = temps.as_slice() else {
+        return Err(refuse("calibration JSON must contain temperature: [3 floats]".into()));
     };
     let by_options = match payload.get("temperature_by_options") {
         None | Some(Value::Null) => IndexMap::new(),
@@ -150,7 +152,6 @@ pub fn apply(temperatures: &mut Temperatures, payload: &Value) -> Result<(), Tem
             )));
         }
     };
-    let [a, b, c] = temps.as_slice() else { unreachable!("checked: three temperatures") };
     temperatures.base = TemperatureTable {
         per_type: [clamp_temperature_as(laya, a), clamp_temperature_as(laya, b), clamp_temperature_as(laya, c)],
         by_options,
