@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
-use crate::support::{Case, bundle, cases, f32s, fixtures_dir, ints, laya_limits, model_dir, read_json, text};
+use crate::support::{
+    Case, assert_validation, assert_whole_request_refusal, bundle, cases, f32s, fixtures_dir, ints, laya_error,
+    laya_limits, model_dir, read_json, text,
+};
 use laya_edge::bundle::HostBundle;
 use laya_edge::decide::{self, RowOutput, answer::probabilities, numpy};
 use laya_edge::prompt::{self, QuestionErrorKind};
@@ -20,11 +23,6 @@ fn prepared_of(case: &Case) -> Vec<prompt::Prepared> {
     prompt::prepare(&b.tokenizer, &request, laya_limits(&request, &b)).unwrap_or_else(|e| panic!("{}: {e}", case.id))
 }
 
-/// laya's error record: `{"type": "ValueError", "message": ...}`.
-fn laya_error(v: &Value) -> (&str, &str) {
-    (v.get("type").and_then(Value::as_str).unwrap_or(""), v.get("message").and_then(Value::as_str).unwrap_or(""))
-}
-
 #[test]
 fn every_fixture_model_has_enough_cases() {
     for model in ["bpe-t5", "wp-t4", "bpe-small"] {
@@ -36,26 +34,7 @@ fn every_fixture_model_has_enough_cases() {
 
 #[test]
 fn question_validation_gives_lavas_verdicts_and_messages() {
-    let mut checked = 0;
-    for case in cases() {
-        let prepared = prepared_of(case);
-        let check = case.field("check").as_object().expect("check is an object");
-        assert_eq!(prepared.len(), check.len(), "{}", case.id);
-        for (p, (qid, verdict)) in prepared.iter().zip(check) {
-            assert_eq!(&p.qid, qid, "{}: question order", case.id);
-            if *verdict == Value::Null {
-                continue;
-            }
-            checked += 1;
-            let (kind, message) = laya_error(verdict);
-            let err =
-                p.outcome.as_ref().err().unwrap_or_else(|| panic!("{} {qid}: laya raised {kind}: {message}", case.id));
-            if kind == "ValueError" {
-                assert_eq!(err.kind, QuestionErrorKind::Invalid, "{} {qid}", case.id);
-                assert_eq!(err.message, message, "{} {qid}", case.id);
-            }
-        }
-    }
+    let checked: usize = cases().iter().map(|case| assert_validation(case, &prepared_of(case))).sum();
     assert!(checked >= 50, "only {checked} invalid questions in the fixtures");
 }
 
@@ -157,25 +136,9 @@ fn decoding_lavas_logits_reproduces_lavas_answers_exactly() {
 
 #[test]
 fn a_whole_request_fails_where_laya_fails_with_the_same_first_message() {
-    let (mut failed, mut messages) = (0, 0);
-    for case in cases() {
-        let all = case.field("predict_all");
-        let Some(err) = all.get("error") else { continue };
-        let (kind, message) = laya_error(err);
-        let prepared = prepared_of(case);
-        // laya validates every question before it normalises or lays any out, so a validation
-        // error comes first.
-        let first = prepared
-            .iter()
-            .filter_map(|p| p.outcome.as_ref().err())
-            .min_by_key(|e| e.kind != QuestionErrorKind::Invalid)
-            .unwrap_or_else(|| panic!("{}: laya raised {kind}: {message}", case.id));
-        failed += 1;
-        if kind == "ValueError" {
-            assert_eq!(first.message, message, "{}", case.id);
-            messages += 1;
-        }
-    }
+    let verdicts: Vec<bool> =
+        cases().iter().filter_map(|case| assert_whole_request_refusal(case, &prepared_of(case))).collect();
+    let (failed, messages) = (verdicts.len(), verdicts.iter().filter(|v| **v).count());
     // The fixtures hold 153 requests laya refused as a whole, 142 of them with a ValueError.
     assert!(failed >= 150 && messages >= 140, "only {failed} failed requests, {messages} messages compared");
 }

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::support::{Case, f32s, ints, laya_limits, text};
+use crate::support::{
+    Case, assert_validation, assert_whole_request_refusal, f32s, ints, laya_error, laya_limits, read_cases, text,
+};
 use laya_edge::bundle::HostBundle;
 use laya_edge::decide::{self, MinConfidence, RowOutput};
 use laya_edge::pipeline::{self, PipelineError};
@@ -24,19 +26,7 @@ const LAYA: LayaVersion = LayaVersion::V0_4_15;
 /// Every case of the 0.4.15 `cases.jsonl`, in file order.
 fn cases() -> &'static [Case] {
     static CASES: OnceLock<Vec<Case>> = OnceLock::new();
-    CASES.get_or_init(|| {
-        let path = fixtures_0415_dir().join("cases.jsonl");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|line| {
-                let record = json::parse_str(line, ParseOptions { max_depth: 10_000 }).expect("a fixture line parses");
-                let id = record.get("id").and_then(Value::as_str).expect("case id").to_owned();
-                let model = record.get("model").and_then(Value::as_str).expect("case model").to_owned();
-                Case { id, model, record }
-            })
-            .collect()
-    })
+    CASES.get_or_init(|| read_cases(&fixtures_0415_dir().join("cases.jsonl")))
 }
 
 /// A fixture model loaded as laya 0.4.15 serves it, once per test binary.
@@ -53,10 +43,6 @@ fn bundle(name: &str) -> Arc<HostBundle> {
 
 fn request_of(case: &Case) -> Request {
     Request::from_value(case.field("request").clone()).unwrap_or_else(|e| panic!("{}: {e}", case.id))
-}
-
-fn laya_error(v: &Value) -> (&str, &str) {
-    (v.get("type").and_then(Value::as_str).unwrap_or(""), v.get("message").and_then(Value::as_str).unwrap_or(""))
 }
 
 /// Cases laya answered question by question (no request-wide refusal).
@@ -121,26 +107,7 @@ fn requests_laya_refuses_as_a_whole_are_refused_with_its_message() {
 
 #[test]
 fn question_validation_gives_layas_0_4_15_verdicts_and_messages() {
-    let mut checked = 0;
-    for case in answered_cases() {
-        let prepared = prepared_of(case);
-        let check = case.field("check").as_object().expect("check is an object");
-        assert_eq!(prepared.len(), check.len(), "{}", case.id);
-        for (p, (qid, verdict)) in prepared.iter().zip(check) {
-            assert_eq!(&p.qid, qid, "{}: question order", case.id);
-            if *verdict == Value::Null {
-                continue;
-            }
-            checked += 1;
-            let (kind, message) = laya_error(verdict);
-            let err =
-                p.outcome.as_ref().err().unwrap_or_else(|| panic!("{} {qid}: laya raised {kind}: {message}", case.id));
-            if kind == "ValueError" {
-                assert_eq!(err.kind, QuestionErrorKind::Invalid, "{} {qid}", case.id);
-                assert_eq!(err.message, message, "{} {qid}", case.id);
-            }
-        }
-    }
+    let checked: usize = answered_cases().map(|case| assert_validation(case, &prepared_of(case))).sum();
     assert!(checked >= 150, "only {checked} invalid questions");
 }
 
@@ -244,21 +211,7 @@ fn decoding_layas_logits_gives_layas_0_4_15_answers_usage_and_gate_exactly() {
 
 #[test]
 fn a_whole_request_fails_where_laya_0_4_15_fails_with_the_same_first_message() {
-    let mut failed = 0;
-    for case in answered_cases() {
-        let Some(err) = case.field("predict_all").get("error") else { continue };
-        let (kind, message) = laya_error(err);
-        let prepared = prepared_of(case);
-        let first = prepared
-            .iter()
-            .filter_map(|p| p.outcome.as_ref().err())
-            .min_by_key(|e| e.kind != QuestionErrorKind::Invalid)
-            .unwrap_or_else(|| panic!("{}: laya raised {kind}: {message}", case.id));
-        if kind == "ValueError" {
-            assert_eq!(first.message, message, "{}", case.id);
-        }
-        failed += 1;
-    }
+    let failed = answered_cases().filter_map(|case| assert_whole_request_refusal(case, &prepared_of(case))).count();
     assert!(failed >= 100, "only {failed} failed requests");
 }
 

@@ -35,22 +35,71 @@ impl Case {
     }
 }
 
-/// Every case of `cases.jsonl`, in file order.
+/// Every case of the 0.3.20 `cases.jsonl`, in file order.
 pub fn cases() -> &'static [Case] {
     static CASES: OnceLock<Vec<Case>> = OnceLock::new();
-    CASES.get_or_init(|| {
-        let path = fixtures_dir().join("cases.jsonl");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|line| {
-                let record = json::parse_str(line, ParseOptions { max_depth: 10_000 }).expect("a fixture line parses");
-                let id = record.get("id").and_then(Value::as_str).expect("case id").to_owned();
-                let model = record.get("model").and_then(Value::as_str).expect("case model").to_owned();
-                Case { id, model, record }
-            })
-            .collect()
-    })
+    CASES.get_or_init(|| read_cases(&fixtures_dir().join("cases.jsonl")))
+}
+
+/// The cases of a `cases.jsonl`, in file order.
+pub fn read_cases(path: &Path) -> Vec<Case> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let record = json::parse_str(line, ParseOptions { max_depth: 10_000 }).expect("a fixture line parses");
+            let id = record.get("id").and_then(Value::as_str).expect("case id").to_owned();
+            let model = record.get("model").and_then(Value::as_str).expect("case model").to_owned();
+            Case { id, model, record }
+        })
+        .collect()
+}
+
+/// laya's error record: `{"type": "ValueError", "message": ...}`.
+pub fn laya_error(v: &Value) -> (&str, &str) {
+    (v.get("type").and_then(Value::as_str).unwrap_or(""), v.get("message").and_then(Value::as_str).unwrap_or(""))
+}
+
+/// Holds one case's validation verdicts (`check`) against ours: the same questions in order, an
+/// error wherever laya raised, laya's `ValueError` message exactly. Returns how many refusals
+/// were compared.
+pub fn assert_validation(case: &Case, prepared: &[laya_edge::prompt::Prepared]) -> usize {
+    let check = case.field("check").as_object().expect("check is an object");
+    assert_eq!(prepared.len(), check.len(), "{}", case.id);
+    let mut checked = 0;
+    for (p, (qid, verdict)) in prepared.iter().zip(check) {
+        assert_eq!(&p.qid, qid, "{}: question order", case.id);
+        if *verdict == Value::Null {
+            continue;
+        }
+        checked += 1;
+        let (kind, message) = laya_error(verdict);
+        let err =
+            p.outcome.as_ref().err().unwrap_or_else(|| panic!("{} {qid}: laya raised {kind}: {message}", case.id));
+        if kind == "ValueError" {
+            assert_eq!(err.kind, laya_edge::prompt::QuestionErrorKind::Invalid, "{} {qid}", case.id);
+            assert_eq!(err.message, message, "{} {qid}", case.id);
+        }
+    }
+    checked
+}
+
+/// Holds a request laya refused as a whole (`predict_all`'s error) against ours: some question
+/// is refused, a validation error first (laya validates every question before it lays any out),
+/// with laya's `ValueError` message. Returns whether laya refused it.
+pub fn assert_whole_request_refusal(case: &Case, prepared: &[laya_edge::prompt::Prepared]) -> Option<bool> {
+    let err = case.field("predict_all").get("error")?;
+    let (kind, message) = laya_error(err);
+    let first = prepared
+        .iter()
+        .filter_map(|p| p.outcome.as_ref().err())
+        .min_by_key(|e| e.kind != laya_edge::prompt::QuestionErrorKind::Invalid)
+        .unwrap_or_else(|| panic!("{}: laya raised {kind}: {message}", case.id));
+    let value_error = kind == "ValueError";
+    if value_error {
+        assert_eq!(first.message, message, "{}", case.id);
+    }
+    Some(value_error)
 }
 
 /// The budget laya 0.3.20 used for a recorded request (tools/fixtures/generate.py): the
