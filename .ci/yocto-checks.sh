@@ -2,7 +2,9 @@
 # Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
 #   1. oelint-adv --release wrynose over every recipe, append, include, class and layer.conf:
 #      no finding at all, infos included (rules off for the whole layer, and why:
-#      yocto-layer/.oelint.cfg; the few off for one line say why above the line);
+#      yocto-layer/.oelint.cfg; the few off for one line say why above the line), but the two
+#      that the generated laya-edge-crates.inc must have, accepted in that file only
+#      (tools/yocto/oelint.sh);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
 #      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
@@ -59,15 +61,8 @@ fi
 vpy="$venv/bin/python"
 
 # --- 1. oelint-adv ----------------------------------------------------------------------
-mapfile -t bbfiles < <(find yocto-layer -type f \
-    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \
-       -o -path 'yocto-layer/conf/*.conf' \) | sort)
-say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}') on ${#bbfiles[@]} files"
-# Any finding fails, infos included (oelint-adv exits non-zero on infos too); --mode all runs
-# the slower rules too.
-OELINT_CONFIG="$PWD/yocto-layer/.oelint.cfg" "$venv/bin/oelint-adv" \
-    --release wrynose --mode all --quiet --relpaths "${bbfiles[@]}"
-say "oelint-adv: no findings"
+say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}')"
+bash tools/yocto/oelint.sh "$venv/bin/oelint-adv"
 
 # --- 2. crates ------------------------------------------------------------------------------
 say "laya-edge-crates.inc against Cargo.lock"
