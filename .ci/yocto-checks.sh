@@ -12,8 +12,10 @@
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
 #   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);
-#   5. the kas files load and validate as kas loads them, and the laya-edge fetch they set up
-#      works from a detached checkout, replayed with git (tools/yocto/check_kas.py);
+#   5. the kas files load and validate as kas loads them, every layer repository is pinned to a
+#      full commit hash, the qcom file drops meta-qcom's AUTOREV kernel variants (an offline
+#      parse), and the laya-edge fetch they set up works from a detached checkout, replayed with
+#      git (tools/yocto/check_kas.py);
 #   6. the example configuration is valid TOML;
 #   7. systemd-analyze verify on laya-edge.service, alone and with each board drop-in;
 #   8. the checks can fail: checks 1-5 rerun on a copy with one known breakage each, and each

@@ -98,6 +98,18 @@ mutate "a character of LICENSE changed" \
     LICENSE \
     "s = s.replace('Version 2.0', 'Version 2.1', 1)" \
     "the file's is" -- "$vpy" tools/yocto/lic_files_chksum.py
+mutate "meta-qcom's commit pin dropped from rb3gen2-core-kit.yml" \
+    yocto-layer/kas/rb3gen2-core-kit.yml \
+    "import re; s = re.sub(r'(\n  meta-qcom:\n(?:    .*\n)*?)    commit: .*\n', r'\\1', s, count=1)" \
+    "repository meta-qcom has no commit" -- "$vpy" tools/yocto/check_kas.py
+mutate "meta-arm's commit pin cut to 12 hex digits in rock-5b.yml" \
+    yocto-layer/kas/rock-5b.yml \
+    "import re; s = re.sub(r'(\n  meta-arm:\n(?:    .*\n)*?    commit: )([0-9a-f]{12})[0-9a-f]+', r'\\1\\2', s, count=1)" \
+    "is not a full 40-hex commit hash" -- "$vpy" tools/yocto/check_kas.py
+mutate "linux-qcom-next's devupstream variant kept in rb3gen2-core-kit.yml (an offline parse fails)" \
+    yocto-layer/kas/rb3gen2-core-kit.yml \
+    "import re; s = re.sub(r'^ *BBCLASSEXTEND:remove:pn-linux-qcom-next = .*\n', '', s, count=1, flags=re.M)" \
+    "does not drop linux-qcom-next's AUTOREV devupstream variant" -- "$vpy" tools/yocto/check_kas.py
 if [ -n "$have_pin" ]; then
     mutate "usehead=1 dropped from the kas files' LAYA_EDGE_REPO (finding 6)" \
         yocto-layer/kas/include/laya-common.yml \
