@@ -2,7 +2,9 @@
 # Checks of the Yocto layer (yocto-layer/) that need no Yocto build:
 #   1. oelint-adv --release wrynose over every recipe, append, include, class and layer.conf:
 #      no finding at all, infos included (rules off for the whole layer, and why:
-#      yocto-layer/.oelint.cfg; the few off for one line say why above the line);
+#      yocto-layer/.oelint.cfg; the few off for one line say why above the line), but the two
+#      that the generated laya-edge-crates.inc must have, accepted in that file only
+#      (tools/yocto/oelint.sh);
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
 #      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
@@ -10,8 +12,10 @@
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
 #   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);
-#   5. the kas files load and validate as kas loads them, and the laya-edge fetch they set up
-#      works from a detached checkout, replayed with git (tools/yocto/check_kas.py);
+#   5. the kas files load and validate as kas loads them, every layer repository is pinned to a
+#      full commit hash, the qcom file drops meta-qcom's AUTOREV kernel variants (an offline
+#      parse), and the laya-edge fetch they set up works from a detached checkout, replayed with
+#      git (tools/yocto/check_kas.py);
 #   6. the example configuration is valid TOML;
 #   7. systemd-analyze verify on laya-edge.service, alone and with each board drop-in;
 #   8. the checks can fail: checks 1-5 rerun on a copy with one known breakage each, and each
@@ -59,15 +63,8 @@ fi
 vpy="$venv/bin/python"
 
 # --- 1. oelint-adv ----------------------------------------------------------------------
-mapfile -t bbfiles < <(find yocto-layer -type f \
-    \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \
-       -o -path 'yocto-layer/conf/*.conf' \) | sort)
-say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}') on ${#bbfiles[@]} files"
-# Any finding fails, infos included (oelint-adv exits non-zero on infos too); --mode all runs
-# the slower rules too.
-OELINT_CONFIG="$PWD/yocto-layer/.oelint.cfg" "$venv/bin/oelint-adv" \
-    --release wrynose --mode all --quiet --relpaths "${bbfiles[@]}"
-say "oelint-adv: no findings"
+say "oelint-adv $("$venv/bin/oelint-adv" --version | awk '{print $NF}')"
+bash tools/yocto/oelint.sh "$venv/bin/oelint-adv"
 
 # --- 2. crates ------------------------------------------------------------------------------
 say "laya-edge-crates.inc against Cargo.lock"

@@ -21,10 +21,14 @@
 #   clip/65535; at run time finfo.min saturates to -clip and exp(-100) is 0 in float32, so masking is
 #   unchanged. 0 = no clip (plain min-max: only to reproduce the collapse).
 #
-# Needs two venvs (onnxruntime-qnn must not share one with another onnxruntime), overridable:
-#   LAYA_EXPORT_PY  python with torch, laya 0.3.20, onnx  (default /work/venv-demo/bin/python)
-#   LAYA_QNN_PY     python with onnxruntime-qnn 2.7.0     (default /work/qnn-venv/bin/python)
-# (tools/qnn/README.md, "Graphs for your own checkpoint", says how to make them.)
+# Runs in two venvs (onnxruntime-qnn must not share one with another onnxruntime), each made on
+# first use from pinned requirements, under ${XDG_CACHE_HOME:-$HOME/.cache}/laya-edge/ (a new one
+# when its requirements change), with python3.11 if it runs, else python3 (LAYA_VENV_PYTHON: another):
+#   export venv  tools/qnn/requirements-export.txt  torch, laya 0.3.20, onnx (export, fidelity report)
+#   qnn venv     tools/qnn/requirements-qnn.txt     onnxruntime-qnn 2.7.0 (quantize, compile, simulate)
+# The first run downloads them from PyPI (torch with CUDA's libraries: a few GB). To use venvs of your
+# own instead, name their pythons: LAYA_EXPORT_PY, LAYA_QNN_PY. Needs x86_64 Linux, glibc >= 2.35 (the
+# HTP simulator in the onnxruntime-qnn wheel).
 set -eu
 
 usage() { sed -n '2,4p' "$0" >&2; exit 2; }
@@ -50,9 +54,46 @@ while [ $# -gt 0 ]; do
     esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-EXPORT_PY=${LAYA_EXPORT_PY:-/work/venv-demo/bin/python}
-QNN_PY=${LAYA_QNN_PY:-/work/qnn-venv/bin/python}
 [ -f "$CKPT/rl_agent_config.json" ] || { echo "build_graphs.sh: $CKPT is not a laya checkpoint (no rl_agent_config.json)" >&2; exit 1; }
+
+# venv_python NAME REQUIREMENTS [INCLUDED...]: the python of the cached venv NAME made from
+# REQUIREMENTS (which includes the INCLUDED files with -r), making it first if it is not there. Its
+# directory name carries a hash of those files and of the python's version, so a change to either
+# makes a new venv; .installed marks one whose install finished.
+venv_python() {
+    if [ -n "${LAYA_VENV_PYTHON:-}" ]; then
+        base_py=$LAYA_VENV_PYTHON
+    elif python3.11 -c '' >/dev/null 2>&1; then
+        base_py=python3.11
+    else
+        base_py=python3
+    fi
+    name=$1
+    shift
+    version=$("$base_py" -c 'import sys; print(sys.version)') || {
+        echo "build_graphs.sh: $base_py does not run: LAYA_VENV_PYTHON names the python to make venvs with" >&2
+        return 1
+    }
+    key=$( { echo "$version"; cat "$@"; } | sha256sum | cut -c1-16)
+    cache=${XDG_CACHE_HOME:-$HOME/.cache}/laya-edge
+    dir=$cache/qnn-$name-venv-$key
+    if [ ! -x "$dir/bin/python" ] || [ ! -f "$dir/.installed" ]; then
+        echo "build_graphs.sh: making the $name venv $dir from ${1#"$HERE/"} with $base_py (once)" >&2
+        rm -rf "$dir"
+        mkdir -p "$cache"
+        "$base_py" -m venv "$dir" >&2
+        if ! "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$1" >&2; then
+            echo "build_graphs.sh: could not install $1 into a venv of $base_py (the pins are for Python" \
+                "3.11 on x86_64 Linux; LAYA_VENV_PYTHON names another python, LAYA_EXPORT_PY and" \
+                "LAYA_QNN_PY venvs of your own)" >&2
+            return 1
+        fi
+        touch "$dir/.installed"
+    fi
+    echo "$dir/bin/python"
+}
+EXPORT_PY=${LAYA_EXPORT_PY:-$(venv_python export "$HERE/requirements-export.txt")}
+QNN_PY=${LAYA_QNN_PY:-$(venv_python qnn "$HERE/requirements-qnn.txt" "$HERE/requirements.txt")}
 NAME=${NAME:-$(basename "$(cd "$CKPT" && pwd)")}
 BUILD=$OUT/build
 mkdir -p "$BUILD"

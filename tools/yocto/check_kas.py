@@ -4,7 +4,10 @@
 Each top-level kas file is loaded the way `kas build` loads it, includes and all, which
 validates every file against kas's configuration schema, and then checked for what this
 layer needs of a board file: a machine, the layer itself among the repositories, wrynose
-branches, and the local.conf lines that point LAYA_EDGE_REPO at the checkout.
+branches, every other repository pinned to a full commit hash (`commit:`), the local.conf
+lines that point LAYA_EDGE_REPO at the checkout, and, with meta-qcom, the lines that drop its
+kernels' AUTOREV variants (which would need the network at every parse). Whether a pinned
+commit is on its branch needs the network, so it is not checked here; kas checks it out.
 
 Then the fetch of laya-edge that those lines set up is replayed from a detached checkout
 (HEAD only, no `main` or any other ref, as CI and `git checkout <sha>` leave it): the git
@@ -36,6 +39,10 @@ GIT_RECIPE = REPO_ROOT / "yocto-layer" / "recipes-laya" / "laya-edge" / "laya-ed
 RELEASE_BRANCH = "wrynose"
 # bitbake's branch for wrynose, and meta-lts-mixins' branch naming.
 OTHER_BRANCHES = {"bitbake": "2.18", "meta-lts-mixins": "wrynose/linux-firmware"}
+FULL_HASH = re.compile(r"[0-9a-f]{40}")
+# meta-qcom's (wrynose) kernel recipes with BBCLASSEXTEND = "devupstream:target" and
+# SRCREV:class-devupstream ?= "${AUTOREV}".
+QCOM_DEVUPSTREAM_KERNELS = ("linux-qcom", "linux-qcom-rt", "linux-qcom-next", "linux-qcom-next-rt")
 
 
 def check(path: Path) -> list[str]:
@@ -58,9 +65,26 @@ def check(path: Path) -> list[str]:
             continue
         branch = repo.get("branch", default_branch)
         wanted = OTHER_BRANCHES.get(name, RELEASE_BRANCH)
-        if branch != wanted and not repo.get("commit"):
+        if branch != wanted:
             problems.append(f"repository {name} is on branch {branch!r}, not {wanted!r}")
+        # Every other repository is pinned (kas's `commit:` beside `branch:`), so that one
+        # laya-edge commit always builds with the same layers.
+        commit = repo.get("commit")
+        if commit is None:
+            problems.append(f"repository {name} has no commit: pin it to a full 40-hex commit hash "
+                            "of its branch (the layer README, \"Moving the layer pins\")")
+        elif not FULL_HASH.fullmatch(str(commit)):
+            problems.append(f"repository {name}'s commit {commit!r} is not a full 40-hex commit "
+                            "hash (lowercase)")
     local_conf = "\n".join(config.get("local_conf_header", {}).values())
+    if "meta-qcom" in repos:
+        # meta-qcom's kernels would run `git ls-remote` at every parse (their AUTOREV devupstream
+        # variants): the layer README, "Pinned or AUTOREV".
+        for pn in QCOM_DEVUPSTREAM_KERNELS:
+            line = f'BBCLASSEXTEND:remove:pn-{pn} = "devupstream:target"'
+            if not re.search(rf"^\s*{re.escape(line)}\s*$", local_conf, re.MULTILINE):
+                problems.append(f"local.conf does not drop {pn}'s AUTOREV devupstream variant "
+                                f"({line}): a parse without the network would fail")
     if "LAYA_EDGE_REPO" not in local_conf:
         problems.append("local.conf does not set LAYA_EDGE_REPO (the recipes would skip themselves)")
     if "packagegroup-laya" not in local_conf:
@@ -250,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 for p in problems:
                     print(f"check_kas: {rel}: {p}", file=sys.stderr)
             else:
-                print(f"check_kas: {rel}: ok (schema, layers, branches; laya-edge fetches from a "
-                      "detached checkout)")
+                print(f"check_kas: {rel}: ok (schema, layers, branches, pinned commits, local.conf "
+                      "lines; laya-edge fetches from a detached checkout)")
     return 1 if failed else 0
 
 

@@ -59,18 +59,18 @@ EOF
 }
 
 lint() {  # the oelint run of .ci/yocto-checks.sh, on the copy
-    local files
-    mapfile -t files < <(find yocto-layer -type f \
-        \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' -o -name '*.bbclass' \
-           -o -path 'yocto-layer/conf/*.conf' \) | sort)
-    OELINT_CONFIG="$PWD/yocto-layer/.oelint.cfg" "$oelint" --release wrynose --mode all --quiet \
-        --relpaths "${files[@]}"
+    bash tools/yocto/oelint.sh "$oelint"
 }
 
 mutate "SRCREV above SRC_URI in laya-edge_git.bb (style rule oelint.var.order.SRC_URI)" \
     "$recipe_dir/laya-edge_git.bb" \
     "import re; a = re.search(r'^SRC_URI = .*\n', s, re.M).group(0); s = s.replace(a, '', 1).replace('DEFAULT_PREFERENCE', a + 'DEFAULT_PREFERENCE', 1)" \
     "oelint.var.order.SRC_URI" -- lint
+dyn_line="$(grep -n '^BBFILES_DYNAMIC' "$copy/yocto-layer/conf/layer.conf" | cut -d: -f1)"
+mutate "BBFILES_DYNAMIC += \" \\ in layer.conf (the crates file's accepted findings, in another file)" \
+    yocto-layer/conf/layer.conf \
+    "s = s.replace('BBFILES_DYNAMIC += \"qcom:', 'BBFILES_DYNAMIC += \" \\\\\n    qcom:', 1)" \
+    "yocto-layer/conf/layer.conf:$dyn_line:error:oelint.vars.inconspaces" -- lint
 mutate "a crate's sha256 changed in laya-edge-crates.inc" \
     "$recipe_dir/laya-edge-crates.inc" \
     "import re; m = re.search(r'sha256sum\] = \"(.)', s); s = s[:m.start(1)] + ('0' if m.group(1) != '0' else '1') + s[m.end(1):]" \
@@ -98,6 +98,18 @@ mutate "a character of LICENSE changed" \
     LICENSE \
     "s = s.replace('Version 2.0', 'Version 2.1', 1)" \
     "the file's is" -- "$vpy" tools/yocto/lic_files_chksum.py
+mutate "meta-qcom's commit pin dropped from rb3gen2-core-kit.yml" \
+    yocto-layer/kas/rb3gen2-core-kit.yml \
+    "import re; s = re.sub(r'(\n  meta-qcom:\n(?:    .*\n)*?)    commit: .*\n', r'\\1', s, count=1)" \
+    "repository meta-qcom has no commit" -- "$vpy" tools/yocto/check_kas.py
+mutate "meta-arm's commit pin cut to 12 hex digits in rock-5b.yml" \
+    yocto-layer/kas/rock-5b.yml \
+    "import re; s = re.sub(r'(\n  meta-arm:\n(?:    .*\n)*?    commit: )([0-9a-f]{12})[0-9a-f]+', r'\\1\\2', s, count=1)" \
+    "is not a full 40-hex commit hash" -- "$vpy" tools/yocto/check_kas.py
+mutate "linux-qcom-next's devupstream variant kept in rb3gen2-core-kit.yml (an offline parse fails)" \
+    yocto-layer/kas/rb3gen2-core-kit.yml \
+    "import re; s = re.sub(r'^ *BBCLASSEXTEND:remove:pn-linux-qcom-next = .*\n', '', s, count=1, flags=re.M)" \
+    "does not drop linux-qcom-next's AUTOREV devupstream variant" -- "$vpy" tools/yocto/check_kas.py
 if [ -n "$have_pin" ]; then
     mutate "usehead=1 dropped from the kas files' LAYA_EDGE_REPO (finding 6)" \
         yocto-layer/kas/include/laya-common.yml \
