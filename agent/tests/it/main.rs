@@ -14,6 +14,8 @@ mod front_end_limits;
 mod healing;
 mod laya_0_4_15;
 #[cfg(feature = "qnn")]
+mod probe_graphs;
+#[cfg(feature = "qnn")]
 mod qnn_cli;
 mod reload;
 #[cfg(feature = "rknn")]

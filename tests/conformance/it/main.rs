@@ -8,6 +8,7 @@ mod cpu_model;
 mod demo_model;
 mod host_pipeline;
 mod laya_0_4_15;
+mod probe_defaults;
 mod properties;
 mod qnn;
 mod request_limits;
