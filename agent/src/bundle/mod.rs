@@ -624,10 +624,11 @@ impl Default for Thresholds {
     ///   18 and 2 of 33 (6-11%), mean |dp| 0.040-0.057, cosine 0.88-0.998, and passed the old
     ///   whole-bundle defaults (agreement 0.9, cosine 0.98) unless the cosine caught it; the demo's
     ///   committed 256 graph, calibrated on short tickets only, on the long rows it serves: 1 of 31
-    ///   flipped, one confident decision reversed (|dp| 0.85), 0.055, 0.978; a collapsed graph is
-    ///   near-uniform (a collapse, and mean |dp| far above).
+    ///   flipped, one confident decision reversed (|dp| 0.85), 0.055, 0.978; the min-max 256
+    ///   binary calibrated on the raw masks 18 of 31, 0.59, 0.23; a wrong input offset (128) 8 of
+    ///   32, 0.24, 0.78.
     ///
-    /// So agreement 0.95 (sound graphs 0.979 and up; at 20-32 rows one flip passes, two fail),
+    /// So agreement 0.95 (sound graphs 0.98 and up; at 20-32 rows one flip passes, two fail),
     /// mean |dp| 0.03 (2.6 times the worst sound graph's), cosine 0.99 (sound graphs use at most
     /// a sixth of that bound).
     fn default() -> Thresholds {
