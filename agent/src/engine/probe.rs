@@ -27,7 +27,7 @@ pub const CLEAR_MARGIN: f64 = 0.02;
 /// The fewest probe rows a graph is judged on: `laya-edge bundle` fills a graph with fewer from
 /// the built-in requests (or refuses), `laya-edge check` refuses a probe that leaves a graph with
 /// fewer. At 20 rows the default agreement of 0.95 (`bundle::Thresholds`) forgives one flipped
-/// decision, which sound bundles show now and then (up to 1 in 47 rows measured, see there), and
+/// decision, which sound bundles show now and then (up to 2 in 248 rows measured, see there), and
 /// not two.
 pub const MIN_ROWS_PER_GRAPH: usize = 20;
 
