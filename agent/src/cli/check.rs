@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::{BundleError, HostBundle, MANIFEST, graph_file};
+use crate::bundle::{BundleError, HostBundle, MANIFEST, Manifest, graph_file};
 use crate::cli::bundle::assemble::files_under;
 use crate::engine::probe::{MIN_ROWS_PER_GRAPH, graph_name, probed_graphs, rows_per_graph};
 use crate::engine::probe_file as probe;
@@ -77,7 +77,7 @@ pub fn check(dir: &Path, qnn_system_lib: Option<&Path>) -> Result<String, Bundle
         }
     }
     let qnn =
-        if m.backend == "qnn" && !m.graphs.is_empty() { Some(qnn_binaries(&bundle, qnn_system_lib)?) } else { None };
+        if m.backend == "qnn" && !m.graphs.is_empty() { Some(qnn_binaries(&bundle, m, qnn_system_lib)?) } else { None };
     let probe = probe::of_bundle(&bundle)?;
     let split = match (&probe, &m.probe) {
         (Some(p), Some(spec)) => {
@@ -135,12 +135,11 @@ pub fn check(dir: &Path, qnn_system_lib: Option<&Path>) -> Result<String, Bundle
 /// write it from the binary (read through libQnnSystem, metadata only), compared with the entry
 /// the manifest has. What the sentence in the report says, or the first graph that contradicts.
 #[cfg(feature = "qnn")]
-fn qnn_binaries(bundle: &HostBundle, system_lib: Option<&Path>) -> Result<String, BundleError> {
+fn qnn_binaries(bundle: &HostBundle, m: &Manifest, system_lib: Option<&Path>) -> Result<String, BundleError> {
     use crate::cli::bundle::assemble::{contradictions, qnn_entry};
     let Some(lib) = system_lib else {
         return Ok("QNN binaries not compared with the manifest (pass --qnn-system-lib)".into());
     };
-    let m = bundle.manifest.as_ref().expect("a QNN bundle has a manifest");
     let manifest = bundle.dir.join(MANIFEST);
     let system = crate::backend::npu::qnn::load_system(lib)
         .map_err(|e| BundleError::Config { path: lib.to_owned(), message: e.to_string() })?;
@@ -169,6 +168,6 @@ fn qnn_binaries(bundle: &HostBundle, system_lib: Option<&Path>) -> Result<String
 }
 
 #[cfg(not(feature = "qnn"))]
-fn qnn_binaries(_: &HostBundle, _: Option<&Path>) -> Result<String, BundleError> {
+fn qnn_binaries(_: &HostBundle, _: &Manifest, _: Option<&Path>) -> Result<String, BundleError> {
     Ok("QNN binaries not compared with the manifest (this laya-edge was built without the qnn feature)".into())
 }

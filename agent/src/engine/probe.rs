@@ -148,21 +148,6 @@ impl Report {
     pub fn clear_agreement(&self) -> f64 {
         ratio(self.clear_agree, self.clear)
     }
-
-    /// The graphs that failed.
-    pub fn failed_graphs(&self) -> impl Iterator<Item = &GraphReport> {
-        self.graphs.iter().filter(|g| !g.passed)
-    }
-}
-
-impl GraphReport {
-    pub fn agreement(&self) -> f64 {
-        ratio(self.agree, self.rows)
-    }
-
-    pub fn clear_agreement(&self) -> f64 {
-        ratio(self.clear_agree, self.clear)
-    }
 }
 
 /// `argmax 87/88, clear decisions 80/80, mean |dp| 0.0040 (max 0.0300), mean cosine 0.9990`.

@@ -327,25 +327,28 @@ fn check_compares_a_qnn_manifests_tensors_with_the_binary_and_names_what_contrad
     );
 }
 
+/// `laya-edge bundle` of the demo checkpoint with the committed QNN `binaries` (under
+/// tests/fixtures/qnn), read through the simulator's libQnnSystem, and `extra` flags; the bundle
+/// and what `bundle` printed.
+fn assembled_on_the_simulator(name: &str, libs: &Path, binaries: &[&str], extra: &[&OsStr]) -> (PathBuf, String) {
+    let out = temp_dir(&format!("probe-graphs-{name}")).join("bundle");
+    let mut args: Vec<OsString> = vec!["bundle".into(), "--checkpoint".into(), demo_checkpoint().into()];
+    args.extend(["--out".into(), out.clone().into(), "--qnn-system-lib".into(), libs.join("libQnnSystem.so").into()]);
+    for b in binaries {
+        let file = std::path::absolute(workspace().join("tests/fixtures/qnn").join(b)).expect("path");
+        args.extend(["--qnn".into(), file.into()]);
+    }
+    args.extend(extra.iter().map(|a| a.to_os_string()));
+    let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+    let (printed, err, ok) = cli(&args, &[]);
+    assert!(ok, "bundle failed: {err}");
+    (out, printed)
+}
+
 #[test]
 fn on_the_simulator_check_refuses_a_manifest_input_scale_ten_times_too_small() {
     let Some(libs) = qnn_simulator() else { return };
-    let out = temp_dir("probe-graphs-sim-check").join("bundle");
-    let binary = workspace().join("tests/fixtures/qnn/demo/enc_L128_u16io_ctx_qnn.bin");
-    let args: Vec<OsString> = vec![
-        "bundle".into(),
-        "--checkpoint".into(),
-        demo_checkpoint().into(),
-        "--out".into(),
-        out.clone().into(),
-        "--qnn-system-lib".into(),
-        libs.join("libQnnSystem.so").into(),
-        "--qnn".into(),
-        std::path::absolute(binary).expect("path").into(),
-    ];
-    let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
-    let (_, err, ok) = cli(&args, &[]);
-    assert!(ok, "bundle failed: {err}");
+    let (out, _) = assembled_on_the_simulator("sim-check", &libs, &["demo/enc_L128_u16io_ctx_qnn.bin"], &[]);
     let system = libs.join("libQnnSystem.so");
     let (o, e, ok) = check_with_system_lib(&out, &system);
     assert!(ok, "{o} {e}");
@@ -364,29 +367,13 @@ fn on_the_simulator_a_real_collapsed_256_binary_fails_the_probe_on_its_graph_whi
     let Some(libs) = qnn_simulator() else { return };
     // The demo's sound 128-token binary beside the min-max 256 one calibrated on the raw masks
     // (tests/fixtures/qnn/demo-broken), which the maker allowed; probed with short requests.
-    let out = temp_dir("probe-graphs-sim").join("bundle");
-    let binaries = [
-        workspace().join("tests/fixtures/qnn/demo/enc_L128_u16io_ctx_qnn.bin"),
-        workspace().join("tests/fixtures/qnn/demo-broken/enc_L256_f32io_minmax_noclip_ctx_qnn.bin"),
-    ];
-    let mut args: Vec<OsString> = vec![
-        "bundle".into(),
-        "--checkpoint".into(),
-        demo_checkpoint().into(),
-        "--out".into(),
-        out.clone().into(),
-        "--qnn-system-lib".into(),
-        libs.join("libQnnSystem.so").into(),
-        "--allow-minmax-above-128".into(),
-        "--probe".into(),
-        short_requests(40).into(),
-    ];
-    for b in &binaries {
-        args.extend(["--qnn".into(), std::path::absolute(b).expect("path").into()]);
-    }
-    let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
-    let (printed, err, ok) = cli(&args, &[]);
-    assert!(ok, "bundle failed: {err}");
+    let short = short_requests(40);
+    let (out, printed) = assembled_on_the_simulator(
+        "sim",
+        &libs,
+        &["demo/enc_L128_u16io_ctx_qnn.bin", "demo-broken/enc_L256_f32io_minmax_noclip_ctx_qnn.bin"],
+        &["--allow-minmax-above-128".as_ref(), "--probe".as_ref(), short.as_os_str()],
+    );
     assert!(printed.contains("from the built-in requests"), "{printed}");
     let config = temp_dir("probe-graphs-sim-config").join("laya-edge.toml");
     std::fs::write(

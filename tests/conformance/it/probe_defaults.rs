@@ -108,6 +108,21 @@ fn probe_of(bundle: &HostBundle, float: &mut dyn Backend, requests: &[Value]) ->
     (Probe { rows, expected, thresholds: Thresholds::default() }, origins)
 }
 
+/// The probe of `requests`' rows for the QNN bundle `dir` ([`probe_of`], the float side from its
+/// checkpoint on the CPU backend) judged on the simulator in `libs`, per graph; the rows that moved
+/// most printed as `what`'s.
+fn judged_on_the_simulator(dir: &Path, libs: &Path, requests: &[Value], what: &str) -> Report {
+    let b = HostBundle::load(dir).unwrap();
+    let ckpt = b.checkpoint.clone().unwrap();
+    let mut cpu = CpuBackend::load(&ckpt, &b.config, b.tokenizer.pad.id).unwrap();
+    let (probe, origins) = probe_of(&b, &mut cpu, requests);
+    let mut qnn = QnnBackend::load(&b, &QnnConfig::from_lib_dir(libs)).unwrap();
+    let refs: Vec<&Row> = probe.rows.iter().collect();
+    let outputs = qnn.run(&refs).unwrap();
+    worst(what, &probe, &outputs, &origins);
+    probe.judge(&outputs, b.capacity.shapes.as_deref())
+}
+
 /// Prints the rows that moved most (|dp| over 0.1), with where they come from.
 fn worst(what: &str, probe: &Probe, outputs: &[RowResult], origins: &[String]) {
     for (i, (want, got)) in probe.expected.iter().zip(outputs).enumerate() {
@@ -192,15 +207,7 @@ fn the_demo_bundles_128_graph_passes_the_defaults_with_room_and_its_256_graph_ca
             }
             let mut short = Vec::new();
             for flavour in ["f32io", "u16io"] {
-                let b = HostBundle::load(&demo_bundle(flavour)).unwrap();
-                let ckpt = b.checkpoint.clone().unwrap();
-                let mut cpu = CpuBackend::load(&ckpt, &b.config, b.tokenizer.pad.id).unwrap();
-                let (probe, origins) = probe_of(&b, &mut cpu, &requests);
-                let mut qnn = QnnBackend::load(&b, &QnnConfig::from_lib_dir(libs)).unwrap();
-                let refs: Vec<&Row> = probe.rows.iter().collect();
-                let outputs = qnn.run(&refs).unwrap();
-                worst(flavour, &probe, &outputs, &origins);
-                let report = probe.judge(&outputs, b.capacity.shapes.as_deref());
+                let report = judged_on_the_simulator(&demo_bundle(flavour), libs, &requests, flavour);
                 short.extend(shortfalls(&format!("demo {flavour}"), &report, |g| g == Some(128)));
                 let long = report.graphs.iter().find(|g| g.seq_len == Some(256)).expect("the 256 graph");
                 assert!(long.rows >= 20 && !long.passed, "demo {flavour}: {long}");
@@ -238,7 +245,6 @@ fn the_fixture_checkpoints_bundles_on_the_qnn_simulator_pass_the_default_thresho
         |libs| {
             let mut short = Vec::new();
             for model in ["bpe-t5", "wp-t4", "bpe-small"] {
-                let b = HostBundle::load(&fixture_bundle(model)).unwrap();
                 let mut requests = built_in(&[128, 256]);
                 requests.extend(
                     cases()
@@ -247,14 +253,8 @@ fn the_fixture_checkpoints_bundles_on_the_qnn_simulator_pass_the_default_thresho
                         .filter_map(|c| c.record.get("request").cloned())
                         .take(sizes().1),
                 );
-                let ckpt = b.checkpoint.clone().unwrap();
-                let mut cpu = CpuBackend::load(&ckpt, &b.config, b.tokenizer.pad.id).unwrap();
-                let (probe, origins) = probe_of(&b, &mut cpu, &requests);
-                let mut qnn = QnnBackend::load(&b, &QnnConfig::from_lib_dir(libs)).unwrap();
-                let refs: Vec<&Row> = probe.rows.iter().collect();
-                let outputs = qnn.run(&refs).unwrap();
-                worst(model, &probe, &outputs, &origins);
-                short.extend(shortfalls(model, &probe.judge(&outputs, b.capacity.shapes.as_deref()), |_| true));
+                let report = judged_on_the_simulator(&fixture_bundle(model), libs, &requests, model);
+                short.extend(shortfalls(model, &report, |_| true));
             }
             assert!(short.is_empty(), "{short:#?}");
         },
