@@ -165,7 +165,7 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(300));
                 port
             }
-            None => laya_edge::service::demo::start_broker().expect("broker"),
+            None => laya_edge::service::demo::start_broker(None).expect("broker"),
         };
     let model = format!("{}/../tests/fixtures/laya-0.3.20/models/bpe-t5", env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("laya-bench-{}", std::process::id()));

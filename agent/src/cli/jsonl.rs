@@ -73,10 +73,11 @@ pub fn layout_line(bundle: &HostBundle, line: &str) -> String {
     json::to_string(&Value::Object(out), Style::COMPACT)
 }
 
-/// `laya-edge predict` for one line: laya's result `{"id", "model", "answers", "usage"}`.
+/// `laya-edge predict` for one line: laya's result `{"id", "model", "answers", "usage"}` and
+/// which backend answered it (`backend`, `serving`: `primary` or `fallback`).
 pub fn predict_line(
     bundle: &HostBundle,
-    backend: &mut dyn crate::backend::Backend,
+    backend: &mut crate::cli::CommandBackend,
     max_request_tokens: usize,
     line: &str,
 ) -> String {
@@ -84,13 +85,17 @@ pub fn predict_line(
         Ok(r) => r,
         Err(error_line) => return error_line,
     };
-    match pipeline::answer_within(bundle, backend, &request, max_request_tokens) {
+    backend.forget_answer();
+    match pipeline::answer_within(bundle, backend.backend(), &request, max_request_tokens) {
         Ok(result) => {
             let mut out = Map::new();
             out.insert("id".into(), request.id.unwrap_or(Value::Null));
             if let Value::Object(m) = result.to_value() {
                 out.extend(m);
             }
+            let (name, role) = backend.answered_by();
+            out.insert("backend".into(), name.into());
+            out.insert("serving".into(), role.as_str().into());
             json::to_string(&Value::Object(out), Style::COMPACT)
         }
         Err(e) => error_line(request.id, e.code().as_str(), &e.to_string()),

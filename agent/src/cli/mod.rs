@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use crate::backend;
 use crate::backend::{Backend, BackendError, RowResult};
 use crate::bundle::HostBundle;
-use crate::config::BackendKind;
-use crate::config::Config;
+use crate::config::{BackendKind, Config, Fallback};
 use crate::engine::supervisor::Policy;
+use crate::engine::supervisor::Role;
 use crate::engine::{Engine, EngineConfig};
 use crate::prompt::Row;
 use laya_topics::wire::LayaVersion;
@@ -36,9 +36,14 @@ pub struct BackendArgs {
     /// A laya checkpoint directory or NPU bundle (overrides model.dir).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Which backend runs the model (overrides engine.backend; default cpu).
+    /// Which backend runs the model (overrides engine.backend; default cpu). Named here, it
+    /// answers alone: engine.fallback does not apply unless --fallback cpu asks for it.
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
+    /// What answers while the backend is degraded: `cpu` (the CPU fallback, as `serve` does with
+    /// engine.fallback = "cpu") or `none` (overrides engine.fallback; with --backend, default none).
+    #[arg(long, value_parser = fallback)]
+    fallback: Option<Fallback>,
     /// Threads for the tensor math (overrides engine.threads; default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -72,6 +77,15 @@ pub fn version() -> &'static str {
     })
 }
 
+/// `--fallback`: `cpu` or `none`.
+fn fallback(s: &str) -> Result<Fallback, String> {
+    match s {
+        "cpu" => Ok(Fallback::Cpu),
+        "none" => Ok(Fallback::None),
+        _ => Err("cpu or none".into()),
+    }
+}
+
 /// `--laya`: a [`LayaVersion`] name.
 pub fn laya_version(s: &str) -> Result<LayaVersion, String> {
     s.parse().map_err(|_| {
@@ -89,6 +103,12 @@ impl BackendArgs {
         }
         if let Some(b) = self.backend {
             config.engine.backend = b;
+            // Whoever names the backend measures that backend: a CPU answer in its place would
+            // be the CPU measured against itself (issue #28).
+            config.engine.fallback = Fallback::None;
+        }
+        if let Some(f) = self.fallback {
+            config.engine.fallback = f;
         }
         if let Some(t) = self.threads {
             config.engine.threads = t;
@@ -145,10 +165,12 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 /// A backend in a supervised worker process, driven synchronously: NPU runtimes are loaded
 /// only in workers, never in this process.
-struct WorkerBackend {
+pub struct WorkerBackend {
     runtime: tokio::runtime::Runtime,
     engine: Engine,
     name: &'static str,
+    /// Who answered the last call: the backend the answering worker runs, and its role.
+    last: Option<(String, Role)>,
 }
 
 impl Backend for WorkerBackend {
@@ -158,20 +180,65 @@ impl Backend for WorkerBackend {
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         let rows = rows.iter().map(|r| (*r).clone()).collect();
+        self.last = None;
         // As `serve` answers (the engine's `From<EngineError> for BackendError`).
-        self.runtime.block_on(self.engine.run(rows, None)).map(|out| out.rows).map_err(BackendError::from)
+        let out = self.runtime.block_on(self.engine.run(rows, None)).map_err(BackendError::from)?;
+        self.last = Some((out.backend, out.role));
+        Ok(out.rows)
+    }
+}
+
+/// The backend of a command that answers rows itself (`predict`, `probe`): the CPU backend in
+/// this process, or any backend in a supervised worker, which may have answered from its CPU
+/// fallback.
+pub enum CommandBackend {
+    Local(Box<dyn Backend>),
+    Worker(WorkerBackend),
+}
+
+impl CommandBackend {
+    pub fn backend(&mut self) -> &mut dyn Backend {
+        match self {
+            CommandBackend::Local(b) => b.as_mut(),
+            CommandBackend::Worker(w) => w,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            CommandBackend::Local(b) => b.name(),
+            CommandBackend::Worker(w) => w.name,
+        }
+    }
+
+    /// Forgets who answered the last call (before a line that may run none).
+    pub fn forget_answer(&mut self) {
+        if let CommandBackend::Worker(w) = self {
+            w.last = None;
+        }
+    }
+
+    /// Who answered the last call: the backend that ran it (`cpu` when the fallback did) and
+    /// whether it was the configured one (`primary`) or the fallback; the configured backend as
+    /// the primary before any call answered, as `serve`'s replies say.
+    pub fn answered_by(&self) -> (String, Role) {
+        match self {
+            CommandBackend::Local(b) => (b.name().to_owned(), Role::Primary),
+            CommandBackend::Worker(w) => w.last.clone().unwrap_or_else(|| (w.name.to_owned(), Role::Primary)),
+        }
     }
 }
 
 /// The backend `config` names for a command that answers rows itself (`predict`, `probe`): the
 /// CPU backend in this process, any other in a supervised worker built exactly as `serve`
-/// builds it. `with_probe`: whether new workers run the bundle's probe (`probe` measures the
-/// raw backend, so it runs the probe rows itself instead).
-pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Result<Box<dyn Backend>, String> {
+/// builds it (with the CPU fallback only if `engine.fallback` asks for it). `with_probe`: whether
+/// new workers run the bundle's probe (`probe` measures the raw backend, so it runs the probe
+/// rows itself instead, without a fallback).
+pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Result<CommandBackend, String> {
     let kind = config.engine.backend;
     backend::set_threads(config.engine.threads)?;
     if kind == BackendKind::Cpu {
-        return backend::load(kind, config).map_err(|e| e.to_string());
+        return backend::load(kind, config).map(CommandBackend::Local).map_err(|e| e.to_string());
     }
     let program = backend::this_program().map_err(|e| e.to_string())?;
     let mut engine_config = EngineConfig::from_config(&program, config, bundle).map_err(|e| e.to_string())?;
@@ -185,5 +252,5 @@ pub fn backend_for(config: &Config, bundle: &HostBundle, with_probe: bool) -> Re
         let _guard = runtime.enter();
         Engine::start(engine_config)
     };
-    Ok(Box::new(WorkerBackend { runtime, engine, name: kind.name() }))
+    Ok(CommandBackend::Worker(WorkerBackend { runtime, engine, name: kind.name(), last: None }))
 }

@@ -1,8 +1,11 @@
 //! `laya-edge predict`: answers JSON-lines requests on stdin with laya's result per line, on the
-//! backend the configuration and flags name. The CPU backend runs in this process; any other runs
-//! in a supervised worker process built exactly as `serve` builds it (`crate::backends`), so
-//! `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config` (and `[limits]
-//! max_request_tokens` bounds each line as it bounds a request to `serve`).
+//! backend the configuration and flags name, each line saying which backend answered it
+//! (`backend`, `serving`: `cpu` and `fallback` when the CPU fallback did). The CPU backend runs in
+//! this process; any other runs in a supervised worker process built exactly as `serve` builds
+//! it (`cli::backend_for`), so `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config`
+//! (and `[limits] max_request_tokens` bounds each line as it bounds a request to `serve`). A
+//! backend named with `--backend` answers alone unless `--fallback cpu` asks for the fallback:
+//! whoever measures an NPU must not be answered by the CPU without knowing it.
 
 use std::path::Path;
 
@@ -22,7 +25,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let out = std::io::BufWriter::new(std::io::stdout().lock());
     let max_tokens = config.limits.max_request_tokens;
     jsonl::for_each_line(std::io::stdin().lock(), out, |line| {
-        jsonl::predict_line(&bundle, backend.as_mut(), max_tokens, line)
+        jsonl::predict_line(&bundle, &mut backend, max_tokens, line)
     })
     .map_err(|e| e.to_string())
 }

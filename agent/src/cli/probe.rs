@@ -1,11 +1,13 @@
 //! `laya-edge probe --model BUNDLE --backend X`: runs the bundle's probe on a backend and prints
-//! how closely it answers like the float model (the figures the agent publishes in telemetry
-//! and in `probe_failed` events). Exits with failure when the bundle's thresholds are not met.
+//! how closely it answers like the float model, over every row and per graph (the figures the
+//! agent publishes in telemetry and in `probe_failed` events). Exits with failure when a graph
+//! falls below the bundle's thresholds.
 
 use std::path::Path;
 
 use crate::bundle::HostBundle;
 use crate::config::Config;
+use crate::engine::probe::{MIN_ROWS_PER_GRAPH, graph_name, probed_graphs};
 use crate::engine::probe_file as probe;
 use crate::prompt::Row;
 
@@ -20,13 +22,30 @@ pub fn run(config: Config) -> Result<(), String> {
         .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir.display()))?;
     let mut backend = super::backend_for(&config, &bundle, false)?;
     let rows: Vec<&Row> = probe.rows.iter().collect();
-    let outputs = backend.run(&rows).map_err(|e| format!("the {} backend failed on the probe: {e}", backend.name()))?;
-    let report = probe.judge(&outputs);
-    println!("{} on {}: {report}", backend.name(), config.model.dir.display());
+    let outputs =
+        backend.backend().run(&rows).map_err(|e| format!("the {} backend failed on the probe: {e}", backend.name()))?;
+    let report = probe.judge(&outputs, probed_graphs(&bundle.capacity).as_deref());
+    println!("{} on {}: {}", backend.name(), config.model.dir.display(), report.overall());
+    for g in report.graphs.iter().filter(|g| g.seq_len.is_some()) {
+        let outcome = match (g.rows, g.passed) {
+            (0, _) => String::new(),
+            (_, true) => ": passed".to_owned(),
+            (_, false) => format!(": FAILED ({})", g.verdict),
+        };
+        println!("  {g}{outcome}");
+        if (1..MIN_ROWS_PER_GRAPH).contains(&g.rows) {
+            println!(
+                "  {}: only {} probe rows, fewer than the {MIN_ROWS_PER_GRAPH} a graph is judged on reliably: assemble the bundle again",
+                graph_name(g.seq_len),
+                g.rows
+            );
+        }
+    }
+    let t = &probe.thresholds;
     if report.passed {
         println!(
-            "passed (thresholds: argmax >= {}, clear decisions >= {}, mean cosine >= {})",
-            probe.thresholds.min_agreement, probe.thresholds.min_clear_agreement, probe.thresholds.min_cosine
+            "passed on every graph (thresholds: argmax >= {}, clear decisions >= {}, mean cosine >= {}, mean |dp| <= {})",
+            t.min_agreement, t.min_clear_agreement, t.min_cosine, t.max_mean_dp
         );
         Ok(())
     } else {

@@ -23,7 +23,9 @@ use super::supervisor::{
     Action, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Supervisor, Timer,
     TimerKind, WorkerId,
 };
-use super::{EngineConfig, EngineError, EngineStatus, ProbeRun, RESTARTS_KEPT, RestartLog, RestartRecord, RunOutput};
+use super::{
+    EngineConfig, EngineError, EngineStatus, ProbeRun, ProbeRuns, RESTARTS_KEPT, RestartLog, RestartRecord, RunOutput,
+};
 use crate::backend::{BackendError, LoadError, RowResult};
 use crate::prompt::Row;
 
@@ -243,7 +245,7 @@ impl Driver {
         } else {
             return Ok(());
         };
-        let report = probe.judge(outputs);
+        let report = probe.judge(outputs, self.config.probe_graphs.as_deref());
         let result = if report.passed { Ok(()) } else { Err(format!("probe failed: {} ({report})", report.verdict)) };
         self.record_probe(id, probe.rows.len(), Some(report), None);
         result
@@ -283,6 +285,7 @@ impl Driver {
         }
         if let Ok(mut s) = self.status.lock() {
             s.last_probe = Some(run.clone());
+            ProbeRuns::record(&mut s.probes, &run);
         }
         let _ = self.probes.send(run); // no subscriber: nobody to tell
     }

@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use crate::backend::{BackendError, RowResult, SetupError};
 use crate::bundle::HostBundle;
 use crate::config::{BackendKind, Config, Fallback};
-use crate::prompt::Row;
+use crate::prompt::{Row, RowShape};
 use driver::{Driver, Request, Shared};
 use probe::{Probe, Report};
 pub use spec::WorkerSpec;
@@ -54,6 +54,9 @@ pub struct EngineConfig {
     pub probe: Option<Arc<Probe>>,
     /// How often the serving worker runs the probe again (`probe.interval_min`; none: only at start).
     pub probe_every: Option<Duration>,
+    /// The graphs the probe's rows are judged on, each on its own rows (the bundle's graphs that
+    /// run rows, `probe::probed_graphs`); `None`: all rows together (no graphs).
+    pub probe_graphs: Option<Vec<RowShape>>,
 }
 
 impl EngineConfig {
@@ -67,6 +70,7 @@ impl EngineConfig {
             queue: 1024,
             probe: None,
             probe_every: None,
+            probe_graphs: None,
         }
     }
 
@@ -88,6 +92,7 @@ impl EngineConfig {
             queue: config.limits.queue,
             probe: probe_file::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(Arc::new),
             probe_every: (config.probe.interval_min > 0).then(|| Duration::from_secs(config.probe.interval_min * 60)),
+            probe_graphs: probe::probed_graphs(&bundle.capacity),
         })
     }
 
@@ -217,6 +222,9 @@ pub struct EngineStatus {
     pub runtime: String,
     /// The last probe's figures, and which worker ran it.
     pub last_probe: Option<ProbeRun>,
+    /// Each role's probe runs (the primary's first): its last run and its last failed one, so
+    /// the fallback's passing run after a degradation does not hide the primary's failure.
+    pub probes: Vec<ProbeRuns>,
     /// How long the backend has had a call running since the engine started, up to
     /// `busy_since` (see [`Engine::busy_time`]).
     pub busy_total: Duration,
@@ -236,6 +244,34 @@ pub struct ProbeRun {
     pub report: Option<Report>,
     /// Why the worker did not answer them (its own guard, a runtime error), when it did not.
     pub error: Option<String>,
+}
+
+/// One role's probe runs, as telemetry reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeRuns {
+    /// The role's last run.
+    pub last: ProbeRun,
+    /// The role's last failed run, kept however many runs passed since.
+    pub last_failure: Option<ProbeRun>,
+}
+
+impl ProbeRuns {
+    /// `probes` (one entry per role, the primary's first) with `run` recorded.
+    pub fn record(probes: &mut Vec<ProbeRuns>, run: &ProbeRun) {
+        let failure = (!run.passed()).then(|| run.clone());
+        match probes.iter_mut().find(|p| p.last.role == run.role) {
+            Some(p) => {
+                p.last = run.clone();
+                if failure.is_some() {
+                    p.last_failure = failure;
+                }
+            }
+            None => {
+                probes.push(ProbeRuns { last: run.clone(), last_failure: failure });
+                probes.sort_by_key(|p| p.last.role != Role::Primary);
+            }
+        }
+    }
 }
 
 impl ProbeRun {
@@ -293,6 +329,7 @@ impl Engine {
             worker_pid: None,
             runtime: String::new(),
             last_probe: None,
+            probes: Vec::new(),
             busy_total: Duration::ZERO,
             busy_since: None,
         }));
@@ -407,5 +444,39 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["input", "transient", "transient", "fatal", "fatal", "transient"]);
         assert_eq!(BackendError::from(EngineError::Input("bad row".into())), BackendError::Input("bad row".into()));
+    }
+
+    fn run(role: Role, backend: &str, error: Option<&str>) -> ProbeRun {
+        ProbeRun { role, backend: backend.into(), rows: 4, report: None, error: error.map(str::to_owned) }
+    }
+
+    #[test]
+    fn each_roles_last_probe_run_is_kept_with_its_last_failure_after_the_fallback_passes() {
+        let mut probes = Vec::new();
+        // The primary fails (no report: "failed" either way), degrades; the fallback passes.
+        ProbeRuns::record(&mut probes, &run(Role::Primary, "qnn", Some("graph 256 collapsed")));
+        let mut passing = run(Role::Fallback, "cpu", None);
+        passing.report =
+            Some(Probe { rows: vec![], expected: vec![], thresholds: Default::default() }.judge(&[], None));
+        assert!(passing.passed(), "{:?}", passing.report);
+        ProbeRuns::record(&mut probes, &passing);
+        ProbeRuns::record(&mut probes, &passing);
+        let roles: Vec<Role> = probes.iter().map(|p| p.last.role).collect();
+        assert_eq!(roles, [Role::Primary, Role::Fallback], "the primary's first");
+        assert_eq!(probes[0].last.error.as_deref(), Some("graph 256 collapsed"));
+        assert_eq!(probes[0].last_failure, Some(probes[0].last.clone()));
+        assert_eq!(probes[1].last_failure, None);
+        // A candidate primary that passes: its last run passes, its last failure is kept.
+        let mut recovered = passing.clone();
+        recovered.role = Role::Primary;
+        recovered.backend = "qnn".into();
+        ProbeRuns::record(&mut probes, &recovered);
+        assert!(probes[0].last.passed());
+        assert_eq!(probes[0].last_failure.as_ref().and_then(|f| f.error.as_deref()), Some("graph 256 collapsed"));
+        // The fallback first, then the primary: still the primary's first.
+        let mut other = Vec::new();
+        ProbeRuns::record(&mut other, &passing);
+        ProbeRuns::record(&mut other, &recovered);
+        assert_eq!(other.iter().map(|p| p.last.role).collect::<Vec<_>>(), [Role::Primary, Role::Fallback]);
     }
 }

@@ -1,4 +1,4 @@
-//! The probe: does the backend still answer like the float model?
+//! The probe: does the backend still answer like the float model, on every graph?
 //!
 //! Quantization and runtime bugs fail silently: a min-max calibrated graph at 256 tokens turns
 //! every decision into 0.5, librknnrt 2.4.2 returns one vector for every input, a context binary
@@ -7,15 +7,29 @@
 //! `engine::probe_file`), and the engine runs them on every new worker (with the health call) and
 //! every `probe.interval_min`. This module only compares: rows in, figures out, no I/O.
 //!
-//! Probabilities here are the softmax of a row's option logits at temperature 1 (the same for
-//! both sides, so the figures compare the backends, not the temperatures).
+//! Each graph is judged on its own rows (issue #28): a row runs on the shortest usable graph that
+//! holds it ([`graph_of`], the backends' own rule), and a bundle whose 256-token graph is broken
+//! must fail on that graph however many short rows its 128-token graph answers well. Judged as a
+//! whole, 47 good short rows hid one collapsed long one (47/48, cosine 0.994).
+//!
+//! Probabilities here are the softmax of a row's option logits at temperature 1, untempered (the
+//! same for both sides, so the figures compare the backends, not the temperatures). A row's
+//! |dp| is the largest |p_backend - p_float| over its options; "mean |dp|" is the mean of those
+//! per-row maxima over the rows judged, "max |dp|" the largest.
 
 use crate::backend::RowResult;
 use crate::bundle::Thresholds;
-use crate::prompt::Row;
+use crate::prompt::{Capacity, Row, RowShape};
 
 /// A decision is clear when the float model's top two probabilities differ by more than this.
 pub const CLEAR_MARGIN: f64 = 0.02;
+
+/// The fewest probe rows a graph is judged on: `laya-edge bundle` fills a graph with fewer from
+/// the built-in requests (or refuses), `laya-edge check` refuses a probe that leaves a graph with
+/// fewer. At 20 rows the default agreement of 0.95 (`bundle::Thresholds`) forgives one flipped
+/// decision, which sound bundles show now and then (up to 2 in 248 rows measured, see there), and
+/// not two.
+pub const MIN_ROWS_PER_GRAPH: usize = 20;
 
 /// The probe rows and what the float model answered for them.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,7 +39,88 @@ pub struct Probe {
     pub thresholds: Thresholds,
 }
 
-/// The figures of one probe run.
+/// The graph `row` runs on among `shapes` (an NPU bundle's usable graphs): the shortest that holds
+/// its tokens and its options, as the RKNN and QNN backends choose (`npu::rknn::choose_graph`,
+/// `npu::qnn::host::choose_graph`). `None` if none holds it.
+pub fn graph_of(shapes: &[RowShape], row: &Row) -> Option<RowShape> {
+    let (n, k) = (row.input_ids.len(), row.marker_pos.len());
+    shapes.iter().filter(|s| s.seq_len >= n && s.marker_slots.is_none_or(|m| m >= k)).min_by_key(|s| s.seq_len).copied()
+}
+
+/// The graphs of `capacity` that some row within its budget runs on, which the probe must
+/// cover: a 256-token graph of a bundle whose budget is 96 tokens runs no row and needs no probe
+/// rows. `None` for a backend without graphs (a checkpoint: rows of any length).
+pub fn probed_graphs(capacity: &Capacity) -> Option<Vec<RowShape>> {
+    let shapes = capacity.shapes.as_ref()?;
+    let budget = usize::try_from(capacity.limits.max_len).unwrap_or(0);
+    let reached = |g: &RowShape| {
+        // The row likeliest to reach `g`: as long as `g` and the budget allow, with as many options
+        // as `g` holds. If a shorter graph takes even that one, `g` runs nothing.
+        let n = g.seq_len.min(budget);
+        let k = g.marker_slots.unwrap_or(1).max(1) as u32;
+        let row = Row {
+            input_ids: vec![0; n],
+            marker_pos: (0..k).collect(),
+            qtype: crate::prompt::QType::Choice,
+            layout: None,
+        };
+        graph_of(shapes, &row).is_some_and(|chosen| chosen == *g)
+    };
+    Some(shapes.iter().filter(|g| reached(g)).copied().collect())
+}
+
+/// How the probe's rows split over the graphs: each graph's sequence length (shortest first;
+/// one `None` for a backend that runs rows of any length, the CPU) and, per row, the index of
+/// its graph. Every graph of `shapes` is listed, those no row runs on too.
+pub fn split(shapes: Option<&[RowShape]>, rows: &[Row]) -> (Vec<Option<usize>>, Vec<Option<usize>>) {
+    let Some(shapes) = shapes.filter(|s| !s.is_empty()) else {
+        return (vec![None], vec![Some(0); rows.len()]);
+    };
+    let mut lengths: Vec<usize> = shapes.iter().map(|s| s.seq_len).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let of_row =
+        rows.iter().map(|r| graph_of(shapes, r).and_then(|g| lengths.iter().position(|&l| l == g.seq_len))).collect();
+    (lengths.into_iter().map(Some).collect(), of_row)
+}
+
+/// How many of `rows` run on each graph of `shapes` (as [`split`] lists them).
+pub fn rows_per_graph(shapes: Option<&[RowShape]>, rows: &[Row]) -> Vec<(Option<usize>, usize)> {
+    let (graphs, of_row) = split(shapes, rows);
+    graphs.iter().enumerate().map(|(gi, &g)| (g, of_row.iter().filter(|r| **r == Some(gi)).count())).collect()
+}
+
+/// A graph's name in figures and verdicts: `graph 256`, or `all rows` without graphs.
+pub fn graph_name(seq_len: Option<usize>) -> String {
+    seq_len.map_or_else(|| "all rows".to_owned(), |l| format!("graph {l}"))
+}
+
+/// The figures of one graph's probe rows (or of all rows, for a backend without graphs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphReport {
+    /// The graph's sequence length; `None` for a backend that runs rows of any length (the CPU).
+    pub seq_len: Option<usize>,
+    pub rows: usize,
+    /// Rows whose best option agrees with the float model's.
+    pub agree: usize,
+    /// Rows the float model decides clearly, and how many of those agree.
+    pub clear: usize,
+    pub clear_agree: usize,
+    /// Mean and largest per-row max |dp| over the options (see the module doc).
+    pub mean_dp: f64,
+    pub max_dp: f64,
+    /// Mean cosine of the option logits.
+    pub mean_cosine: f64,
+    /// Why this graph's outputs look collapsed (near-uniform, or the same for different inputs).
+    pub collapse: Option<String>,
+    /// Whether this graph's figures meet the thresholds (and nothing collapsed). A graph no probe
+    /// row runs on passes unchecked (`rows` 0): `laya-edge bundle` and `check` refuse such a probe.
+    pub passed: bool,
+    /// What failed, in a sentence (empty when passed).
+    pub verdict: String,
+}
+
+/// The figures of one probe run: over every row, and per graph.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     pub rows: usize,
@@ -34,17 +129,20 @@ pub struct Report {
     /// Rows the float model decides clearly, and how many of those agree.
     pub clear: usize,
     pub clear_agree: usize,
-    /// Mean and largest per-row max |dp| over the options.
+    /// Mean and largest per-row max |dp| over the options (see the module doc).
     pub mean_dp: f64,
     pub max_dp: f64,
     /// Mean cosine of the option logits.
     pub mean_cosine: f64,
-    /// Why the outputs look collapsed (near-uniform, or the same for different inputs).
+    /// Why the outputs look collapsed (near-uniform, or the same for different inputs), over
+    /// every row; each graph's own is in `graphs`.
     pub collapse: Option<String>,
-    /// Whether the figures meet the thresholds (and nothing collapsed).
+    /// Whether every graph passed (and nothing collapsed over all rows).
     pub passed: bool,
-    /// What failed, in a sentence (empty when passed).
+    /// What failed, in a sentence naming the graph (empty when passed).
     pub verdict: String,
+    /// Each graph's own figures and verdict, shortest graph first.
+    pub graphs: Vec<GraphReport>,
 }
 
 impl Report {
@@ -57,16 +155,69 @@ impl Report {
     }
 }
 
-impl std::fmt::Display for Report {
-    /// Like the model cards: `argmax 87/88, clear 80/80, mean |dp| 0.004 (max 0.03), mean cosine 0.999`.
+/// `argmax 87/88, clear decisions 80/80, mean |dp| 0.0040 (max 0.0300), mean cosine 0.9990`.
+#[allow(clippy::too_many_arguments)]
+fn figures(
+    f: &mut std::fmt::Formatter<'_>,
+    agree: usize,
+    rows: usize,
+    clear_agree: usize,
+    clear: usize,
+    mean_dp: f64,
+    max_dp: f64,
+    mean_cosine: f64,
+) -> std::fmt::Result {
+    write!(
+        f,
+        "argmax {agree}/{rows}, clear decisions {clear_agree}/{clear}, mean |dp| {mean_dp:.4} (max {max_dp:.4}), mean cosine {mean_cosine:.4}"
+    )
+}
+
+impl std::fmt::Display for GraphReport {
+    /// `graph 256 (24 rows): argmax 24/24, ...`, or `graph 256: no probe rows (not checked)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "argmax {}/{}, clear decisions {}/{}, mean |dp| {:.4} (max {:.4}), mean cosine {:.4}",
-            self.agree, self.rows, self.clear_agree, self.clear, self.mean_dp, self.max_dp, self.mean_cosine
-        )?;
+        let name = graph_name(self.seq_len);
+        if self.rows == 0 {
+            return write!(f, "{name}: no probe rows (not checked)");
+        }
+        write!(f, "{name} ({} rows): ", self.rows)?;
+        figures(f, self.agree, self.rows, self.clear_agree, self.clear, self.mean_dp, self.max_dp, self.mean_cosine)?;
         if let Some(c) = &self.collapse {
             write!(f, ", collapsed: {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The figures over every row, without the graphs'.
+struct Overall<'a>(&'a Report);
+
+impl std::fmt::Display for Overall<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.0;
+        figures(f, r.agree, r.rows, r.clear_agree, r.clear, r.mean_dp, r.max_dp, r.mean_cosine)?;
+        if let Some(c) = &r.collapse {
+            write!(f, ", collapsed: {c}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The figures over every row: `argmax 87/88, clear decisions 80/80, mean |dp| 0.0040 (max
+    /// 0.0300), mean cosine 0.9990`.
+    pub fn overall(&self) -> String {
+        Overall(self).to_string()
+    }
+}
+
+impl std::fmt::Display for Report {
+    /// Like the model cards: the figures over every row ([`Report::overall`]), then each graph's
+    /// when the backend has graphs (`; graph 128 (32 rows): argmax 32/32, ...`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", Overall(self))?;
+        for g in self.graphs.iter().filter(|g| g.seq_len.is_some()) {
+            write!(f, "; {g}")?;
         }
         Ok(())
     }
@@ -125,9 +276,90 @@ const DIFFERENT: f64 = 1e-2;
 /// A row is near-uniform when its probabilities all lie within this of `1/n`.
 const UNIFORM: f64 = 0.01;
 
+/// One row against the float model's.
+struct RowFigures {
+    agree: bool,
+    clear: bool,
+    dp: f64,
+    cosine: f64,
+    uniform_got: bool,
+    uniform_expected: bool,
+}
+
+/// The figures of a set of rows, before the thresholds.
+#[derive(Default)]
+struct Tally {
+    rows: usize,
+    agree: usize,
+    clear: usize,
+    clear_agree: usize,
+    dp_sum: f64,
+    max_dp: f64,
+    cos_sum: f64,
+    uniform_got: usize,
+    uniform_expected: usize,
+}
+
+impl Tally {
+    fn add(&mut self, r: &RowFigures) {
+        self.rows += 1;
+        self.agree += usize::from(r.agree);
+        self.clear += usize::from(r.clear);
+        self.clear_agree += usize::from(r.clear && r.agree);
+        self.dp_sum += r.dp;
+        self.max_dp = self.max_dp.max(r.dp);
+        self.cos_sum += r.cosine;
+        self.uniform_got += usize::from(r.uniform_got);
+        self.uniform_expected += usize::from(r.uniform_expected);
+    }
+
+    fn mean_dp(&self) -> f64 {
+        self.dp_sum / self.rows.max(1) as f64
+    }
+
+    fn mean_cosine(&self) -> f64 {
+        self.cos_sum / self.rows.max(1) as f64
+    }
+
+    /// What falls short of `t` (empty: nothing).
+    fn failures(&self, t: &Thresholds, collapse: Option<&str>) -> Vec<String> {
+        let mut failed = Vec::new();
+        if self.rows == 0 {
+            return failed;
+        }
+        let agreement = ratio(self.agree, self.rows);
+        if agreement < t.min_agreement {
+            failed.push(format!("argmax agreement {agreement:.3} < {}", t.min_agreement));
+        }
+        let clear = ratio(self.clear_agree, self.clear);
+        if clear < t.min_clear_agreement {
+            failed.push(format!(
+                "clear-decision agreement {clear:.3} ({} of {} flipped) < {}",
+                self.clear - self.clear_agree,
+                self.clear,
+                t.min_clear_agreement
+            ));
+        }
+        // NaN logits give a NaN cosine and |dp|: those fail too.
+        let (cosine, dp) = (self.mean_cosine(), self.mean_dp());
+        if cosine.is_nan() || cosine < t.min_cosine {
+            failed.push(format!("mean cosine {cosine:.4} < {}", t.min_cosine));
+        }
+        if dp.is_nan() || dp > t.max_mean_dp {
+            failed.push(format!("mean |dp| {dp:.4} > {}", t.max_mean_dp));
+        }
+        if let Some(c) = collapse {
+            failed.push(format!("collapsed: {c}"));
+        }
+        failed
+    }
+}
+
 impl Probe {
-    /// Compares `outputs` (one per probe row, in order) with the float model's.
-    pub fn judge(&self, outputs: &[RowResult]) -> Report {
+    /// Compares `outputs` (one per probe row, in order) with the float model's, over every row
+    /// and per graph of `shapes` (an NPU bundle's usable graphs, `HostBundle::capacity.shapes`;
+    /// `None` for a backend without graphs: one set of figures for all rows).
+    pub fn judge(&self, outputs: &[RowResult], shapes: Option<&[RowShape]>) -> Report {
         let mut r = Report {
             rows: self.rows.len(),
             agree: 0,
@@ -139,15 +371,13 @@ impl Probe {
             collapse: None,
             passed: false,
             verdict: String::new(),
+            graphs: Vec::new(),
         };
         if outputs.len() != self.rows.len() {
             r.verdict = format!("the backend answered {} probe rows of {}", outputs.len(), self.rows.len());
             return r;
         }
-        let mut uniform_got = 0;
-        let mut uniform_expected = 0;
-        let mut dp_sum = 0.0;
-        let mut cos_sum = 0.0;
+        let mut per_row = Vec::with_capacity(self.rows.len());
         for (want, got) in self.expected.iter().zip(outputs) {
             if want.logits.len() != got.logits.len() || want.logits.is_empty() {
                 r.verdict = format!(
@@ -158,46 +388,88 @@ impl Probe {
                 return r;
             }
             let (pw, pg) = (softmax(&want.logits), softmax(&got.logits));
-            let agree = argmax(&pw) == argmax(&pg);
-            r.agree += usize::from(agree);
-            if top_two_margin(&pw) > CLEAR_MARGIN {
-                r.clear += 1;
-                r.clear_agree += usize::from(agree);
-            }
-            let dp = pw.iter().zip(&pg).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            dp_sum += dp;
-            r.max_dp = r.max_dp.max(dp);
-            cos_sum += cosine(&want.logits, &got.logits);
             let n = pg.len() as f64;
-            uniform_got += usize::from(pg.iter().all(|p| (p - 1.0 / n).abs() < UNIFORM));
-            uniform_expected += usize::from(pw.iter().all(|p| (p - 1.0 / n).abs() < UNIFORM));
+            per_row.push(RowFigures {
+                agree: argmax(&pw) == argmax(&pg),
+                clear: top_two_margin(&pw) > CLEAR_MARGIN,
+                dp: pw.iter().zip(&pg).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max),
+                cosine: cosine(&want.logits, &got.logits),
+                uniform_got: pg.iter().all(|p| (p - 1.0 / n).abs() < UNIFORM),
+                uniform_expected: pw.iter().all(|p| (p - 1.0 / n).abs() < UNIFORM),
+            });
         }
-        let n = self.rows.len().max(1) as f64;
-        r.mean_dp = dp_sum / n;
-        r.mean_cosine = cos_sum / n;
-        r.collapse = self.collapse(outputs, uniform_got, uniform_expected);
         let t = &self.thresholds;
+        let (graphs, of_row) = split(shapes, &self.rows);
         let mut failed = Vec::new();
-        if r.agreement() < t.min_agreement {
-            failed.push(format!("argmax agreement {:.3} < {}", r.agreement(), t.min_agreement));
+        for (gi, seq_len) in graphs.iter().enumerate() {
+            let members: Vec<usize> = (0..self.rows.len()).filter(|&i| of_row[i] == Some(gi)).collect();
+            let mut tally = Tally::default();
+            for &i in &members {
+                tally.add(&per_row[i]);
+            }
+            let collapse = self.collapse(&members, outputs, tally.uniform_got, tally.uniform_expected);
+            let failures = tally.failures(t, collapse.as_deref());
+            let verdict = failures.join(", ");
+            if !failures.is_empty() {
+                // Named by graph where there are graphs; a backend without them speaks for all rows.
+                failed.push(match seq_len {
+                    Some(_) => format!("{}: {verdict}", graph_name(*seq_len)),
+                    None => verdict.clone(),
+                });
+            }
+            r.graphs.push(GraphReport {
+                seq_len: *seq_len,
+                rows: tally.rows,
+                agree: tally.agree,
+                clear: tally.clear,
+                clear_agree: tally.clear_agree,
+                mean_dp: tally.mean_dp(),
+                max_dp: tally.max_dp,
+                mean_cosine: tally.mean_cosine(),
+                collapse,
+                passed: failures.is_empty(),
+                verdict,
+            });
         }
-        if r.clear_agreement() < t.min_clear_agreement {
-            failed.push(format!("clear-decision agreement {:.3} < {}", r.clear_agreement(), t.min_clear_agreement));
+        let all: Vec<usize> = (0..self.rows.len()).collect();
+        let mut tally = Tally::default();
+        for row in &per_row {
+            tally.add(row);
         }
-        // NaN logits give a NaN cosine: that fails too.
-        if r.mean_cosine.is_nan() || r.mean_cosine < t.min_cosine {
-            failed.push(format!("mean cosine {:.4} < {}", r.mean_cosine, t.min_cosine));
-        }
-        if let Some(c) = &r.collapse {
+        r.agree = tally.agree;
+        r.clear = tally.clear;
+        r.clear_agree = tally.clear_agree;
+        r.mean_dp = tally.mean_dp();
+        r.max_dp = tally.max_dp;
+        r.mean_cosine = tally.mean_cosine();
+        r.collapse = self.collapse(&all, outputs, tally.uniform_got, tally.uniform_expected);
+        // A collapse over every row that no graph saw on its own (one vector for rows of
+        // different graphs) fails the run too.
+        if let Some(c) = &r.collapse
+            && r.graphs.iter().all(|g| g.collapse.is_none())
+        {
             failed.push(format!("collapsed: {c}"));
+        }
+        // Rows no graph holds cannot be in a probe made for this bundle; if there are any, the
+        // thresholds hold for all rows too.
+        if of_row.iter().any(Option::is_none) {
+            failed.extend(tally.failures(t, None).into_iter().map(|f| format!("all rows: {f}")));
         }
         r.passed = failed.is_empty();
         r.verdict = failed.join("; ");
         r
     }
 
-    fn collapse(&self, outputs: &[RowResult], uniform_got: usize, uniform_expected: usize) -> Option<String> {
-        let rows = self.rows.len();
+    /// Whether the outputs of rows `members` look collapsed: all near-uniform where the float
+    /// model's are not, or the same logits for half the pairs of different rows.
+    fn collapse(
+        &self,
+        members: &[usize],
+        outputs: &[RowResult],
+        uniform_got: usize,
+        uniform_expected: usize,
+    ) -> Option<String> {
+        let rows = members.len();
         if rows >= 2 && uniform_got == rows && uniform_expected < rows {
             return Some(format!(
                 "all {rows} probe rows came back near-uniform (every probability within {UNIFORM} of 1/n)"
@@ -205,8 +477,8 @@ impl Probe {
         }
         let mut same = 0;
         let mut pairs = 0;
-        for i in 0..rows {
-            for j in i + 1..rows {
+        for (a, &i) in members.iter().enumerate() {
+            for &j in &members[a + 1..] {
                 let comparable = self.rows[i].input_ids != self.rows[j].input_ids
                     && self.expected[i].logits.len() == self.expected[j].logits.len()
                     && distance(&self.expected[i].logits, &self.expected[j].logits) > DIFFERENT;
@@ -246,14 +518,20 @@ mod tests {
 
     const FLOAT: [&[f32]; 4] = [&[2.0, -1.0], &[-1.5, 1.0, 0.2], &[0.3, 0.1], &[-3.0, 3.0]];
 
+    /// QNN's two graphs: 128 and 256 tokens, the head on the host (no marker slots).
+    const QNN_GRAPHS: [RowShape; 2] =
+        [RowShape { seq_len: 128, marker_slots: None }, RowShape { seq_len: 256, marker_slots: None }];
+
     #[test]
     fn the_float_models_own_answers_pass_with_perfect_figures() {
         let p = probe(&FLOAT);
-        let r = p.judge(&p.expected);
+        let r = p.judge(&p.expected, None);
         assert!(r.passed, "{r}: {}", r.verdict);
         assert_eq!((r.agree, r.clear, r.clear_agree), (4, 4, 4));
         assert_eq!((r.mean_dp, r.max_dp), (0.0, 0.0));
         assert!((r.mean_cosine - 1.0).abs() < 1e-12);
+        assert_eq!(r.graphs.len(), 1, "one set of figures for a backend without graphs");
+        assert_eq!((r.graphs[0].seq_len, r.graphs[0].rows), (None, 4));
     }
 
     #[test]
@@ -264,7 +542,7 @@ mod tests {
             .iter()
             .map(|o| out(&o.logits.iter().map(|v| v + 0.01 * v.signum()).collect::<Vec<_>>()))
             .collect();
-        let r = p.judge(&noisy);
+        let r = p.judge(&noisy, None);
         assert!(r.passed, "{r}: {}", r.verdict);
         assert!(r.mean_dp > 0.0 && r.max_dp < 0.01, "{r}");
     }
@@ -274,7 +552,7 @@ mod tests {
         let p = probe(&FLOAT);
         let flipped: Vec<RowResult> =
             p.expected.iter().map(|o| out(&o.logits.iter().rev().copied().collect::<Vec<_>>())).collect();
-        let r = p.judge(&flipped);
+        let r = p.judge(&flipped, None);
         assert!(!r.passed);
         assert!(r.agree < 4 && r.verdict.contains("argmax agreement"), "{r}: {}", r.verdict);
     }
@@ -284,7 +562,7 @@ mod tests {
         let p = probe(&FLOAT);
         // Every decision 0.5 (or 1/3): the min-max-at-256 failure.
         let flat: Vec<RowResult> = p.expected.iter().map(|o| out(&vec![0.001; o.logits.len()])).collect();
-        let r = p.judge(&flat);
+        let r = p.judge(&flat, None);
         assert!(!r.passed);
         assert!(r.collapse.as_deref().is_some_and(|c| c.contains("near-uniform")), "{r}");
     }
@@ -295,7 +573,7 @@ mod tests {
         // answers differently but with the same best option.
         let p = probe(&[&[2.0, -1.0], &[1.0, 0.0], &[3.0, -2.0], &[0.9, 0.1]]);
         let constant: Vec<RowResult> = p.expected.iter().map(|_| out(&[1.5, -0.5])).collect();
-        let r = p.judge(&constant);
+        let r = p.judge(&constant, None);
         assert_eq!(r.agree, 4, "every argmax agrees, so only the collapse check can catch it");
         assert!(!r.passed && r.collapse.is_some(), "{r}");
     }
@@ -303,13 +581,120 @@ mod tests {
     #[test]
     fn a_wrong_number_of_rows_or_options_fails_without_panicking() {
         let p = probe(&FLOAT);
-        assert!(!p.judge(&p.expected[..3]).passed);
+        assert!(!p.judge(&p.expected[..3], None).passed);
         let mut short = p.expected.clone();
         short[1].logits.pop();
-        let r = p.judge(&short);
+        let r = p.judge(&short, None);
         assert!(!r.passed && r.verdict.contains("option logits"), "{}", r.verdict);
         let mut nan = p.expected.clone();
         nan[0].logits[0] = f32::NAN;
-        assert!(!p.judge(&nan).passed, "NaN logits must not pass");
+        assert!(!p.judge(&nan, None).passed, "NaN logits must not pass");
+    }
+
+    /// `short` rows of 40 tokens and `long` rows of 200, each answered clearly by the float model
+    /// (its best option differing from row to row).
+    fn short_and_long(short: u32, long: u32) -> Probe {
+        let mut rows = Vec::new();
+        let mut expected = Vec::new();
+        for i in 0..short + long {
+            let len = if i < short { 40 } else { 200 };
+            let mut ids = vec![1; len];
+            ids[1] = 1000 + i;
+            rows.push(Row { input_ids: ids, marker_pos: vec![3, 5, 7], qtype: QType::Choice, layout: None });
+            let best = (i % 3) as usize;
+            let mut logits = vec![-1.0f32, -0.5, 0.0];
+            logits[best] = 2.0 + i as f32 * 0.01;
+            expected.push(out(&logits));
+        }
+        Probe { rows, expected, thresholds: Thresholds::default() }
+    }
+
+    #[test]
+    fn a_broken_256_graph_fails_on_its_own_rows_while_the_128_graph_passes_and_the_verdict_names_it() {
+        // The issue's bundle: ordinary (short) probe traffic, 47 rows on the 128 graph and one on
+        // the collapsed 256 graph, which answers every long row with uniform probabilities.
+        let p = short_and_long(47, 1);
+        let mut outputs = p.expected.clone();
+        for (o, r) in outputs.iter_mut().zip(&p.rows) {
+            if r.input_ids.len() > 128 {
+                o.logits = vec![0.0; o.logits.len()];
+            }
+        }
+        let r = p.judge(&outputs, Some(&QNN_GRAPHS));
+        assert!(!r.passed, "the broken 256 graph passed: {r}");
+        assert_eq!(r.graphs.len(), 2, "{r}");
+        let (g128, g256) = (&r.graphs[0], &r.graphs[1]);
+        assert_eq!((g128.seq_len, g128.rows, g128.passed), (Some(128), 47, true), "{g128}: {}", g128.verdict);
+        assert_eq!((g256.seq_len, g256.rows, g256.passed), (Some(256), 1, false), "{g256}");
+        assert!(r.verdict.starts_with("graph 256: "), "the verdict names the graph: {}", r.verdict);
+        assert!(!r.verdict.contains("graph 128"), "{}", r.verdict);
+        assert!(r.to_string().contains("graph 256 (1 rows): argmax 0/1"), "{r}");
+        // What the whole-bundle judgement said of it: 47/48 and a passed probe.
+        let whole = p.judge(&outputs, None);
+        assert_eq!((whole.agree, whole.rows), (47, 48));
+    }
+
+    #[test]
+    fn a_graph_no_probe_row_runs_on_is_listed_as_not_checked() {
+        let p = short_and_long(4, 0);
+        let r = p.judge(&p.expected, Some(&QNN_GRAPHS));
+        assert!(r.passed, "{}", r.verdict);
+        assert_eq!(r.graphs.iter().map(|g| g.rows).collect::<Vec<_>>(), [4, 0]);
+        assert!(r.to_string().ends_with("graph 256: no probe rows (not checked)"), "{r}");
+    }
+
+    #[test]
+    fn a_row_runs_on_the_shortest_graph_that_holds_its_tokens_and_its_options() {
+        let rknn = [
+            RowShape { seq_len: 512, marker_slots: Some(64) },
+            RowShape { seq_len: 128, marker_slots: Some(8) },
+            RowShape { seq_len: 256, marker_slots: Some(64) },
+        ];
+        let row = |n: usize, k: u32| Row {
+            input_ids: vec![1; n],
+            marker_pos: (0..k).collect(),
+            qtype: QType::Choice,
+            layout: None,
+        };
+        let len = |r: &Row| graph_of(&rknn, r).map(|s| s.seq_len);
+        assert_eq!(len(&row(128, 3)), Some(128));
+        assert_eq!(len(&row(129, 3)), Some(256));
+        assert_eq!(len(&row(100, 9)), Some(256), "more options than the 128 graph's slots");
+        assert_eq!(len(&row(300, 3)), Some(512));
+        assert_eq!(len(&row(513, 3)), None);
+        let (graphs, of_row) = split(Some(&rknn), &[row(20, 2), row(400, 2)]);
+        assert_eq!(graphs, [Some(128), Some(256), Some(512)]);
+        assert_eq!(of_row, [Some(0), Some(2)]);
+    }
+
+    #[test]
+    fn probabilities_moved_on_every_row_fail_the_mean_dp_bound_even_with_every_decision_kept() {
+        // Each row's best option kept, its probability moved by about 0.1: no flip, cosine high.
+        let p = short_and_long(20, 0);
+        let moved: Vec<RowResult> = p
+            .expected
+            .iter()
+            .map(|o| out(&o.logits.iter().map(|v| if *v > 1.0 { v - 0.45 } else { *v }).collect::<Vec<_>>()))
+            .collect();
+        let r = p.judge(&moved, None);
+        assert_eq!((r.agree, r.clear_agree), (20, 20), "{r}");
+        assert!(r.mean_cosine > 0.98, "{r}");
+        assert!(!r.passed && r.verdict.contains("mean |dp|"), "{r}: {}", r.verdict);
+    }
+
+    #[test]
+    fn a_graph_no_row_within_the_budget_can_reach_needs_no_probe_rows() {
+        use crate::prompt::Limits;
+        let qnn = |max_len| Capacity::of_graphs(Limits { max_len, head_max_len: 48 }, QNN_GRAPHS.to_vec());
+        let lengths = |c: &Capacity| probed_graphs(c).map(|g| g.iter().map(|s| s.seq_len).collect::<Vec<_>>());
+        assert_eq!(lengths(&qnn(512)), Some(vec![128, 256]));
+        assert_eq!(lengths(&qnn(96)), Some(vec![128]), "a 96-token budget never reaches the 256 graph");
+        assert_eq!(lengths(&qnn(129)), Some(vec![128, 256]));
+        // RKNN: a longer graph with more option slots is reached by rows with many options.
+        let rknn =
+            vec![RowShape { seq_len: 128, marker_slots: Some(8) }, RowShape { seq_len: 256, marker_slots: Some(64) }];
+        let c = Capacity::of_graphs(Limits { max_len: 96, head_max_len: 48 }, rknn);
+        assert_eq!(lengths(&c), Some(vec![128, 256]));
+        assert_eq!(probed_graphs(&Capacity::of_checkpoint(Limits::default())), None);
     }
 }

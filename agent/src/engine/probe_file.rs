@@ -20,8 +20,10 @@ use crate::bundle::{BundleError, HostBundle, Thresholds};
 use crate::pipeline;
 use crate::prompt::Row;
 
-/// The requests a bundle is probed with when its maker gives none: short and long states
-/// (text, objects, conversations; two longer than 128 tokens, one cut by the budget) and every
+/// The requests a bundle is probed with when its maker gives none, and what fills a graph the
+/// maker's requests leave short of rows (`cli::bundle::make_probe`): short and long states (text,
+/// objects, conversations; ten of 130-260 words, long enough to fill a 256-token row however a
+/// tokenizer counts, and cut to any shorter graph's length when laid out at it) and every
 /// question type with two to five options.
 pub const DEFAULT_REQUESTS: &str = include_str!("probe_requests.jsonl");
 

@@ -7,10 +7,11 @@
 //! these functions return.
 
 use crate::backend::{LoadError, LoadFailure};
-use laya_topics::wire::{self, EngineEvent, EventKind, ProbeFigures};
+use laya_topics::wire::{self, EngineEvent, EventKind, ProbeFigures, ProbeGraph, ProbeHistory};
 
-use crate::engine::ProbeRun;
+use crate::engine::probe::GraphReport;
 use crate::engine::supervisor::{Notice, NoticeKind, RestartReason};
+use crate::engine::{ProbeRun, ProbeRuns};
 
 impl From<&NoticeKind> for EventKind {
     fn from(kind: &NoticeKind) -> EventKind {
@@ -77,7 +78,35 @@ pub fn probe_figures(run: &ProbeRun) -> ProbeFigures {
         collapse: r.and_then(|r| r.collapse.clone()),
         passed: run.passed(),
         verdict: run.verdict(),
+        graphs: r.map(|r| r.graphs.iter().map(probe_graph).collect()).unwrap_or_default(),
     }
+}
+
+/// The wire figures of one graph of a probe run.
+fn probe_graph(g: &GraphReport) -> ProbeGraph {
+    ProbeGraph {
+        seq_len: g.seq_len.map(|l| l as u64),
+        rows: g.rows as u64,
+        agree: g.agree as u64,
+        clear: g.clear as u64,
+        clear_agree: g.clear_agree as u64,
+        mean_dp: g.mean_dp,
+        max_dp: g.max_dp,
+        mean_cosine: g.mean_cosine,
+        collapse: g.collapse.clone(),
+        passed: g.passed,
+        verdict: g.verdict.clone(),
+    }
+}
+
+/// Telemetry's `probes`: each role's last probe run and its last failed one.
+pub fn probe_histories(runs: &[ProbeRuns]) -> Vec<ProbeHistory> {
+    runs.iter()
+        .map(|r| ProbeHistory {
+            last: probe_figures(&r.last),
+            last_failure: r.last_failure.as_ref().map(probe_figures),
+        })
+        .collect()
 }
 
 /// The `probe_failed` event of a failed probe run.

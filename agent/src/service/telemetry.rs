@@ -15,7 +15,7 @@ use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use laya_topics::load::Load;
 use laya_topics::wire::{self, Encoding, ErrorCode, Status, Telemetry, Timing, TokenMemo};
 
-use super::events::probe_figures;
+use super::events::{probe_figures, probe_histories};
 use super::flow::Flow;
 use super::latency::StageLatencies;
 use super::reload::Current;
@@ -258,7 +258,10 @@ impl Reporter {
             degraded: es.degraded,
             restarts: es.restarts,
             token_memo: TokenMemo { hits: memo.hits, misses: memo.misses, entries: memo.entries as u64 },
-            probe: es.last_probe.as_ref().map(probe_figures),
+            // The configured backend's last run, else the fallback's: after a degradation the
+            // fallback's passing runs must not stand for the primary (issue #28).
+            probe: es.probes.first().map(|p| probe_figures(&p.last)),
+            probes: probe_histories(&es.probes),
             load,
         };
         self.encoding.encode(&t.to_value())

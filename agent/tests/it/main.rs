@@ -15,6 +15,8 @@ mod healing;
 mod laya_0_4_15;
 mod newcomer;
 #[cfg(feature = "qnn")]
+mod probe_graphs;
+#[cfg(feature = "qnn")]
 mod qnn_cli;
 mod reload;
 #[cfg(feature = "rknn")]

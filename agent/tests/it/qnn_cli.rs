@@ -368,7 +368,7 @@ fn probe_on_simulator(bundle: &Path, libs: &Path) -> (String, String, bool) {
 }
 
 #[test]
-fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_passes_its_probe_on_the_simulator() {
+fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_its_probe_judges_each_graph_on_the_simulator() {
     let Some(libs) = qnn_simulator() else { return };
     let binaries = [demo_binary("enc_L128_u16io_ctx_qnn.bin"), demo_binary("enc_L256_f32io_ctx_qnn.bin")];
     // Min-max with the masks clipped (their descriptions say so): usable at 256 without a flag.
@@ -399,9 +399,14 @@ fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_passes_its_pro
     let args = [std::ffi::OsStr::new("check"), "--model".as_ref(), bundle.as_os_str()];
     let (out, err, ok) = run_cli(&args, &[], "");
     assert!(ok && out.contains("qnn bundle, 2 graph(s)"), "{out} {err}");
+    // Each graph is judged on its own rows (issue #28): the 128 graph passes; the committed 256
+    // graph was calibrated on short tickets only and fails on the long rows it serves (one
+    // confident decision reversed; docs/test-evidence.md, "Issue #28").
     let (out, err, ok) = probe_on_simulator(&bundle, &libs);
-    assert!(ok, "the probe failed on the simulator: {out} {err}");
-    assert!(out.starts_with("qnn on "), "{out}");
+    assert!(out.starts_with("qnn on "), "{out} {err}");
+    let line = |g: &str| out.lines().find(|l| l.trim_start().starts_with(g)).unwrap_or_else(|| panic!("{out}"));
+    assert!(line("graph 128 (").ends_with(": passed"), "{out}");
+    assert!(!ok && err.contains("probe failed: graph 256: ") && !err.contains("graph 128:"), "{out} {err}");
 }
 
 #[test]

@@ -440,14 +440,27 @@ async fn serve_on_a_constant_output_runtime_publishes_probe_failed_with_the_figu
     wait_online(broker.port, "rk-probe").await;
     let reply = ask_until_answered(broker.port, "rk-probe", "rk-probe-asker", Duration::from_secs(60)).await;
     assert_eq!(reply.get("backend"), Some(&Value::from("cpu")), "{reply:?}");
-    // Telemetry carries the last probe run: the fallback's, passed, with its figures.
+    // Telemetry carries each role's probe runs (issue #28): the fallback's pass, with its
+    // figures, does not hide the primary's failure, which `probe` shows.
     let mut t = Client::connect(broker.port, "rk-probe-telemetry").await;
     t.subscribe("laya/v1/rk-probe/telemetry").await;
     let telemetry = decode(&t.next(Duration::from_secs(10)).await.expect("telemetry"));
+    let fallback = telemetry.get("probes").and_then(|p| p.get("fallback")).and_then(|f| f.get("last"));
+    let fallback = fallback.unwrap_or_else(|| panic!("the fallback's run: {telemetry:?}"));
+    assert_eq!(fallback.get("passed"), Some(&Value::Bool(true)), "{telemetry:?}");
+    assert_eq!(
+        fallback.get("agree"),
+        fallback.get("rows"),
+        "the float model on the CPU agrees with itself: {fallback:?}"
+    );
     let last = telemetry.get("probe").expect("a probe field");
-    assert_eq!(last.get("role"), Some(&Value::from("fallback")), "{telemetry:?}");
-    assert_eq!(last.get("passed"), Some(&Value::Bool(true)), "{telemetry:?}");
-    assert_eq!(last.get("agree"), last.get("rows"), "the float model on the CPU agrees with itself: {last:?}");
+    assert_eq!(last.get("role"), Some(&Value::from("primary")), "{telemetry:?}");
+    assert_eq!(last.get("passed"), Some(&Value::Bool(false)), "{telemetry:?}");
+    let failure = telemetry.get("probes").and_then(|p| p.get("primary")).and_then(|p| p.get("last_failure"));
+    assert!(
+        failure.and_then(|f| f.get("verdict")).and_then(Value::as_str).is_some_and(|v| v.contains("constant output")),
+        "{telemetry:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

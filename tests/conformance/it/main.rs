@@ -9,6 +9,7 @@ mod demo_model;
 mod host_pipeline;
 mod laya_0_4_15;
 mod parallel_layout;
+mod probe_defaults;
 mod properties;
 mod qnn;
 mod request_limits;

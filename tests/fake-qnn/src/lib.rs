@@ -519,6 +519,15 @@ unsafe extern "C" fn graph_execute(
     if x.len() != l * d || g.len() != l * l || s.len() != l * l {
         return INVALID_ARGUMENT;
     }
+    // Wrong answers on purpose, on every graph or on the graphs of one length (the probe's
+    // per-graph verdicts): the input scaled, or every position's hidden state the same.
+    let faulty = knob("FAKE_QNN_FAULT_L").is_none_or(|at| at == l as u64);
+    let scale = std::env::var("FAKE_QNN_SCALE_INPUT").ok().and_then(|v| v.trim().parse::<f32>().ok());
+    let x = match scale.filter(|_| faulty) {
+        Some(f) => x.into_iter().map(|v| v * f).collect(),
+        None => x,
+    };
+    let collapse = faulty && knob("FAKE_QNN_COLLAPSE") == Some(1);
     let run = || -> candle_core::Result<Vec<f32>> {
         let dev = Device::Cpu;
         let x = Tensor::from_vec(x, (1, l, d), &dev)?;
@@ -533,6 +542,19 @@ unsafe extern "C" fn graph_execute(
         vec![0.0f32; l * d]
     } else {
         let Ok(Ok(hidden)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) else { return GRAPH_INVALID };
+        hidden
+    };
+    // A collapsed graph: every position gets the mean hidden state, so every option reads the
+    // same and every decision comes out uniform (what min-max calibration on the raw masks does).
+    let hidden = if collapse {
+        let mut mean = vec![0.0f32; d];
+        for pos in hidden.chunks_exact(d) {
+            for (m, v) in mean.iter_mut().zip(pos) {
+                *m += v / l as f32;
+            }
+        }
+        mean.iter().copied().cycle().take(l * d).collect()
+    } else {
         hidden
     };
     // SAFETY: one output tensor with a client buffer of `data_size` bytes.

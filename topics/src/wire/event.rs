@@ -121,8 +121,48 @@ pub struct ProbeFigures {
     /// Why the outputs look collapsed, if they do.
     pub collapse: Option<String>,
     pub passed: bool,
-    /// What fell below the bundle's thresholds (empty when passed).
+    /// What fell below the bundle's thresholds (empty when passed), naming the graph.
     pub verdict: String,
+    /// Each graph's own figures and verdict, shortest graph first (empty when the backend did
+    /// not answer the probe rows). Written as `graphs`; a consumer of an older agent sees none.
+    pub graphs: Vec<ProbeGraph>,
+}
+
+/// One graph's part of a probe run: the rows that run on it (issue #28: each graph is judged on
+/// its own rows, so a broken long graph is not hidden by many good short rows).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeGraph {
+    /// The graph's sequence length; `None` (written `null`) for a backend that runs rows of any
+    /// length (the CPU): one entry for all rows.
+    pub seq_len: Option<u64>,
+    pub rows: u64,
+    pub agree: u64,
+    pub clear: u64,
+    pub clear_agree: u64,
+    pub mean_dp: f64,
+    pub max_dp: f64,
+    pub mean_cosine: f64,
+    pub collapse: Option<String>,
+    pub passed: bool,
+    pub verdict: String,
+}
+
+impl ProbeGraph {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("seq_len".into(), self.seq_len.map_or(Value::Null, |l| Value::Int(l.into())));
+        m.insert("rows".into(), Value::Int(self.rows.into()));
+        m.insert("agree".into(), Value::Int(self.agree.into()));
+        m.insert("clear".into(), Value::Int(self.clear.into()));
+        m.insert("clear_agree".into(), Value::Int(self.clear_agree.into()));
+        m.insert("mean_dp".into(), Value::Float(self.mean_dp));
+        m.insert("max_dp".into(), Value::Float(self.max_dp));
+        m.insert("mean_cosine".into(), Value::Float(self.mean_cosine));
+        m.insert("collapse".into(), self.collapse.as_deref().map_or(Value::Null, Value::from));
+        m.insert("passed".into(), Value::Bool(self.passed));
+        m.insert("verdict".into(), self.verdict.as_str().into());
+        Value::Object(m)
+    }
 }
 
 impl ProbeFigures {
@@ -142,6 +182,7 @@ impl ProbeFigures {
         m.insert("collapse".into(), self.collapse.as_deref().map_or(Value::Null, Value::from));
         m.insert("passed".into(), Value::Bool(self.passed));
         m.insert("verdict".into(), self.verdict.as_str().into());
+        m.insert("graphs".into(), Value::Array(self.graphs.iter().map(ProbeGraph::to_value).collect()));
         Value::Object(m)
     }
 }
@@ -204,7 +245,20 @@ mod tests {
             mean_cosine: Some(0.5),
             collapse: Some("all 36 probe rows came back near-uniform".into()),
             passed: false,
-            verdict: "argmax agreement 0.500 < 0.9".into(),
+            verdict: "graph 256: argmax agreement 0.500 < 0.9".into(),
+            graphs: vec![ProbeGraph {
+                seq_len: Some(256),
+                rows: 36,
+                agree: 18,
+                clear: 30,
+                clear_agree: 14,
+                mean_dp: 0.25,
+                max_dp: 0.5,
+                mean_cosine: 0.5,
+                collapse: Some("all 36 probe rows came back near-uniform".into()),
+                passed: false,
+                verdict: "argmax agreement 0.500 < 0.9".into(),
+            }],
         };
         let e = EngineEvent {
             event: EventKind::ProbeFailed,
@@ -221,7 +275,9 @@ mod tests {
             concat!(
                 r#"{"event":"probe_failed","reason":null,"code":null,"name":null,"message":"probe failed","deadline_ms":null,"role":"primary","#,
                 r#""probe":{"role":"primary","backend":"qnn","rows":36,"agree":18,"clear":30,"clear_agree":14,"mean_dp":0.25,"max_dp":0.5,"#,
-                r#""mean_cosine":0.5,"collapse":"all 36 probe rows came back near-uniform","passed":false,"verdict":"argmax agreement 0.500 < 0.9"}}"#
+                r#""mean_cosine":0.5,"collapse":"all 36 probe rows came back near-uniform","passed":false,"verdict":"graph 256: argmax agreement 0.500 < 0.9","#,
+                r#""graphs":[{"seq_len":256,"rows":36,"agree":18,"clear":30,"clear_agree":14,"mean_dp":0.25,"max_dp":0.5,"mean_cosine":0.5,"#,
+                r#""collapse":"all 36 probe rows came back near-uniform","passed":false,"verdict":"argmax agreement 0.500 < 0.9"}]}}"#
             )
         );
     }

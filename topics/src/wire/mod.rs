@@ -8,11 +8,11 @@
 use crate::value::{Map, Value};
 use crate::{cbor, json};
 
-pub use event::{BackendState, EngineEvent, EventKind, ProbeFigures, Role};
+pub use event::{BackendState, EngineEvent, EventKind, ProbeFigures, ProbeGraph, Role};
 pub use laya::LayaVersion;
 pub use reply::{Reply, Timing};
 pub use status::Status;
-pub use telemetry::{Telemetry, TokenMemo};
+pub use telemetry::{ProbeHistory, Telemetry, TokenMemo};
 
 /// A wire name this version does not know (an enum's `FromStr` error): which kind of name, and
 /// the name read.

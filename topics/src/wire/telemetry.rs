@@ -13,6 +13,24 @@ pub struct TokenMemo {
     pub entries: u64,
 }
 
+/// One worker role's probe runs (telemetry's `probes`): its last run and its last failed one,
+/// kept however many runs passed since, so that after a degradation the fallback's passing runs
+/// do not hide why the primary failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeHistory {
+    pub last: ProbeFigures,
+    pub last_failure: Option<ProbeFigures>,
+}
+
+impl ProbeHistory {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("last".into(), self.last.to_value());
+        m.insert("last_failure".into(), self.last_failure.as_ref().map_or(Value::Null, ProbeFigures::to_value));
+        Value::Object(m)
+    }
+}
+
 /// The periodic telemetry document, published at QoS 0 and not retained.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Telemetry {
@@ -36,8 +54,11 @@ pub struct Telemetry {
     /// Worker restarts by reason.
     pub restarts: Vec<(String, u64)>,
     pub token_memo: TokenMemo,
-    /// The last probe run, when the bundle has a probe.
+    /// The configured backend's (the primary's) last probe run, else the fallback's, when the
+    /// bundle has a probe (`probe`, the same document as before issue #28; `role` says whose).
     pub probe: Option<ProbeFigures>,
+    /// Each role's probe runs, the primary's first (`probes`: `{role: {"last", "last_failure"}}`).
+    pub probes: Vec<ProbeHistory>,
     /// Rates, latency percentiles, busy fraction, memory and temperature (`load::Load`).
     pub load: Load,
 }
@@ -66,6 +87,10 @@ impl Telemetry {
         m.insert("restarts".into(), counts(&self.restarts));
         m.insert("token_memo".into(), Value::Object(memo));
         m.insert("probe".into(), self.probe.as_ref().map_or(Value::Null, ProbeFigures::to_value));
+        m.insert(
+            "probes".into(),
+            Value::Object(self.probes.iter().map(|h| (h.last.role.as_str().to_owned(), h.to_value())).collect()),
+        );
         self.load.extend(&mut m);
         Value::Object(m)
     }
@@ -93,6 +118,7 @@ mod tests {
             restarts: vec![("deadline".into(), 4)],
             token_memo: TokenMemo { hits: 9, misses: 2, entries: 2 },
             probe: None,
+            probes: Vec::new(),
             load: Load::default(),
         };
         assert_eq!(
@@ -100,11 +126,69 @@ mod tests {
             concat!(
                 r#"{"device":"d1","uptime_s":7,"answered":5,"resent":1,"dropped":0,"refused":{"overloaded":2},"#,
                 r#""in_flight":3,"backend":"qnn","backend_state":"degraded","serving":"fallback","degraded":true,"restarts":{"deadline":4},"#,
-                r#""token_memo":{"hits":9,"misses":2,"entries":2},"probe":null,"#,
+                r#""token_memo":{"hits":9,"misses":2,"entries":2},"probe":null,"probes":{},"#,
                 r#""interval_s":0.0,"questions":0,"questions_per_s":0.0,"#,
                 r#""latency_ms":{"queue":null,"tokenize":null,"infer":null,"decode":null,"total":null},"#,
                 r#""busy":0.0,"queue_depth":0,"rss_kb":{"agent":null,"worker":null},"temperature_c":null}"#
             )
         );
+    }
+
+    fn figures(role: Role, backend: &str, passed: bool) -> ProbeFigures {
+        ProbeFigures {
+            role,
+            backend: backend.into(),
+            rows: 56,
+            agree: Some(if passed { 56 } else { 38 }),
+            clear: Some(50),
+            clear_agree: Some(if passed { 50 } else { 32 }),
+            mean_dp: Some(0.001),
+            max_dp: Some(0.01),
+            mean_cosine: Some(0.999),
+            collapse: None,
+            passed,
+            verdict: if passed { String::new() } else { "graph 256: argmax agreement 0.250 < 0.95".into() },
+            graphs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn telemetry_keeps_each_roles_last_probe_run_and_the_primarys_last_failure() {
+        let failed = figures(Role::Primary, "qnn", false);
+        let t = Telemetry {
+            device: "d1".into(),
+            uptime_s: 7,
+            answered: 0,
+            resent: 0,
+            dropped: 0,
+            refused: vec![],
+            in_flight: 0,
+            backend: "qnn".into(),
+            backend_state: BackendState::Degraded,
+            serving: Role::Fallback,
+            degraded: true,
+            restarts: vec![],
+            token_memo: TokenMemo::default(),
+            probe: Some(failed.clone()),
+            probes: vec![
+                ProbeHistory { last: failed.clone(), last_failure: Some(failed) },
+                ProbeHistory { last: figures(Role::Fallback, "cpu", true), last_failure: None },
+            ],
+            load: Load::default(),
+        };
+        let v = t.to_value();
+        let probes = v.get("probes").and_then(Value::as_object).expect("probes");
+        assert_eq!(probes.keys().collect::<Vec<_>>(), ["primary", "fallback"]);
+        let primary = probes.get("primary").expect("primary");
+        let verdict = |p: &Value| p.get("verdict").and_then(Value::as_str).map(str::to_owned);
+        assert_eq!(
+            primary.get("last_failure").and_then(verdict).as_deref(),
+            Some("graph 256: argmax agreement 0.250 < 0.95")
+        );
+        let fallback = probes.get("fallback").expect("fallback");
+        assert_eq!(fallback.get("last").and_then(|l| l.get("passed")), Some(&Value::Bool(true)));
+        assert_eq!(fallback.get("last_failure"), Some(&Value::Null));
+        // `probe` is the document it always was, now the primary's.
+        assert_eq!(v.get("probe").and_then(|p| p.get("role")).and_then(Value::as_str), Some("primary"));
     }
 }

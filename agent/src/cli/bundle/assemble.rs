@@ -45,6 +45,8 @@ pub struct Summary {
     pub graphs: Vec<String>,
     pub files: usize,
     pub probe_rows: usize,
+    /// How the probe's rows split over the graphs (each is judged on its own).
+    pub probe_split: Vec<make_probe::GraphRows>,
     /// Graphs the agent will not use, and why.
     pub warnings: Vec<String>,
 }
@@ -118,9 +120,10 @@ fn file_name(file: &Path) -> Result<String, String> {
         .ok_or_else(|| format!("{}: not a file name", file.display()))
 }
 
-/// A QNN graph's manifest entry, from the binary itself.
+/// A QNN graph's manifest entry, from the binary itself (and its build id). `check` compares a
+/// manifest's entries with it ([`contradictions`]).
 #[cfg(feature = "qnn")]
-fn qnn_entry(
+pub(crate) fn qnn_entry(
     file: &Path,
     system: &crate::backend::npu::qnn::abi::SystemFunctions,
     hidden: usize,
@@ -211,6 +214,44 @@ fn tensor_value(role: &str, logical: &str, t: &crate::backend::npu::qnn::binary:
     m.insert("scale".into(), scale.map_or(Value::Null, |s| Value::Float(f64::from(s))));
     m.insert("offset".into(), offset.map_or(Value::Null, |o| Value::int(i64::from(o))));
     Value::Object(m)
+}
+
+/// Where a QNN graph's manifest entry (`manifest`) says something else than the entry made from
+/// its binary (`binary`, [`qnn_entry`]): the graph's length, I/O flavour, name and build id, and
+/// each tensor's name, dims, data type, scale and offset, in a sentence each. A key the manifest
+/// does not have is not compared (a hand-written manifest may say less); one it has must agree.
+/// Scales agree within a relative 1e-6 (both are the f32 the binary holds, written as a double).
+pub fn contradictions(manifest: &Value, binary: &Map) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let text = |v: &Value| json::to_string(v, Style::COMPACT);
+    for key in ["seq_len", "io", "graph_name", "build_id"] {
+        if let (Some(said), Some(is)) = (manifest.get(key), binary.get(key))
+            && said != is
+        {
+            wrong.push(format!("{key} is {} in the manifest, {} in the binary", text(said), text(is)));
+        }
+    }
+    let Some(said) = manifest.get("tensors").and_then(Value::as_array) else { return wrong };
+    let is = binary.get("tensors").and_then(Value::as_array).unwrap_or_default();
+    for t in said {
+        let logical = t.get("logical").and_then(Value::as_str).unwrap_or_default();
+        let Some(b) = is.iter().find(|b| b.get("logical").and_then(Value::as_str) == Some(logical)) else {
+            wrong.push(format!("the manifest lists a tensor {} the binary does not have", text(t)));
+            continue;
+        };
+        for key in ["name", "dims", "data_type", "scale", "offset"] {
+            let (Some(x), Some(y)) = (t.get(key), b.get(key)) else { continue };
+            let same = match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) if key == "scale" => (x - y).abs() <= 1e-6 * y.abs().max(f64::MIN_POSITIVE),
+                (Some(x), Some(y)) => x == y,
+                _ => x == y,
+            };
+            if !same {
+                wrong.push(format!("{logical} {key} is {} in the manifest, {} in the binary", text(x), text(y)));
+            }
+        }
+    }
+    wrong
 }
 
 /// The QAIRT release in a build id (`v2.51.0.260929181845` -> `2.51.0`).
@@ -316,13 +357,14 @@ pub fn assemble(
     if plan.out.exists() && std::fs::read_dir(&plan.out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         return Err(format!("{} exists and is not empty: choose a new directory", plan.out.display()));
     }
+    let built_in = probe::parse_requests(probe::DEFAULT_REQUESTS, Path::new("the default probe requests"))
+        .map_err(|e| e.to_string())?;
     let requests = match &plan.probe_requests {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
             probe::parse_requests(&text, p).map_err(|e| e.to_string())?
         }
-        None => probe::parse_requests(probe::DEFAULT_REQUESTS, Path::new("the default probe requests"))
-            .map_err(|e| e.to_string())?,
+        None => built_in.clone(),
     };
     copy_tree(&plan.checkpoint, &plan.out.join("checkpoint"))?;
     let hidden = crate::backend::cpu::config::EncoderConfig::load(
@@ -368,14 +410,15 @@ pub fn assemble(
         }
     }
     let mut cpu = load_cpu(&bundle)?;
-    let (text, rows) = make_probe::make(&bundle, cpu.as_mut(), &requests)?;
-    std::fs::write(plan.out.join("probe.jsonl"), text).map_err(|e| format!("cannot write the probe: {e}"))?;
+    let made = make_probe::make(&bundle, cpu.as_mut(), &requests, &built_in)?;
+    std::fs::write(plan.out.join("probe.jsonl"), &made.text).map_err(|e| format!("cannot write the probe: {e}"))?;
     let mut p = Map::new();
     p.insert("file".into(), "probe.jsonl".into());
     let t = crate::bundle::Thresholds::default();
     p.insert("min_agreement".into(), Value::Float(t.min_agreement));
     p.insert("min_clear_agreement".into(), Value::Float(t.min_clear_agreement));
     p.insert("min_cosine".into(), Value::Float(t.min_cosine));
+    p.insert("max_mean_dp".into(), Value::Float(t.max_mean_dp));
     manifest.insert("probe".into(), Value::Object(p));
 
     let names = files_under(&plan.out)?;
@@ -392,5 +435,88 @@ pub fn assemble(
         .as_ref()
         .map(|m| m.graphs.iter().map(|g| g.file.display().to_string()).collect())
         .unwrap_or_default();
-    Ok(Summary { backend: backend.into(), graphs, files: names.len(), probe_rows: rows, warnings })
+    Ok(Summary {
+        backend: backend.into(),
+        graphs,
+        files: names.len(),
+        probe_rows: made.rows,
+        probe_split: made.split,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use laya_topics::json::ParseOptions;
+
+    /// A manifest entry as `qnn_entry` writes one (the demo's 128-token u16io binary).
+    fn entry() -> Value {
+        json::parse_str(
+            r#"{"file": "graphs/enc.bin", "seq_len": 128, "io": "ufixed16", "graph_name": "enc_L128", "build_id": "v2.51.0.260929181845",
+                "tensors": [{"role": "input", "logical": "inputs_embeds", "name": "inputs_embeds", "dims": [1, 128, 64], "data_type": "ufixed16", "scale": 1.646630739e-05, "offset": -33392},
+                            {"role": "output", "logical": "hidden", "name": "hidden", "dims": [1, 128, 64], "data_type": "ufixed16", "scale": 0.0001, "offset": -32768}]}"#,
+            ParseOptions::default(),
+        )
+        .expect("json")
+    }
+
+    fn binary() -> Map {
+        match entry() {
+            Value::Object(mut m) => {
+                m.shift_remove("file");
+                m
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    fn edited(edit: impl FnOnce(&mut Value)) -> Value {
+        let mut v = entry();
+        edit(&mut v);
+        v
+    }
+
+    fn tensor(v: &mut Value, i: usize) -> &mut Map {
+        match v {
+            Value::Object(m) => match m.get_mut("tensors") {
+                Some(Value::Array(a)) => match &mut a[i] {
+                    Value::Object(t) => t,
+                    _ => unreachable!(),
+                },
+                _ => unreachable!(),
+            },
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_manifest_whose_scale_or_offset_contradicts_the_binary_is_named_by_tensor_and_field() {
+        assert_eq!(contradictions(&entry(), &binary()), Vec::<String>::new(), "the binary's own entry");
+        // An input scale 10x too small, and an offset with its sign flipped.
+        let wrong = edited(|v| {
+            tensor(v, 0).insert("scale".into(), Value::Float(1.646630739e-06));
+            tensor(v, 1).insert("offset".into(), Value::int(32768));
+        });
+        assert_eq!(
+            contradictions(&wrong, &binary()),
+            [
+                "inputs_embeds scale is 1.646630739e-06 in the manifest, 1.646630739e-05 in the binary",
+                "hidden offset is 32768 in the manifest, -32768 in the binary"
+            ]
+        );
+        let wrong = edited(|v| {
+            if let Value::Object(m) = v {
+                m.insert("seq_len".into(), Value::int(256));
+            }
+        });
+        assert_eq!(contradictions(&wrong, &binary()), ["seq_len is 256 in the manifest, 128 in the binary"]);
+        // The same f32 written with fewer digits is the same scale; what the manifest does not
+        // say is not compared.
+        let rounded = edited(|v| {
+            tensor(v, 0).insert("scale".into(), Value::Float(1.6466307e-05));
+            tensor(v, 1).shift_remove("offset");
+        });
+        assert_eq!(contradictions(&rounded, &binary()), Vec::<String>::new());
+    }
 }

@@ -26,7 +26,9 @@ pub struct Args {
     /// An RKNN graph built from the checkpoint (repeat for each).
     #[arg(long, value_name = "FILE.rknn")]
     rknn: Vec<PathBuf>,
-    /// JSON-lines requests to probe the backend with (default: a built-in set of 12 requests).
+    /// JSON-lines requests to probe the backend with (default: a built-in set of 20 requests).
+    /// Each graph needs at least 20 rows of its own length: a graph your requests leave short is
+    /// filled from the built-in set.
     #[arg(long, value_name = "REQUESTS.jsonl")]
     probe: Option<PathBuf>,
     /// Use min-max calibrated QNN graphs above 128 tokens anyway (only if the probe holds there).
@@ -66,13 +68,15 @@ pub fn run(args: Args) -> Result<(), String> {
     for w in &summary.warnings {
         tracing::warn!("{w}");
     }
+    let split: Vec<String> = summary.probe_split.iter().map(ToString::to_string).collect();
     println!(
-        "{}: {} bundle, {} graph(s), {} file(s) with sha256, probe of {} rows made by the CPU backend",
+        "{}: {} bundle, {} graph(s), {} file(s) with sha256, probe of {} rows made by the CPU backend ({})",
         args.out.display(),
         summary.backend,
         summary.graphs.len(),
         summary.files,
-        summary.probe_rows
+        summary.probe_rows,
+        split.join(", ")
     );
     Ok(())
 }
