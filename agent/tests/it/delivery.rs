@@ -146,7 +146,7 @@ async fn a_redelivered_copy_of_a_question_in_progress_waits_for_that_answer() {
     // The replies by id: those seen so far, then (telemetry keeps coming every second, so not
     // until silence) any still on their way, up to a deadline.
     let mut replies: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
-    let mut keep = |p: &Publish, replies: &mut HashMap<String, Vec<Vec<u8>>>| {
+    let keep = |p: &Publish, replies: &mut HashMap<String, Vec<Vec<u8>>>| {
         if topic(p).contains("/reply/") {
             let id = decode(p).get("id").and_then(Value::as_str).expect("id").to_owned();
             replies.entry(id).or_default().push(p.payload.to_vec());
