@@ -468,7 +468,16 @@ async fn while_a_candidate_primary_hangs_loading_the_fallback_keeps_answering() 
         fallback: Some(worker("null", "-", None)),
         ..with_health(policy, "load-sleep=30000")
     });
-    let first = engine.run(vec![row(1)], None).await.expect("served by the fallback");
+    // Each call bounded, so that a question held back fails the test instead of hanging it.
+    let ask = |i: u32| {
+        let engine = engine.clone();
+        async move {
+            let out = tokio::time::timeout(Duration::from_secs(30), engine.run(vec![row(i)], None)).await;
+            out.unwrap_or_else(|_| panic!("question {i} not answered within 30 s"))
+                .unwrap_or_else(|e| panic!("question {i}: {e}"))
+        }
+    };
+    let first = ask(1).await;
     assert_eq!(first.role, Role::Fallback);
     // Three candidates: while each is loading (its process alive), a question is answered by the
     // fallback. A question that waited for the candidate would be answered only once the
@@ -483,7 +492,7 @@ async fn while_a_candidate_primary_hangs_loading_the_fallback_keeps_answering() 
             assert!(Instant::now() < deadline, "no new candidate within 30 s after {tried:?}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        let out = engine.run(vec![row(i)], None).await.unwrap_or_else(|e| panic!("question {i}: {e}"));
+        let out = ask(i).await;
         assert_eq!(out.role, Role::Fallback, "question {i}");
         assert!(!crate::support::gone(candidate), "question {i} was answered only after candidate {candidate} ended");
         tried.push(candidate);
