@@ -3,8 +3,9 @@
 //! committed V68 context binaries: `predict --backend qnn` and `serve` with `backend = "qnn"`,
 //! each against the CPU backend on the same checkpoint. The worker process loads the runtime.
 //!
-//! Tolerances as in tests/conformance/it/qnn.rs (which measures them over every fitting fixture
-//! case): every clear decision the CPU's, every probability within 0.1.
+//! Tolerances: every clear decision the CPU's, and every probability within what these requests
+//! were measured at on the simulator ([`QNN`]); tests/conformance/it/qnn.rs measures every fitting
+//! fixture case (up to 0.07 there, on other models).
 //!
 //! The tests that need the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`)
 //! are `#[ignore]`d with that reason: listed as ignored by a plain `cargo test`, run by
@@ -26,7 +27,11 @@ use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
 use test_kit::{build_fake_library, qnn_simulator, workspace};
 
-const QNN: Closeness = Closeness { tol: 0.1, clear_gap: 0.02, skip: &[] };
+/// Measured on the simulator (QNN 2.51, these binaries, deterministic from run to run): the
+/// largest probability difference from the CPU backend is 0.0350 over the 12 bpe-t5 requests of
+/// `predict` (the first of them, through `serve`, too) and 0.0254 for the mixed request's
+/// answered question. The limit is that plus one unit of an answer's fourth digit.
+const QNN: Closeness = Closeness { tol: 0.0351, clear_gap: 0.02, skip: &[] };
 
 /// The checkpoint the fixture binaries of `model` were built from.
 fn checkpoint(model: &str) -> PathBuf {
@@ -76,11 +81,15 @@ fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
     let cpu = run_predict(&checkpoint("bpe-t5"), "cpu", &input, &[]);
     assert_eq!(qnn.len(), 12);
     assert_eq!(cpu.len(), 12);
-    let answered = qnn.iter().filter(|v| v.get("answers").is_some()).count();
-    assert!(answered >= 8, "only {answered} of 12 requests answered: {qnn:?}");
+    // Every request answered, as on the CPU (measured: 12 of 12 both).
     for (i, (a, b)) in qnn.iter().zip(&cpu).enumerate() {
-        assert_answers_close(a, b, &QNN, &format!("line {i}"));
+        assert!(a.get("answers").is_some() && b.get("answers").is_some(), "line {i}: {a:?} / cpu {b:?}");
     }
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in qnn.iter().zip(&cpu).enumerate() {
+        worst = worst.max(assert_answers_close(a, b, &QNN, &format!("line {i}")));
+    }
+    eprintln!("predict on the simulator: 12 of 12 answered, max |dp| against the CPU {worst:.4}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,12 +116,13 @@ async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
     let reply = decode(&c.next(Duration::from_secs(120)).await.expect("a reply"));
     assert_eq!(reply.get("backend"), Some(&Value::from("qnn")), "{reply:?}");
     let cpu = run_predict(&checkpoint("bpe-t5"), "cpu", &line, &[]);
-    assert_answers_close(
+    let worst = assert_answers_close(
         reply.get("answers").expect("answers"),
         cpu[0].get("answers").expect("answers"),
         &QNN,
         "answers",
     );
+    eprintln!("serve on the simulator: max |dp| against the CPU {worst:.4}");
     // The retained status names the QAIRT build the worker loaded.
     c.subscribe("laya/v1/qcs1/status").await;
     let status = decode(&c.next(Duration::from_secs(10)).await.expect("the retained status"));
@@ -295,12 +305,13 @@ fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too
     let many = answers.get("many").and_then(|a| a.get("error")).expect("an error in place of 'many'");
     assert_eq!(many.get("code"), Some(&Value::from("too_large")), "{}", text(many));
     assert_eq!(qnn[0].get("usage").and_then(|u| u.get("input_tokens")), Some(&Value::int(256)), "one row of 256");
-    assert_answers_close(
+    let worst = assert_answers_close(
         answers.get("ok").expect("ok"),
         cpu[0].get("answers").and_then(|a| a.get("ok")).expect("cpu ok"),
         &QNN,
         "ok",
     );
+    eprintln!("the mixed request on the simulator: max |dp| against the CPU {worst:.4}");
 }
 
 /// The fake runs the CPU reference's encoder behind the QNN C API; the host steps (embeddings,
