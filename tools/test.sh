@@ -18,8 +18,10 @@
 #   - the client examples' pinned packages (tools/examples.sh: a venv, `npm ci`).
 #   - Qualcomm's x86-64 QNN HTP simulator (pinned, from PyPI's onnxruntime-qnn wheel; never
 #     committed) into target/qnn-runtime with tools/qnn/fetch-runtime.sh, exported as
-#     LAYA_QNN_LIB_DIR (a directory you set yourself is used as it is). Under CI (CI=true) the QNN
-#     tests fail without it instead of skipping.
+#     LAYA_QNN_LIB_DIR (a directory you set yourself is used as it is).
+# The tests that need the simulator or the examples' packages are #[ignore]d with the reason (a
+# plain `cargo test` lists them as ignored, never as passed); this script runs them with
+# --include-ignored, and such a test that runs without what it needs fails.
 # Needs a Rust toolchain (rust-version in Cargo.toml) and network access to the package registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -109,7 +111,12 @@ cargo clippy --workspace --all-targets --locked --features laya-edge/qnn,laya-ed
 step "cargo clippy" "$t"
 
 t=$(date +%s)
-RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}" cargo test --workspace --locked "$@"
+# --include-ignored goes to the test binaries: after the caller's own `--` if they gave one.
+case " $* " in
+*" -- "*) test_args=("$@" --include-ignored) ;;
+*) test_args=("$@" -- --include-ignored) ;;
+esac
+RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}" cargo test --workspace --locked "${test_args[@]}"
 step "cargo test" "$t"
 
 # The boards are aarch64: the agent cross-built and its end-to-end tests run under qemu-user,

@@ -689,4 +689,83 @@ mod tests {
         let c: Config = toml::from_str(&format!("{generator}model_lib = \"/l/libQnnModelDlc.so\"")).unwrap();
         assert!(c.check().is_ok());
     }
+
+    /// The key tables of docs/config.md (`| key | default | meaning |` under a ``## `[section]` ``
+    /// heading): each documented key as `section.key` with its default as written (the text in
+    /// backticks, or the words where the default is not a value), in the order documented.
+    fn documented_keys() -> Vec<(String, String)> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
+        let text = std::fs::read_to_string(&path).expect("docs/config.md");
+        let code = |cell: &str| -> Vec<String> { cell.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
+        let (mut section, mut in_keys, mut out) = (None::<String>, false, Vec::new());
+        for line in text.lines() {
+            if let Some(h) = line.strip_prefix("## ") {
+                section = h.strip_prefix("`[").and_then(|h| h.strip_suffix("]`")).map(str::to_owned);
+                in_keys = false;
+            } else if line.starts_with("### ") {
+                in_keys = false;
+            } else if line.starts_with("| key | default |") {
+                in_keys = section.is_some();
+            } else if !line.starts_with('|') {
+                in_keys = false;
+            } else if in_keys && !line.starts_with("|---") {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let (keys, defaults) = (code(cells[1]), code(cells[2]));
+                assert!(!keys.is_empty(), "a key row without a key: {line}");
+                let section = section.as_deref().expect("in a section");
+                for (i, key) in keys.iter().enumerate() {
+                    let default = match defaults.len() {
+                        0 => cells[2].to_owned(),
+                        1 => defaults[0].clone(),
+                        n if n == keys.len() => defaults[i].clone(),
+                        _ => panic!("{section}.{key}: {} defaults for {} keys: {line}", defaults.len(), keys.len()),
+                    };
+                    out.push((format!("{section}.{key}"), default));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn docs_config_md_lists_every_key_of_the_schema_once_with_the_default_the_code_has() {
+        let documented = documented_keys();
+        // Once each: a key listed twice has two defaults and two meanings to contradict.
+        let mut seen = std::collections::BTreeSet::new();
+        for (key, _) in &documented {
+            assert!(seen.insert(key.clone()), "docs/config.md lists {key} twice");
+        }
+        // Every key of the schema is documented, and nothing else is.
+        let mut schema = std::collections::BTreeSet::new();
+        for section in schema_keys("") {
+            for key in schema_keys(&section) {
+                schema.insert(format!("{section}.{key}"));
+            }
+        }
+        let undocumented: Vec<&String> = schema.difference(&seen).collect();
+        let unknown: Vec<&String> = seen.difference(&schema).collect();
+        assert!(undocumented.is_empty(), "keys of agent/src/config.rs missing from docs/config.md: {undocumented:?}");
+        assert!(unknown.is_empty(), "keys of docs/config.md that agent/src/config.rs does not have: {unknown:?}");
+        // Each documented default is the code's: the defaults as the effective configuration
+        // writes them (an empty path is ""), the documented text read as a TOML value. Two
+        // defaults are derived at run time, and documented as what they become.
+        let written: toml::Table = toml::from_str(&Config::default().to_toml().unwrap()).unwrap();
+        let derived = [
+            ("mqtt.device", "hostname", toml::Value::from("")),
+            ("mqtt.client_id", "\"laya-edge-{device}\"", toml::Value::from("")),
+        ];
+        for (key, doc) in &documented {
+            let (section, name) = key.split_once('.').expect("section.key");
+            let code = written[section].as_table().expect("a section")[name].clone();
+            if let Some((_, words, value)) = derived.iter().find(|(k, _, _)| k == key) {
+                assert_eq!(doc, words, "{key}: docs/config.md's default");
+                assert_eq!(code, *value, "{key}: the code's default, derived at run time");
+                continue;
+            }
+            let doc_value = toml::from_str::<toml::Table>(&format!("v = {doc}"))
+                .unwrap_or_else(|e| panic!("{key}: docs/config.md's default {doc:?} is not a TOML value: {e}"))["v"]
+                .clone();
+            assert_eq!(doc_value, code, "{key}: docs/config.md says {doc}, the code's default is {code}");
+        }
+    }
 }

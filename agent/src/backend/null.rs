@@ -9,10 +9,14 @@
 //! row gets the same logits, like a broken runtime), `abort-rows=3` (abort on calls of 3 rows or
 //! more: an input that kills the runtime), `abort-token=N`, `hang-token=N`, `input-token=N`
 //! (abort, hang or refuse the input on a call with a row holding token id N: a poison question
-//! among others), `load-fail`, `load-sleep=5000` (a slow load); several are joined with commas. `@N` applies the fault to the N-th call only (counting
+//! among others), `load-fail`, `load-sleep=5000` (a slow load), `record=PATH` (not a fault: each
+//! call appends a line to PATH as it arrives, the worker's pid, a tab and its rows' token ids, a
+//! row's ids joined by `,` and rows by ` `: what the worker was given, for tests that must know
+//! which rows ran together, or never ran); several are joined with commas. `@N` applies the fault to the N-th call only (counting
 //! from 1 in this process), `@N+` to the N-th call and every one after it, no `@` to every call. `once=PATH` makes the faults apply in one process only: the
 //! first worker that loads creates PATH, later workers (after a restart) find it and run clean;
-//! `workers=N:PATH` in the first N processes (PATH counts them).
+//! `workers=N:PATH` in the first N processes (PATH counts them); a `record` goes on in every
+//! process.
 
 use std::time::Duration;
 
@@ -50,6 +54,8 @@ pub enum Fault {
     Once(std::path::PathBuf),
     /// Apply the other faults in the first this many processes only, counted in this file.
     Workers(u64, std::path::PathBuf),
+    /// Append each call's rows to this file as the call arrives (see the module docs).
+    Record(std::path::PathBuf),
 }
 
 /// What a poison token does.
@@ -130,6 +136,7 @@ pub fn parse_faults(spec: &str) -> Result<Vec<FaultRule>, String> {
             None if what == "exit" => Fault::Exit,
             None if what == "load-fail" => Fault::LoadFail,
             Some(("once", path)) => Fault::Once(path.into()),
+            Some(("record", path)) => Fault::Record(path.into()),
             Some(("workers", spec)) => {
                 let bad = || format!("bad workers in {part:?} (N:PATH)");
                 let (n, path) = spec.split_once(':').ok_or_else(bad)?;
@@ -158,7 +165,7 @@ impl NullBackend {
         }) {
             // create_new: exactly one process wins the marker and gets the faults.
             if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_err() {
-                faults.clear();
+                faults.retain(|f| matches!(f.fault, Fault::Record(_)));
             }
         }
         if let Some((n, counter)) = faults.iter().find_map(|f| match &f.fault {
@@ -170,7 +177,7 @@ impl NullBackend {
             std::fs::write(&counter, (before + 1).to_string())
                 .map_err(|e| format!("cannot count workers in {}: {e}", counter.display()))?;
             if before >= n {
-                faults.clear();
+                faults.retain(|f| matches!(f.fault, Fault::Record(_)));
             }
         }
         if faults.iter().any(|f| f.fault == Fault::LoadFail) {
@@ -220,6 +227,11 @@ impl Backend for NullBackend {
         let mut constant = false;
         let n = u32::try_from(rows.len()).unwrap_or(u32::MAX);
         for rule in self.faults.iter().filter(|r| r.applies_to(call)) {
+            if let Fault::Record(path) = &rule.fault {
+                record(path, rows);
+            }
+        }
+        for rule in self.faults.iter().filter(|r| r.applies_to(call)) {
             match &rule.fault {
                 Fault::Sleep(d) => std::thread::sleep(*d),
                 Fault::RowSleep(d) => {
@@ -258,7 +270,7 @@ impl Backend for NullBackend {
                 Fault::Abort => std::process::abort(),
                 Fault::Exit => std::process::exit(3),
                 Fault::Error(e) => return Err(e.clone()),
-                Fault::LoadFail | Fault::LoadSleep(_) | Fault::Once(_) | Fault::Workers(..) => {}
+                Fault::LoadFail | Fault::LoadSleep(_) | Fault::Once(_) | Fault::Workers(..) | Fault::Record(_) => {}
             }
         }
         if constant {
@@ -273,6 +285,19 @@ impl Backend for NullBackend {
                 .collect());
         }
         Ok(rows.iter().map(|r| Self::logits_for(r)).collect())
+    }
+}
+
+/// Appends one call's line to `path` (`record=PATH`): one write of the whole line, so the calls
+/// of several worker processes on one file do not interleave. Best effort: a test that reads the
+/// file fails on what is missing.
+fn record(path: &std::path::Path, rows: &[&Row]) {
+    use std::io::Write;
+    let rows: Vec<String> =
+        rows.iter().map(|r| r.input_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")).collect();
+    let line = format!("{}\t{}\n", std::process::id(), rows.join(" "));
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(line.as_bytes());
     }
 }
 
@@ -305,6 +330,22 @@ mod tests {
         assert!(parse_faults("hang@x").is_err());
         assert_eq!(parse_faults("hang-token=666").unwrap()[0].fault, Fault::Token(666, TokenFault::Hang));
         assert!(parse_faults("input-token=x").is_err());
+        assert_eq!(parse_faults("record=/tmp/calls").unwrap()[0].fault, Fault::Record("/tmp/calls".into()));
+    }
+
+    #[test]
+    fn record_appends_each_calls_rows_as_it_arrives_faulty_or_not() {
+        let path = std::env::temp_dir().join(format!("laya-null-record-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let spec = format!("record={},error=input@2", path.display());
+        let mut n = NullBackend::new(parse_faults(&spec).unwrap()).unwrap();
+        let a = Row { input_ids: vec![1, 7, 2], marker_pos: vec![1], qtype: QType::Noul, layout: None };
+        let b = Row { input_ids: vec![1, 8], marker_pos: vec![1], qtype: QType::Noul, layout: None };
+        n.run(&[&a, &b]).unwrap();
+        assert!(n.run(&[&b]).is_err());
+        let me = std::process::id();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{me}\t1,7,2 1,8\n{me}\t1,8\n"));
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

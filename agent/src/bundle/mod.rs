@@ -396,19 +396,20 @@ pub struct HostBundle {
 }
 
 impl HostBundle {
-    /// [`HostBundle::load`], then every file the manifest lists checked against its sha256:
-    /// what the agent and the commands that answer questions load.
+    /// [`HostBundle::load`] after every file the manifest lists was checked against its sha256:
+    /// what the agent and the commands that answer questions load. Only the manifest (which
+    /// lists the digests) is read before the check, so a damaged file is named as corrupt or
+    /// replaced, never by what parsing it would have said.
     pub fn load_verified(dir: &Path) -> Result<HostBundle, BundleError> {
         HostBundle::load_verified_as(dir, LayaVersion::default())
     }
 
     /// [`HostBundle::load_verified`] served as `laya`'s version ([`HostBundle::load_as`]).
     pub fn load_verified_as(dir: &Path, laya: LayaVersion) -> Result<HostBundle, BundleError> {
-        let bundle = HostBundle::load_as(dir, laya)?;
-        if let Some(m) = &bundle.manifest {
-            m.verify_files(dir)?;
+        if dir.join(MANIFEST).is_file() {
+            Manifest::load(dir)?.verify_files(dir)?;
         }
-        Ok(bundle)
+        HostBundle::load_as(dir, laya)
     }
 
     /// Loads a laya checkpoint directory or an NPU bundle (a directory with `laya-bundle.json`),

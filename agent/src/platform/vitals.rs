@@ -1,7 +1,9 @@
 //! What the host says about the agent's processes and the SoC, for telemetry: resident memory
 //! from `/proc/<pid>/status` and the highest thermal-zone temperature from
-//! `/sys/class/thermal/*/temp`. Anything unreadable (another OS, a hardened unit without
-//! `/sys`, a worker that just exited) is `None`, never an error: telemetry goes out regardless.
+//! `/sys/class/thermal/*/temp` (or the zones under `LAYA_THERMAL_DIR`: a container that mounts
+//! the host's sysfs elsewhere, and the tests' zones of known temperature). Anything unreadable
+//! (another OS, a hardened unit without `/sys`, a worker that just exited) is `None`, never an
+//! error: telemetry goes out regardless.
 
 use std::path::Path;
 
@@ -21,9 +23,16 @@ fn rss_from_status(text: &str) -> Option<u64> {
     line.trim_start_matches("VmRSS:").split_whitespace().next()?.parse().ok()
 }
 
-/// The highest temperature of the thermal zones under `/sys/class/thermal`, in °C.
+/// Where the thermal zones are read unless `LAYA_THERMAL_DIR` names another directory.
+pub const THERMAL_DIR: &str = "/sys/class/thermal";
+
+/// The highest temperature of the thermal zones under [`THERMAL_DIR`] (or `LAYA_THERMAL_DIR`),
+/// in °C.
 pub fn max_temperature_c() -> Option<f64> {
-    max_temperature_in(Path::new("/sys/class/thermal"))
+    match std::env::var_os("LAYA_THERMAL_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => max_temperature_in(Path::new(&dir)),
+        None => max_temperature_in(Path::new(THERMAL_DIR)),
+    }
 }
 
 /// The highest `*/temp` (millidegrees Celsius) under `dir`. Zones that cannot be read or say

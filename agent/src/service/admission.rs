@@ -481,10 +481,18 @@ mod tests {
         ));
     }
 
+    /// Admission's side only: an expired request is refused, never handed on to be answered
+    /// (`Decision::Answer` is the only way to the engine). That expired calls never reach the
+    /// worker is the engine's own test (agent/tests/it/engine.rs).
     #[test]
-    fn an_expired_request_is_refused_without_inference() {
+    fn an_expired_request_is_refused_deadline_exceeded_and_not_admitted_for_an_answer() {
         let a = admission();
         let m = Incoming { message_expiry_s: Some(0), ..msg(br#"{"id": "r", "state": "s", "questions": {}}"#) };
+        assert!(matches!(
+            a.decide(&m, Instant::now(), &ReplyCache::new(4)),
+            Decision::Refuse { error: ErrorReply { code: ErrorCode::DeadlineExceeded, .. }, .. }
+        ));
+        let m = msg(br#"{"id": "r", "state": "s", "questions": {}, "deadline_ms": 0}"#);
         assert!(matches!(
             a.decide(&m, Instant::now(), &ReplyCache::new(4)),
             Decision::Refuse { error: ErrorReply { code: ErrorCode::DeadlineExceeded, .. }, .. }

@@ -33,14 +33,56 @@ fn manifest(dir: &Path) -> Value {
     json::parse(&std::fs::read(dir.join("laya-bundle.json")).expect("manifest"), ParseOptions::default()).expect("json")
 }
 
+/// Every file under `dir` but the manifest, as the manifest names them (`sub/dir/file`), found
+/// by walking the directory here (not by the bundle command's own listing).
+fn files_on_disk(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(path.strip_prefix(root).expect("inside").to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.retain(|f| f != "laya-bundle.json");
+    out.sort();
+    out
+}
+
+/// `sha256sum`'s digest of `file`: computed by coreutils, not by the code under test.
+fn sha256sum(file: &Path) -> String {
+    let out = std::process::Command::new("sha256sum").arg(file).output().expect("sha256sum runs");
+    assert!(out.status.success(), "sha256sum {}", file.display());
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().expect("a digest").to_owned()
+}
+
 #[test]
 fn a_bundle_of_the_demo_checkpoint_lists_every_file_with_its_sha256_and_its_probe_passes_on_the_cpu() {
     let dir = demo_bundle("cpu");
     let m = manifest(&dir);
     let files = m.get("files").and_then(Value::as_object).expect("files");
-    for f in ["checkpoint/model.safetensors", "checkpoint/rl_agent_config.json", "probe.jsonl"] {
-        let d = files.get(f).and_then(Value::as_str).unwrap_or_else(|| panic!("{f} is not listed: {files:?}"));
-        assert_eq!(d.len(), 64, "{f}: {d}");
+    // Every file the bundle holds is listed, and nothing else, each with the digest sha256sum
+    // computes of it.
+    let listed: Vec<String> = {
+        let mut l: Vec<String> = files.keys().cloned().collect();
+        l.sort();
+        l
+    };
+    assert_eq!(listed, files_on_disk(&dir), "the manifest's files against the directory");
+    for f in [
+        "checkpoint/model.safetensors",
+        "checkpoint/rl_agent_config.json",
+        "checkpoint/tokenizer/tokenizer.json",
+        "probe.jsonl",
+    ] {
+        assert!(files.contains_key(f), "{f} is not listed: {files:?}");
+    }
+    for (f, d) in files {
+        assert_eq!(d.as_str(), Some(sha256sum(&dir.join(f)).as_str()), "{f}");
     }
     // The default probe: a few dozen rows of every question type, short and long states.
     let probe = std::fs::read_to_string(dir.join("probe.jsonl")).expect("probe");
@@ -72,45 +114,89 @@ fn the_bundle_answers_like_the_checkpoint_it_was_made_from() {
     assert_eq!(from_bundle, from_checkpoint);
 }
 
-#[test]
-fn a_corrupted_or_replaced_file_is_caught_by_its_sha256_and_named_by_every_command() {
-    let dir = demo_bundle("corrupt");
-    let weights = dir.join("checkpoint/model.safetensors");
-    // Truncated on the way to the board: one byte short.
-    let bytes = std::fs::read(&weights).expect("weights");
-    std::fs::write(&weights, &bytes[..bytes.len() - 1]).expect("truncate");
+/// Runs `serve` on `dir` against a broker of its own and returns the `config_error` message it
+/// published before exiting; fails at once if it came online instead (it took the bundle).
+async fn serve_refuses(dir: &Path, device: &str) -> String {
+    let broker = Broker::start(device, "");
+    let mut watch = Client::connect(broker.port, &format!("{device}-watch")).await;
+    watch.subscribe(&format!("laya/v1/{device}/events")).await;
+    watch.subscribe(&format!("laya/v1/{device}/status")).await;
+    let mut agent = Agent::start(&broker, device, &format!("[model]\ndir = \"{}\"\n", dir.display()));
+    // Bounded only so that a broken test fails instead of hanging: a serve that took the bundle
+    // comes online (and fails the test below) long before.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut events = Vec::new();
+    let status = loop {
+        if let Some(s) = agent.child.as_mut().expect("started").try_wait().expect("wait") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve neither exited nor came online");
+        if let Some(p) = watch.next(std::time::Duration::from_millis(100)).await {
+            let v = decode(&p);
+            assert_ne!(v.get("state"), Some(&Value::from("online")), "serve took the damaged bundle: {v:?}");
+            events.push(v);
+        }
+    };
+    assert!(!status.success(), "serve exited successfully on a damaged bundle");
+    while let Some(p) = watch.next(std::time::Duration::from_secs(2)).await {
+        let v = decode(&p);
+        assert_ne!(v.get("state"), Some(&Value::from("online")), "serve took the damaged bundle: {v:?}");
+        events.push(v);
+    }
+    let error = events
+        .iter()
+        .find(|v| v.get("event") == Some(&Value::from("config_error")))
+        .unwrap_or_else(|| panic!("no config_error in {events:?}"));
+    error.get("message").and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+/// Every command that answers from `dir` (`predict`, `probe`, `serve`) refuses it with the
+/// digest's own message naming `rel`, before reading anything but the manifest; `check` fails
+/// naming the file too (with the digest's message where `digest_from_check`: `check` parses the
+/// tokenizer before it compares digests).
+async fn every_command_refuses(dir: &Path, rel: &str, digest_from_check: bool, device: &str) {
+    let path = dir.join(rel).display().to_string();
+    let corrupt = format!("{path} is corrupt or was replaced: its sha256 is ");
     let (_, err, ok) = cli(&["check", "--model", dir.to_str().unwrap()]);
-    assert!(!ok, "check passed a truncated file");
-    assert!(err.contains("model.safetensors") && err.contains("sha256"), "{err}");
+    assert!(!ok && err.contains(&path), "check passed {rel}: {err}");
+    assert!(!digest_from_check || err.contains(&corrupt), "check on {rel}: {err}");
+    let demo = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
+        .expect("requests");
     let args = [OsStr::new("predict"), OsStr::new("--model"), dir.as_os_str()];
-    let (_, err, ok) = run_cli(&args, &[], "{}\n");
-    assert!(!ok && err.contains("model.safetensors") && err.contains("corrupt"), "{err}");
-    let (_, err, ok) = cli(&["probe", "--model", dir.to_str().unwrap()]);
-    assert!(!ok && err.contains("model.safetensors"), "{err}");
-    // The service refuses to start on it, naming the file (the broker is never reached).
-    let config = temp_dir("bundle-corrupt-serve").join("laya-edge.toml");
-    std::fs::write(&config, format!("[mqtt]\nbroker = \"mqtt://127.0.0.1:1\"\n[model]\ndir = \"{}\"\n", dir.display()))
-        .expect("config");
-    // Bounded: a serve that took the bundle would try the broker for ever.
-    let out = std::process::Command::new("timeout")
-        .arg("60")
-        .arg(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
-        .args(["serve", "--config", config.to_str().unwrap()])
-        .output()
-        .expect("serve runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && out.status.code() != Some(124), "serve took a corrupt bundle: {err}");
-    assert!(err.contains("model.safetensors"), "{err}");
-    // Replaced by another file of the same size: still caught.
+    let (out, err, ok) = run_cli(&args, &[], &demo);
+    assert!(!ok && err.contains(&corrupt), "predict on {rel}: {err}{out}");
+    let (out, err, ok) = cli(&["probe", "--model", dir.to_str().unwrap(), "--backend", "cpu"]);
+    assert!(!ok && err.contains(&corrupt), "probe on {rel}: {err}{out}");
+    let message = serve_refuses(dir, device).await;
+    assert!(message.contains(&corrupt), "serve on {rel}: {message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_or_replaced_file_is_refused_by_its_sha256_by_every_command_before_it_is_read() {
+    let dir = demo_bundle("digests");
+    let weights = dir.join("checkpoint/model.safetensors");
+    let bytes = std::fs::read(&weights).expect("weights");
+    // Truncated on the way to the board: one byte short.
+    std::fs::write(&weights, &bytes[..bytes.len() - 1]).expect("truncate");
+    every_command_refuses(&dir, "checkpoint/model.safetensors", true, "dev-digest-cut").await;
+    // Replaced by a file of the same size, one byte flipped: what no loader can tell.
     let mut other = bytes.clone();
     let last = other.len() - 1;
     other[last] ^= 0xff;
     std::fs::write(&weights, &other).expect("replace");
-    let (_, err, ok) = cli(&["check", "--model", dir.to_str().unwrap()]);
-    assert!(!ok && err.contains("model.safetensors"), "{err}");
-    // Put back: it checks again.
+    every_command_refuses(&dir, "checkpoint/model.safetensors", true, "dev-digest-flip").await;
     std::fs::write(&weights, &bytes).expect("restore");
+    // A truncated tokenizer: named by its digest, not by what parsing it says.
+    let tokenizer = dir.join("checkpoint/tokenizer/tokenizer.json");
+    let text = std::fs::read(&tokenizer).expect("tokenizer");
+    std::fs::write(&tokenizer, &text[..text.len() / 2]).expect("truncate");
+    every_command_refuses(&dir, "checkpoint/tokenizer/tokenizer.json", false, "dev-digest-tok").await;
+    // Put back: it checks and answers again.
+    std::fs::write(&tokenizer, &text).expect("restore");
     let (_, err, ok) = cli(&["check", "--model", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let args = [OsStr::new("predict"), OsStr::new("--model"), dir.as_os_str()];
+    let (_, err, ok) = run_cli(&args, &[], "{}\n");
     assert!(ok, "{err}");
 }
 

@@ -91,21 +91,21 @@ async fn ready_is_sent_once_connected_however_slowly_the_backend_loads() {
     let socket_path = dir.join("notify.sock");
     let _ = std::fs::remove_file(&socket_path);
     let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("bind");
-    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    // Longer than the backend's 30 s load, so a READY=1 that waited for it still comes (and the
+    // status below then says so); bounded only so that no READY=1 at all fails the test.
+    socket.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
     let config = config(&broker, "dev-slow", "null_faults = \"load-sleep=30000\"\n");
     let env = vec![("NOTIFY_SOCKET".to_owned(), socket_path.display().to_string())];
-    let t = Instant::now();
     let _agent = Agent::with_config(config, env);
     let mut buf = [0u8; 512];
     // Other notifications (STATUS=, WATCHDOG=1) may come first: wait for the one with READY=1.
     loop {
-        let n = socket.recv(&mut buf).expect("READY=1 within 10 s while the backend still loads");
+        let n = socket.recv(&mut buf).expect("READY=1");
         if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") {
             break;
         }
     }
-    assert!(t.elapsed() < Duration::from_secs(10));
-    // The retained status says the backend is not answering yet.
+    // Sent while the backend still loads: the retained status says it is not answering yet.
     let mut watch = Client::connect(broker.port, "slow-watch").await;
     watch.subscribe("laya/v1/dev-slow/status").await;
     let status = decode(&watch.next(Duration::from_secs(5)).await.expect("the retained status"));
@@ -182,8 +182,9 @@ async fn a_worker_slower_to_load_than_the_configured_startup_timeout_is_replaced
     c.subscribe("laya/v1/reply/startup-asker/#").await;
     let reply_to = "laya/v1/reply/startup-asker/s1";
     c.ask("laya/v1/dev-startup/ask", Encoding::Json.encode(&request("s1")), Some(reply_to), None, Encoding::Json).await;
-    // Well before the slow worker would have loaded.
-    let reply = decode(&c.next(Duration::from_secs(20)).await.expect("answered by the replacement worker"));
+    // Answered; by the replacement worker, as the restart counted below shows (the slow one would
+    // have loaded after 30 s with no restart).
+    let reply = decode(&c.next(Duration::from_secs(60)).await.expect("answered"));
     assert!(reply.get("answers").is_some(), "{reply:?}");
     telemetry_where(&mut watch, "the restart counted", |v| {
         v.get("restarts").and_then(|r| r.get("load_failed")).and_then(Value::as_i64) == Some(1)

@@ -3,13 +3,15 @@
 //! committed V68 context binaries: `predict --backend qnn` and `serve` with `backend = "qnn"`,
 //! each against the CPU backend on the same checkpoint. The worker process loads the runtime.
 //!
-//! Tolerances as in tests/conformance/it/qnn.rs (which measures them over every fitting fixture
-//! case): every clear decision the CPU's, every probability within 0.1.
+//! Tolerances: every clear decision the CPU's, and every probability within what these requests
+//! were measured at on the simulator ([`QNN`]); tests/conformance/it/qnn.rs measures every fitting
+//! fixture case (up to 0.07 there, on other models).
 //!
-//! Without the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`) those tests
-//! are skipped with a loud message, and fail under CI (`CI=true`; tools/test.sh fetches them). What
-//! the simulator cannot do on demand (hang, fail) the watchdog test does with the fake runtime
-//! (tests/fake-qnn).
+//! The tests that need the simulator libraries (`LAYA_QNN_LIB_DIR`, else `target/qnn-runtime`)
+//! are `#[ignore]`d with that reason: listed as ignored by a plain `cargo test`, run by
+//! `--include-ignored` (tools/test.sh fetches the libraries and does), failed when run without
+//! them. What the simulator cannot do on demand (hang, fail) the watchdog test does with the fake
+//! runtime (tests/fake-qnn).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -25,7 +27,11 @@ use laya_topics::json::{self, ParseOptions};
 use laya_topics::wire::Encoding;
 use test_kit::{build_fake_library, qnn_simulator, workspace};
 
-const QNN: Closeness = Closeness { tol: 0.1, clear_gap: 0.02, skip: &[] };
+/// Measured on the simulator (QNN 2.51, these binaries, deterministic from run to run): the
+/// largest probability difference from the CPU backend is 0.0350 over the 12 bpe-t5 requests of
+/// `predict` (the first of them, through `serve`, too) and 0.0254 for the mixed request's
+/// answered question. The limit is that plus one unit of an answer's fourth digit.
+const QNN: Closeness = Closeness { tol: 0.0351, clear_gap: 0.02, skip: &[] };
 
 /// The checkpoint the fixture binaries of `model` were built from.
 fn checkpoint(model: &str) -> PathBuf {
@@ -65,8 +71,9 @@ fn simulator_config(bundle: &Path, libs: &Path) -> String {
 }
 
 #[test]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     let bundle = bundle_dir("predict", "bpe-t5");
     let input = fixture_requests("bpe-t5", 12, 256);
     let config = simulator_config(&bundle, &libs);
@@ -74,16 +81,21 @@ fn predict_with_the_qnn_backend_on_the_simulator_agrees_with_the_cpu_backend() {
     let cpu = run_predict(&checkpoint("bpe-t5"), "cpu", &input, &[]);
     assert_eq!(qnn.len(), 12);
     assert_eq!(cpu.len(), 12);
-    let answered = qnn.iter().filter(|v| v.get("answers").is_some()).count();
-    assert!(answered >= 8, "only {answered} of 12 requests answered: {qnn:?}");
+    // Every request answered, as on the CPU (measured: 12 of 12 both).
     for (i, (a, b)) in qnn.iter().zip(&cpu).enumerate() {
-        assert_answers_close(a, b, &QNN, &format!("line {i}"));
+        assert!(a.get("answers").is_some() && b.get("answers").is_some(), "line {i}: {a:?} / cpu {b:?}");
     }
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in qnn.iter().zip(&cpu).enumerate() {
+        worst = worst.max(assert_answers_close(a, b, &QNN, &format!("line {i}")));
+    }
+    eprintln!("predict on the simulator: 12 of 12 answered, max |dp| against the CPU {worst:.4}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     let bundle = bundle_dir("serve", "bpe-t5");
     let broker = Broker::start("qnn-serve", "");
     let settings = format!(
@@ -104,12 +116,13 @@ async fn serve_with_the_qnn_backend_on_the_simulator_answers_over_mqtt() {
     let reply = decode(&c.next(Duration::from_secs(120)).await.expect("a reply"));
     assert_eq!(reply.get("backend"), Some(&Value::from("qnn")), "{reply:?}");
     let cpu = run_predict(&checkpoint("bpe-t5"), "cpu", &line, &[]);
-    assert_answers_close(
+    let worst = assert_answers_close(
         reply.get("answers").expect("answers"),
         cpu[0].get("answers").expect("answers"),
         &QNN,
         "answers",
     );
+    eprintln!("serve on the simulator: max |dp| against the CPU {worst:.4}");
     // The retained status names the QAIRT build the worker loaded.
     c.subscribe("laya/v1/qcs1/status").await;
     let status = decode(&c.next(Duration::from_secs(10)).await.expect("the retained status"));
@@ -273,8 +286,9 @@ async fn a_graph_shipped_as_a_dlc_is_compiled_once_by_the_configured_generator_a
 }
 
 #[test]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too_large_in_place() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     let bundle = bundle_dir("mixed", "bpe-t5");
     let labels: Vec<String> = (0..70).map(|i| format!("\"label {i}\"")).collect();
     let state = json::to_string(&Value::Str("The app crashes when I log in. ".repeat(200)), json::Style::COMPACT);
@@ -291,12 +305,13 @@ fn on_a_128_256_bundle_rows_are_cut_to_256_and_a_question_that_cannot_fit_is_too
     let many = answers.get("many").and_then(|a| a.get("error")).expect("an error in place of 'many'");
     assert_eq!(many.get("code"), Some(&Value::from("too_large")), "{}", text(many));
     assert_eq!(qnn[0].get("usage").and_then(|u| u.get("input_tokens")), Some(&Value::int(256)), "one row of 256");
-    assert_answers_close(
+    let worst = assert_answers_close(
         answers.get("ok").expect("ok"),
         cpu[0].get("answers").and_then(|a| a.get("ok")).expect("cpu ok"),
         &QNN,
         "ok",
     );
+    eprintln!("the mixed request on the simulator: max |dp| against the CPU {worst:.4}");
 }
 
 /// The fake runs the CPU reference's encoder behind the QNN C API; the host steps (embeddings,
@@ -368,8 +383,9 @@ fn probe_on_simulator(bundle: &Path, libs: &Path) -> (String, String, bool) {
 }
 
 #[test]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_its_probe_judges_each_graph_on_the_simulator() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     let binaries = [demo_binary("enc_L128_u16io_ctx_qnn.bin"), demo_binary("enc_L256_f32io_ctx_qnn.bin")];
     // Min-max with the masks clipped (their descriptions say so): usable at 256 without a flag.
     let bundle = assembled_demo_bundle("round-trip", &binaries, &libs, &[]);
@@ -410,8 +426,9 @@ fn an_assembled_qnn_bundle_reads_its_graphs_from_the_binaries_and_its_probe_judg
 }
 
 #[test]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 fn a_graph_without_calibration_metadata_is_treated_as_minmax_and_not_used_above_128_tokens() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     // A copy of the 256-token binary without the description tools/qnn writes beside it.
     let dir = temp_dir("qnn-unlabelled");
     let bare = dir.join("enc_256.bin");
@@ -429,8 +446,9 @@ fn a_graph_without_calibration_metadata_is_treated_as_minmax_and_not_used_above_
 }
 
 #[test]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 fn a_truncated_context_binary_is_named_in_the_error() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     let dir = temp_dir("qnn-truncated");
     let cut = dir.join("enc_128_cut.bin");
     let bytes = std::fs::read(demo_binary("enc_L128_u16io_ctx_qnn.bin")).expect("binary");
@@ -483,8 +501,9 @@ fn broken_binary(file: &str) -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 fn the_probe_fails_on_a_minmax_256_binary_calibrated_without_the_mask_clip() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     // The user allowed the min-max graph above 128 tokens: only the probe stands between it and
     // the board (tools/qnn/README.md: min-max calibration on the raw additive masks).
     // A probe of four requests (12 rows): every row runs the 256-token graph, slow on the simulator.
@@ -504,8 +523,9 @@ fn the_probe_fails_on_a_minmax_256_binary_calibrated_without_the_mask_clip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the QNN HTP simulator (LAYA_QNN_LIB_DIR, tools/qnn/fetch-runtime.sh): --include-ignored runs it, as tools/test.sh does"]
 async fn serve_on_a_binary_with_a_wrong_quantization_offset_publishes_probe_failed_and_the_fallback_answers() {
-    let Some(libs) = qnn_simulator() else { return };
+    let libs = qnn_simulator();
     let bundle =
         assembled_demo_bundle("bad-offset", &[broken_binary("enc_L128_f32io_badoffset_ctx_qnn.bin")], &libs, &[]);
     // The command first: it fails with the figures.

@@ -141,7 +141,7 @@ async fn the_ask_command_prints_the_reply() {
 }
 
 #[test]
-fn serve_demo_answers_the_example_questions_over_its_own_broker() {
+fn serve_demo_gives_predicts_answers_to_the_example_questions_over_its_own_broker_and_the_readmes() {
     use std::io::BufRead;
     let mut child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
         .args(["serve", "--demo"])
@@ -183,11 +183,44 @@ fn serve_demo_answers_the_example_questions_over_its_own_broker() {
     let ids: Vec<&Value> = answers.iter().filter_map(|a| a.get("id")).collect();
     let want: Vec<&Value> = examples.iter().filter_map(|e| e.get("id")).collect();
     assert_eq!(ids, want);
-    for (answer, example) in answers.iter().zip(&examples) {
-        let questions = example.get("questions").and_then(Value::as_object).expect("questions");
-        for qid in questions.keys() {
-            let a = answer.get("answers").and_then(|a| a.get(qid.as_str()));
-            assert!(a.is_some_and(|a| a.get("type").is_some() || a.get("error").is_some()), "{qid}: {answer:?}");
+    // The answers and usage of `predict` on the demo checkpoint (the CPU backend, itself held to
+    // laya's own answers on this model by the conformance tests' demo_model module).
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
+    let requests = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/demo-requests.jsonl"))
+        .expect("demo requests");
+    let predicted = run_predict(&demo, "cpu", &requests, &[]);
+    assert_eq!(predicted.len(), answers.len());
+    for (answer, predicted) in answers.iter().zip(&predicted) {
+        for k in ["id", "answers", "usage"] {
+            let (got, want) = (answer.get(k).map(text), predicted.get(k).map(text));
+            assert!(got.is_some() && got == want, "{k}: the demo's {got:?}, predict's {want:?}");
         }
+    }
+    // And what the README shows of demo-1's reply is what the demo prints.
+    let shown = readme_demo_reply();
+    assert_eq!(shown.get("id"), Some(&Value::from("demo-1")));
+    assert_contains(&answers[0], &shown, "demo-1");
+}
+
+/// The reply the README shows for `demo-1` (its `json` block after "example (`demo-1`"),
+/// with its elisions (`, ...`) taken out: what it shows, without what it leaves out.
+fn readme_demo_reply() -> Value {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
+    let from = readme.find("example (`demo-1`").expect("the README's demo example");
+    let block = readme[from..].split("```json\n").nth(1).and_then(|b| b.split("```").next()).expect("its json block");
+    json::parse_str(&block.replace(", ...", ""), ParseOptions::default())
+        .unwrap_or_else(|e| panic!("the README's demo reply is not JSON without its elisions: {e}: {block}"))
+}
+
+/// Every member `shown` has is in `got` with the same value (objects recursively).
+fn assert_contains(got: &Value, shown: &Value, at: &str) {
+    match (got, shown) {
+        (Value::Object(g), Value::Object(s)) => {
+            for (k, v) in s {
+                let here = format!("{at}.{k}");
+                assert_contains(g.get(k).unwrap_or_else(|| panic!("{here}: not in {}", text(got))), v, &here);
+            }
+        }
+        _ => assert_eq!(text(got), text(shown), "{at}: the demo prints it, the README shows it"),
     }
 }

@@ -177,7 +177,9 @@ pub fn test_path(module_path: &str, test: &str) -> String {
 /// in a child process, with `child_var=1`, `lib_var` = `lib` (the fake library) and `env` set.
 pub fn child_command(child_var: &str, lib_var: &str, lib: &Path, test: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--test-threads=1", "--nocapture"])
+    // --include-ignored: the child runs the test its parent runs, which was asked for even
+    // where it is ignored by default (the simulator's).
+    cmd.args([test, "--exact", "--include-ignored", "--test-threads=1", "--nocapture"])
         .env(child_var, "1")
         .env(lib_var, lib)
         .envs(env.iter().copied());

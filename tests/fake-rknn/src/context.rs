@@ -9,8 +9,8 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use laya_edge::backend::cpu::CpuModel;
 use laya_edge::backend::cpu::head::MISSING_MARKER_LOGIT;
@@ -30,6 +30,9 @@ static RUNS: AtomicU64 = AtomicU64::new(0);
 pub fn constant_logit(i: usize) -> f32 {
     1.5 - 0.25 * (i % 16) as f32
 }
+
+/// What `FAKE_RKNN_SPANS` times runs from: the process's first run.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
 
 /// The RK3588's three NPU cores, each busy while a run holds its lock.
 static CORES: [Mutex<()>; 3] = [Mutex::new(()), Mutex::new(()), Mutex::new(())];
@@ -161,9 +164,12 @@ impl Context {
                 std::thread::park();
             }
         }
-        if self.knobs.latency_ms > 0 {
-            let _cores = occupy(self.core_mask);
+        let epoch = *EPOCH.get_or_init(Instant::now);
+        {
+            let _cores = (self.knobs.latency_ms > 0).then(|| occupy(self.core_mask));
+            let start = epoch.elapsed();
             std::thread::sleep(Duration::from_millis(self.knobs.latency_ms));
+            self.span(start, epoch.elapsed());
         }
         if let Some(code) = self.knobs.failure_for(n) {
             return code;
@@ -211,6 +217,15 @@ impl Context {
         line += &format!("\"logits\":[{}]}}", list(&mut logits.iter().map(f32::to_string)));
         if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
             let _ = writeln!(f, "{line}");
+        }
+    }
+
+    /// Appends the run's span to `FAKE_RKNN_SPANS`, if set: while it held its cores (best effort).
+    fn span(&self, start: Duration, end: Duration) {
+        if let Some(path) = &self.knobs.spans
+            && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        {
+            let _ = writeln!(f, "mask={:#x} start_us={} end_us={}", self.core_mask, start.as_micros(), end.as_micros());
         }
     }
 

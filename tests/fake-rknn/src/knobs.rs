@@ -11,6 +11,7 @@
 //! | `FAKE_RKNN_FAIL_INIT=C` | `rknn_init` returns C |
 //! | `FAKE_RKNN_CONSTANT_OUTPUT=1` | every run, from the first, in every process, returns the same fixed logits whatever the input (`context::constant_logit`; -10000 past the row's options, as in a real run): the 2.4.2 bug |
 //! | `FAKE_RKNN_TRACE=FILE` | appends a line per `rknn_set_core_mask` and per run (graph, tokens, options) |
+//! | `FAKE_RKNN_SPANS=FILE` | appends `mask=0x1 start_us=S end_us=E` per run: when it held its cores (its latency, from after it got them), in microseconds since the process's first run, so a test sees which runs overlapped |
 //! | `FAKE_RKNN_DUMP=FILE` | appends a JSON line per successful run: the five input tensors as received and the `marker_slots` logits returned |
 
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ pub struct Knobs {
     pub fail_init: Option<i32>,
     pub constant_output: bool,
     pub trace: Option<PathBuf>,
+    pub spans: Option<PathBuf>,
     pub dump: Option<PathBuf>,
 }
 
@@ -50,6 +52,7 @@ impl Knobs {
             fail_init: code("FAKE_RKNN_FAIL_INIT"),
             constant_output: get("FAKE_RKNN_CONSTANT_OUTPUT").is_some_and(|v| !v.is_empty() && v != "0"),
             trace: get("FAKE_RKNN_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from),
+            spans: get("FAKE_RKNN_SPANS").filter(|v| !v.is_empty()).map(PathBuf::from),
             dump: get("FAKE_RKNN_DUMP").filter(|v| !v.is_empty()).map(PathBuf::from),
         }
     }

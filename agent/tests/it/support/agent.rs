@@ -24,18 +24,7 @@ impl Agent {
     /// An agent of `device` on the broker at `url` (a mosquitto of the test's, or a
     /// `test_kit::rogue_broker`), with `extra` config lines after `[mqtt]`'s.
     pub fn start_at(url: &str, device: &str, extra: &str) -> Agent {
-        let dir = temp_dir(&format!("agent-{device}"));
-        let config = dir.join("laya-edge.toml");
-        let text = format!(
-            "[mqtt]\nbroker = \"{url}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}"
-        );
-        let text = if text.contains("[model]") {
-            text
-        } else {
-            format!("{text}\n[model]\ndir = \"{}\"\n", model("bpe-small"))
-        };
-        std::fs::write(&config, text).expect("config");
-        Agent::with_config(config, Vec::new())
+        Agent::with_config(agent_config(url, device, extra), Vec::new())
     }
 
     /// An agent on a config file of the caller's, with extra environment.
@@ -44,7 +33,6 @@ impl Agent {
         a.launch();
         a
     }
-
     pub fn launch(&mut self) {
         let child = Command::new(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
             .arg("serve")
@@ -79,6 +67,21 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The config file [`Agent::start_at`] runs on: `device` on the broker at `url`, telemetry every
+/// second, `extra` lines after `[mqtt]`'s, the fixture checkpoint `bpe-small` unless `extra` has
+/// a `[model]`.
+pub fn agent_config(url: &str, device: &str, extra: &str) -> PathBuf {
+    let dir = temp_dir(&format!("agent-{device}"));
+    let config = dir.join("laya-edge.toml");
+    let text = format!(
+        "[mqtt]\nbroker = \"{url}\"\ndevice = \"{device}\"\ntelemetry_interval_s = 1\nreconnect_min_ms = 100\nreconnect_max_ms = 500\n{extra}"
+    );
+    let text =
+        if text.contains("[model]") { text } else { format!("{text}\n[model]\ndir = \"{}\"\n", model("bpe-small")) };
+    std::fs::write(&config, text).expect("config");
+    config
 }
 
 /// Waits until the agent's retained status says online.

@@ -59,10 +59,12 @@ pub struct Closeness<'a> {
 }
 
 /// Walks two answers (`answers` objects or whole replies): the same structure and strings, every
-/// float within `c.tol`, and the same `choice` wherever the CPU's decision is clear.
-pub fn assert_answers_close(ours: &Value, cpu: &Value, c: &Closeness, at: &str) {
+/// float within `c.tol`, and the same `choice` wherever the CPU's decision is clear. Returns the
+/// largest float difference it met, for the tests to print what they measured.
+pub fn assert_answers_close(ours: &Value, cpu: &Value, c: &Closeness, at: &str) -> f64 {
     match (ours, cpu) {
         (Value::Object(x), Value::Object(y)) => {
+            let mut worst = 0.0f64;
             for (k, v) in x {
                 if c.skip.contains(&k.as_str()) || k == "timing_ms" || k == "backend" {
                     continue;
@@ -74,11 +76,18 @@ pub fn assert_answers_close(ours: &Value, cpu: &Value, c: &Closeness, at: &str) 
                 {
                     continue;
                 }
-                assert_answers_close(v, w, c, &format!("{at}.{k}"));
+                worst = worst.max(assert_answers_close(v, w, c, &format!("{at}.{k}")));
             }
+            worst
         }
-        (Value::Float(x), Value::Float(y)) => assert!((x - y).abs() <= c.tol, "{at}: {x} vs cpu {y}"),
-        (x, y) => assert_eq!(x, y, "{at}"),
+        (Value::Float(x), Value::Float(y)) => {
+            assert!((x - y).abs() <= c.tol, "{at}: {x} vs cpu {y}");
+            (x - y).abs()
+        }
+        (x, y) => {
+            assert_eq!(x, y, "{at}");
+            0.0
+        }
     }
 }
 
