@@ -191,7 +191,7 @@ fn rknn_engine(fixtures: &Path, scratch: &Path, latency_ms: u64, rounds: usize) 
 /// The CPU backend: one row per call against four rows per call, as merging would make them.
 fn cpu_merge(model: &Path) {
     let host = HostBundle::load(model).expect("checkpoint");
-    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(model, &host.config, host.tokenizer.pad.id).expect("model");
+    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(model, &host.config).expect("model");
     let vocab = CpuModel::load(model, &host.config).expect("model").encoder.config.vocab_size as u32;
     println!();
     println!("## CPU: one row per call vs four merged (padded to the longest), model {}", model.display());

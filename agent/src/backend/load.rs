@@ -71,7 +71,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Load
         BackendKind::Cpu => {
             let bundle = HostBundle::load_as(model, config.model.laya).map_err(|e| e.to_string())?;
             let ckpt = bundle.checkpoint.clone().ok_or("this bundle has no checkpoint for the CPU backend")?;
-            Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config, bundle.tokenizer.pad.id).map_err(|e| e.to_string())?))
+            Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config).map_err(|e| e.to_string())?))
         }
         BackendKind::Null => {
             let faults = crate::backend::null::parse_faults(&config.engine.null_faults)?;

@@ -46,9 +46,7 @@ async fn the_python_and_node_examples_get_the_cpu_backends_answers_in_json_and_c
     wait_online(broker.port, "dev-examples").await;
     let model_dir = model("bpe-small");
     let bundle = laya_edge::bundle::HostBundle::load(Path::new(&model_dir)).expect("bundle");
-    let mut cpu =
-        laya_edge::backend::cpu::CpuBackend::load(Path::new(&model_dir), &bundle.config, bundle.tokenizer.pad.id)
-            .expect("cpu");
+    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(Path::new(&model_dir), &bundle.config).expect("cpu");
     let examples = workspace().join("examples");
     let runs: [(&str, &Path, PathBuf); 2] =
         [("python", &python, examples.join("python/ask.py")), ("node", &node, examples.join("node/ask.mjs"))];

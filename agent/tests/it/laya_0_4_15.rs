@@ -36,8 +36,7 @@ async fn next_reply(c: &mut Client) -> Value {
 /// What the CPU pipeline in this process answers `req` as laya 0.4.15 on `model`.
 fn in_process(model: &str, req: &Value) -> Value {
     let bundle = HostBundle::load_as(Path::new(model), LayaVersion::V0_4_15).expect("bundle");
-    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(Path::new(model), &bundle.config, bundle.tokenizer.pad.id)
-        .expect("cpu");
+    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(Path::new(model), &bundle.config).expect("cpu");
     let req = laya_topics::Request::from_value(req.clone()).expect("request");
     laya_edge::pipeline::answer(&bundle, &mut cpu, &req).expect("answer").to_value()
 }

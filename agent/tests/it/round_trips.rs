@@ -48,12 +48,8 @@ async fn mqtt5_request_and_response_with_correlation_data_in_json_and_cbor() {
         }
         // The same answers as the CPU backend in process.
         let bundle = laya_edge::bundle::HostBundle::load(Path::new(&model("bpe-small"))).expect("bundle");
-        let mut cpu = laya_edge::backend::cpu::CpuBackend::load(
-            Path::new(&model("bpe-small")),
-            &bundle.config,
-            bundle.tokenizer.pad.id,
-        )
-        .expect("cpu");
+        let mut cpu =
+            laya_edge::backend::cpu::CpuBackend::load(Path::new(&model("bpe-small")), &bundle.config).expect("cpu");
         let req = laya_topics::Request::from_value(req).expect("request");
         let want = laya_edge::pipeline::answer(&bundle, &mut cpu, &req).expect("answer").to_value();
         assert_eq!(text(v.get("answers").expect("answers")), text(want.get("answers").expect("answers")));

@@ -32,8 +32,7 @@ fn assert_runs_laya_edge(pid: u32, what: &str) {
 fn cpu_answers(request: &Value) -> String {
     let dir = model("bpe-small");
     let bundle = laya_edge::bundle::HostBundle::load(Path::new(&dir)).expect("bundle");
-    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(Path::new(&dir), &bundle.config, bundle.tokenizer.pad.id)
-        .expect("cpu");
+    let mut cpu = laya_edge::backend::cpu::CpuBackend::load(Path::new(&dir), &bundle.config).expect("cpu");
     let request = laya_topics::Request::from_value(request.clone()).expect("request");
     let result = laya_edge::pipeline::answer(&bundle, &mut cpu, &request).expect("answer").to_value();
     text(result.get("answers").expect("answers"))

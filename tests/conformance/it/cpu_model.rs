@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::support::{bundle, cases, f32s, laya_limits, model_dir};
-use laya_edge::backend::cpu::{CpuModel, ModelError};
+use candle_core::{Device, Tensor};
+use laya_edge::backend::cpu::encoder::{Packed, Positions};
+use laya_edge::backend::cpu::{CpuModel, ModelError, masks};
 use laya_edge::decide;
 use laya_edge::prompt::{self, Row};
 use laya_topics::Request;
@@ -37,7 +39,7 @@ fn logits_and_act_probabilities_match_pytorch_within_a_thousandth() {
             continue;
         }
         let rows: Vec<&Row> = valid.iter().map(|(_, r)| *r).collect();
-        let out = model(&case.model).forward(&rows, b.tokenizer.pad.id).unwrap_or_else(|e| panic!("{}: {e}", case.id));
+        let out = model(&case.model).forward(&rows).unwrap_or_else(|e| panic!("{}: {e}", case.id));
         let forward = case.field("forward");
         for ((qid, _), o) in valid.iter().zip(&out) {
             let want = forward.get(qid).unwrap();
@@ -105,7 +107,7 @@ fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
         let b = bundle(&case.model);
         let backend = backends
             .entry(case.model.clone())
-            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap());
+            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config).unwrap());
         let request = Request::from_value(case.field("request").clone()).unwrap();
         if pipeline::limits_for(&request, b.capacity.limits) != laya_limits(&request, &b) {
             // It asks more than the model's budget: laya-edge answers it at the model's own
@@ -126,4 +128,113 @@ fn predict_on_the_cpu_gives_lavas_answers_and_usage() {
         compared += 1;
     }
     assert!(compared >= 400);
+}
+
+/// Rows of these lengths (blocks of queries: one partial, exactly one, one and a bit, several),
+/// token ids spread over the vocabulary.
+fn rows_of(lengths: &[usize], vocab: usize) -> Vec<Vec<u32>> {
+    lengths
+        .iter()
+        .enumerate()
+        .map(|(r, &len)| (0..len).map(|i| ((i * 31 + r * 17 + 5) % vocab) as u32).collect())
+        .collect()
+}
+
+/// The largest difference of the packed output's rows from the padded output's real tokens.
+fn packed_vs_padded(packed: &Tensor, padded: &Tensor, rows: &[std::ops::Range<usize>]) -> f32 {
+    let mut worst = 0f32;
+    for (r, span) in rows.iter().enumerate() {
+        let a = packed.narrow(0, span.start, span.len()).unwrap();
+        let b = padded.get(r).unwrap().narrow(0, 0, span.len()).unwrap();
+        let d: f32 = (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap();
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// `[B, L]` ids padded with 0, the packed `[T]` ids and each row's span.
+fn batch(rows: &[Vec<u32>]) -> (Tensor, Tensor, Vec<std::ops::Range<usize>>) {
+    let l = rows.iter().map(Vec::len).max().unwrap();
+    let mut padded = vec![0u32; rows.len() * l];
+    let (mut packed, mut spans) = (Vec::new(), Vec::new());
+    for (r, row) in rows.iter().enumerate() {
+        padded[r * l..r * l + row.len()].copy_from_slice(row);
+        spans.push(packed.len()..packed.len() + row.len());
+        packed.extend_from_slice(row);
+    }
+    let t = packed.len();
+    (
+        Tensor::from_vec(padded, (rows.len(), l), &Device::Cpu).unwrap(),
+        Tensor::from_vec(packed, (1, t), &Device::Cpu).unwrap(),
+        spans,
+    )
+}
+
+#[test]
+fn the_packed_encoder_gives_each_row_what_the_padded_encoder_with_bias_matrices_gives_it() {
+    // The padded computation is the NPU graph's (candle's matmuls, `[B, 1, L, L]` biases); the
+    // packed one runs a row's own tokens, its sliding layers only over the window's blocks.
+    let lengths = [1, 9, 64, 65, 200, 130];
+    for name in ["bpe-small", "bpe-t5", "wp-t4"] {
+        let m = model(name);
+        let enc = &m.encoder;
+        let (padded_ids, packed_ids, spans) = batch(&rows_of(&lengths, enc.config.vocab_size));
+        let l = lengths.iter().copied().max().unwrap();
+        let bias = |w| {
+            Tensor::from_vec(masks::attention_biases(&lengths, l, w), (lengths.len(), 1, l, l), &Device::Cpu).unwrap()
+        };
+        let want = enc
+            .encode(&enc.embed(&padded_ids).unwrap(), &bias(None), &bias(Some(enc.config.sliding_window())))
+            .unwrap();
+        let positions: Vec<u32> = lengths.iter().flat_map(|&n| 0..n as u32).collect();
+        let packed = Packed { rows: &spans, positions: &positions, layout: None };
+        let got =
+            enc.encode_packed(&enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
+        let worst = packed_vs_padded(&got, &want, &spans);
+        assert!(worst < 1e-5, "{name}: the packed encoder differs by {worst:e}");
+    }
+}
+
+#[test]
+fn the_packed_encoder_keeps_a_parallel_layouts_options_apart_as_the_bias_matrices_do() {
+    // Rows of shared tokens then options side by side at the same positions: 3 options of 40
+    // tokens after 30 shared ones (a block of queries spans two options), and a row without options.
+    let layout = |shared: u32, options: u32, each: u32| -> Vec<(u32, u32)> {
+        let mut t: Vec<(u32, u32)> = (0..shared).map(|p| (p, 0)).collect();
+        for o in 1..=options {
+            t.extend((0..each).map(|i| (shared + i, o)));
+        }
+        t
+    };
+    let layouts = [layout(30, 3, 40), layout(70, 0, 0), layout(5, 2, 61)];
+    let lengths: Vec<usize> = layouts.iter().map(Vec::len).collect();
+    for name in ["bpe-t5", "wp-t4"] {
+        let m = model(name);
+        let enc = &m.encoder;
+        let (padded_ids, packed_ids, spans) = batch(&rows_of(&lengths, enc.config.vocab_size));
+        let l = lengths.iter().copied().max().unwrap();
+        let split: Vec<(Vec<u32>, Vec<u32>)> = layouts.iter().map(|t| t.iter().copied().unzip()).collect();
+        let views: Vec<masks::LaidOut<'_>> =
+            split.iter().map(|(p, o)| masks::LaidOut { position_ids: p, option_ids: o }).collect();
+        let bias = |w| {
+            Tensor::from_vec(masks::parallel_attention_biases(&views, l, w), (lengths.len(), 1, l, l), &Device::Cpu)
+                .unwrap()
+        };
+        let mut padded_positions = vec![0u32; lengths.len() * l];
+        for (r, (p, _)) in split.iter().enumerate() {
+            padded_positions[r * l..r * l + p.len()].copy_from_slice(p);
+        }
+        let embeds = enc.embed(&padded_ids).unwrap();
+        let window = Some(enc.config.sliding_window());
+        let want = enc
+            .encode_at(&embeds, &bias(None), &bias(window), Positions::PerRow(&padded_positions), &mut |_| {})
+            .unwrap();
+        let tokens: Vec<(u32, u32)> = layouts.concat();
+        let positions: Vec<u32> = tokens.iter().map(|t| t.0).collect();
+        let packed = Packed { rows: &spans, positions: &positions, layout: Some(&tokens) };
+        let got =
+            enc.encode_packed(&enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
+        let worst = packed_vs_padded(&got, &want, &spans);
+        assert!(worst < 1e-5, "{name}: the packed encoder differs by {worst:e}");
+    }
 }

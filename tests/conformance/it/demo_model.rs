@@ -54,7 +54,7 @@ fn demo() -> &'static Mutex<(HostBundle, CpuBackend)> {
     DEMO.get_or_init(|| {
         let dir = demo_dir();
         let bundle = HostBundle::load(&dir).unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
-        let backend = CpuBackend::load(&dir, &bundle.config, bundle.tokenizer.pad.id).expect("the CPU backend loads");
+        let backend = CpuBackend::load(&dir, &bundle.config).expect("the CPU backend loads");
         Mutex::new((bundle, backend))
     })
 }

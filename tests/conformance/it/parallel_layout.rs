@@ -130,7 +130,7 @@ fn loaded() -> &'static Loaded {
 
 fn forward(rows: &[&Row]) -> Vec<laya_edge::backend::cpu::HeadOutput> {
     let l = loaded();
-    l.model.forward(rows, l.bundle.tokenizer.pad.id).unwrap()
+    l.model.forward(rows).unwrap()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -273,7 +273,7 @@ fn a_layout_of_the_wrong_length_is_refused_as_the_rows_fault() {
         layout.option_ids.pop();
     }
     let l = loaded();
-    let err = l.model.forward(&[&row], l.bundle.tokenizer.pad.id).expect_err("refused");
+    let err = l.model.forward(&[&row]).expect_err("refused");
     assert!(err.is_input(), "{err}");
 }
 
@@ -289,7 +289,7 @@ fn a_worker_carries_the_layout_to_the_cpu_backend_and_answers_like_laya() {
     let dir = parallel_checkpoint("worker");
     let b = bundle("bpe-t5");
     let load = || -> Result<Box<dyn Backend>, laya_edge::backend::LoadError> {
-        let backend = CpuBackend::load(&dir, &b.config, b.tokenizer.pad.id).map_err(|e| e.to_string())?;
+        let backend = CpuBackend::load(&dir, &b.config).map_err(|e| e.to_string())?;
         Ok(Box::new(backend))
     };
     let mut out = Vec::new();

@@ -114,7 +114,7 @@ fn probe_of(bundle: &HostBundle, float: &mut dyn Backend, requests: &[Value]) ->
 fn judged_on_the_simulator(dir: &Path, libs: &Path, requests: &[Value], what: &str) -> Report {
     let b = HostBundle::load(dir).unwrap();
     let ckpt = b.checkpoint.clone().unwrap();
-    let mut cpu = CpuBackend::load(&ckpt, &b.config, b.tokenizer.pad.id).unwrap();
+    let mut cpu = CpuBackend::load(&ckpt, &b.config).unwrap();
     let (probe, origins) = probe_of(&b, &mut cpu, requests);
     let mut qnn = QnnBackend::load(&b, &QnnConfig::from_lib_dir(libs)).unwrap();
     let refs: Vec<&Row> = probe.rows.iter().collect();

@@ -248,7 +248,7 @@ fn compare_cases(
     limit: usize,
 ) -> Stats {
     let b = HostBundle::load(ckpt).unwrap();
-    let mut cpu = CpuBackend::load(ckpt, &b.config, b.tokenizer.pad.id).unwrap();
+    let mut cpu = CpuBackend::load(ckpt, &b.config).unwrap();
     let mut stats = Stats::default();
     let mut used = 0;
     for case in cases().iter().filter(|c| c.model == model) {
@@ -506,7 +506,7 @@ impl DemoTally {
 fn compare_demo(qnn: &mut QnnBackend) -> DemoTally {
     let ckpt = demo_checkpoint();
     let b = HostBundle::load(&ckpt).unwrap();
-    let mut cpu = CpuBackend::load(&ckpt, &b.config, b.tokenizer.pad.id).unwrap();
+    let mut cpu = CpuBackend::load(&ckpt, &b.config).unwrap();
     let mut t = DemoTally::default();
     for (request, labels) in demo_requests() {
         let id = request.id.as_ref().and_then(Value::as_str).unwrap_or("?").to_owned();
@@ -811,7 +811,7 @@ fn answers_through_the_fake_runtime_equal_the_cpu_backend() {
     stats.check(1e-3).unwrap();
     // And the raw logits are the CPU's to float precision (same encoder code, padded to L).
     let b = bundle("wp-t4");
-    let mut cpu = CpuBackend::load(&model_dir("wp-t4"), &b.config, b.tokenizer.pad.id).unwrap();
+    let mut cpu = CpuBackend::load(&model_dir("wp-t4"), &b.config).unwrap();
     let rows = some_rows("wp-t4", 4);
     let refs: Vec<&Row> = rows.iter().collect();
     for (x, y) in qnn.run(&refs).unwrap().iter().zip(cpu.run(&refs).unwrap()) {

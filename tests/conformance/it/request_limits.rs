@@ -24,7 +24,7 @@ fn a_budget_above_the_models_is_answered_as_at_the_models_own() {
         let b = bundle(&case.model);
         let backend = backends
             .entry(case.model.clone())
-            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap());
+            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config).unwrap());
         let plain = without_budget(&Request::from_value(case.field("request").clone()).unwrap());
         let hostile = Request { max_len: Some(1_000_000), head_max_len: Some(i64::MAX), ..plain.clone() };
         let want = pipeline::answer(&b, backend, &plain).unwrap_or_else(|e| panic!("{}: {e}", case.id)).to_value();
@@ -78,7 +78,7 @@ fn a_max_len_bomb_is_laid_out_within_the_models_budget() {
 #[test]
 fn a_request_whose_rows_carry_more_than_max_request_tokens_is_refused_as_a_whole() {
     let b = bundle("bpe-small");
-    let mut backend = CpuBackend::load(&model_dir("bpe-small"), &b.config, b.tokenizer.pad.id).unwrap();
+    let mut backend = CpuBackend::load(&model_dir("bpe-small"), &b.config).unwrap();
     let text = format!(
         r#"{{"state": "{}", "questions": {{"a": {{"type": "noul", "instructions": "Urgent?"}}, "b": {{"type": "noul", "instructions": "A bug?"}}, "c": {{"type": "score", "instructions": "How bad?", "criteria": ["fine", "bad"]}}}}}}"#,
         "The app crashes every time I log in. ".repeat(40)

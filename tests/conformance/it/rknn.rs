@@ -172,7 +172,7 @@ fn answers_through_the_fake_runtime_equal_the_cpu_backends() {
         let r = rknn.entry(case.model.clone()).or_insert_with(|| load(&case.model, &[512, 128]).unwrap());
         let c = cpu
             .entry(case.model.clone())
-            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config, b.tokenizer.pad.id).unwrap());
+            .or_insert_with(|| CpuBackend::load(&model_dir(&case.model), &b.config).unwrap());
         let request = Request::from_value(case.field("request").clone()).unwrap();
         let (mut r, mut c) = (Recording::new(r), Recording::new(c));
         let ours = pipeline::answer(&b, &mut r, &request).unwrap_or_else(|e| panic!("{}: {e}", case.id)).to_value();

@@ -177,7 +177,7 @@ impl Context {
         let Some(row) = self.inputs.as_ref().and_then(|i| self.recover_row(i)) else {
             return abi::RKNN_ERR_INPUT_INVALID;
         };
-        let Ok(out) = self.model.forward(&[&row], 0) else {
+        let Ok(out) = self.model.forward(&[&row]) else {
             return abi::RKNN_ERR_INPUT_INVALID;
         };
         let mut logits = vec![MISSING_MARKER_LOGIT; self.graph.marker_slots];

@@ -10,10 +10,13 @@
 //! RoPE rotates token `i` by position `i` (transformers' default `position_ids`), or, for rows
 //! with a parallel option layout, by each row's own position ids ([`Positions::PerRow`]).
 
+use std::ops::Range;
+
 use candle_core::{D, Device, Module, Tensor};
 use candle_nn::LayerNorm;
 
 use super::ModelError;
+use super::attention::{Attention, Mask};
 use super::config::{Activation, EncoderConfig, LayerType};
 use super::dense::Dense;
 use super::weights::{Expected, Weights};
@@ -90,6 +93,17 @@ pub enum Positions<'a> {
     Sequential,
     /// Each row's own position ids, `[B * L]` row-major (a parallel layout, `prompt::parallel`).
     PerRow(&'a [u32]),
+}
+
+/// A batch packed end to end for [`Encoder::encode_packed`].
+#[derive(Debug, Clone, Copy)]
+pub struct Packed<'a> {
+    /// Each row's tokens.
+    pub rows: &'a [Range<usize>],
+    /// Each token's RoPE position (`0..len` in a sequential row, the position ids in a parallel one).
+    pub positions: &'a [u32],
+    /// For a parallel batch, each token's `(position id, option id)`.
+    pub layout: Option<&'a [(u32, u32)]>,
 }
 
 /// The encoder's weights and configuration.
@@ -227,21 +241,71 @@ impl Encoder {
             };
             let attn = self.attention(layer, &x, bias, cos, sin)?;
             h = layer.wo.forward_add(&attn, &h)?;
-            let x = layer.mlp_norm.forward(&h)?;
-            let wi = layer.wi.forward(&x)?;
-            let i = self.config.intermediate_size;
-            let input = wi.narrow(D::Minus1, 0, i)?;
-            let gate = wi.narrow(D::Minus1, i, i)?;
-            let act = match self.config.hidden_activation {
-                Activation::Gelu => input.gelu_erf()?,
-                Activation::GeluTanh => input.gelu()?,
-                Activation::Relu => input.relu()?,
-                Activation::Silu => input.silu()?,
-            };
-            h = layer.mlp_wo.forward_add(&(act * gate)?, &h)?;
+            h = self.feed_forward(layer, &h)?;
             on_layer(n + 1);
         }
         Ok(self.final_norm.forward(&h)?)
+    }
+
+    /// Stage 2 over a packed batch (rows end to end, no padding): `[T, d]` embeddings ->
+    /// `[T, d]` final hidden states, with attention over each row's own tokens
+    /// ([`Attention`]: no bias tensors, no score matrices, a sliding layer's masked blocks
+    /// skipped). The same model as [`Encoder::encode_at`], which the tests hold it to.
+    pub fn encode_packed(
+        &self,
+        embeds: &Tensor,
+        packed: &Packed<'_>,
+        on_layer: &mut dyn FnMut(usize),
+    ) -> Result<Tensor, ModelError> {
+        let (t, _) = embeds.dims2()?;
+        if packed.positions.len() != t || packed.rows.iter().any(|r| r.end > t) {
+            return Err(candle_core::Error::Msg(format!(
+                "{} positions and rows {:?} for {t} packed tokens",
+                packed.positions.len(),
+                packed.rows
+            ))
+            .into());
+        }
+        let (cos_g, sin_g) = self.rope_global.angles(packed.positions.iter().map(|&p| p as f32), t);
+        let (cos_l, sin_l) = self.rope_local.angles(packed.positions.iter().map(|&p| p as f32), t);
+        let (heads, head_dim) = (self.config.num_attention_heads, self.config.head_dim());
+        let mut h = self.emb_norm.forward(&embeds.contiguous()?)?;
+        for (n, layer) in self.layers.iter().enumerate() {
+            let (window, cos, sin) = match layer.kind {
+                LayerType::Global => (None, &cos_g, &sin_g),
+                LayerType::Sliding => (Some(self.config.sliding_window()), &cos_l, &sin_l),
+            };
+            let mask = match packed.layout {
+                Some(tokens) => Mask::Parallel { tokens, window },
+                None => Mask::Sequential { window },
+            };
+            let x = match &layer.attn_norm {
+                Some(norm) => norm.forward(&h)?,
+                None => h.clone(),
+            };
+            let qkv = layer.wqkv.forward(&x)?;
+            let attn = qkv.apply_op1_no_bwd(&Attention { rows: packed.rows, heads, head_dim, cos, sin, mask })?;
+            h = layer.wo.forward_add(&attn, &h)?;
+            h = self.feed_forward(layer, &h)?;
+            on_layer(n + 1);
+        }
+        Ok(self.final_norm.forward(&h)?)
+    }
+
+    /// `h + Wo(act(a) * g)` where `a, g = Wi(norm(h)).chunk(2)`.
+    fn feed_forward(&self, layer: &Layer, h: &Tensor) -> Result<Tensor, ModelError> {
+        let x = layer.mlp_norm.forward(h)?;
+        let wi = layer.wi.forward(&x)?;
+        let i = self.config.intermediate_size;
+        let input = wi.narrow(D::Minus1, 0, i)?;
+        let gate = wi.narrow(D::Minus1, i, i)?;
+        let act = match self.config.hidden_activation {
+            Activation::Gelu => input.gelu_erf()?,
+            Activation::GeluTanh => input.gelu()?,
+            Activation::Relu => input.relu()?,
+            Activation::Silu => input.silu()?,
+        };
+        Ok(layer.mlp_wo.forward_add(&(act * gate)?, h)?)
     }
 
     fn attention(

@@ -2,11 +2,13 @@
 //! directory exactly as `laya.Agent` loads it.
 //!
 //! It is split into the stages the NPU backends share: [`Encoder::embed`] (host gather),
-//! [`Encoder::encode`] (what an NPU graph runs) and [`Head::forward`] (host, float). A batch is
-//! padded to its longest row, never to a fixed length.
+//! [`Encoder::encode`] (what an NPU graph runs) and [`Head::forward`] (host, float). The CPU
+//! model runs a batch's rows packed end to end through the encoder ([`Encoder::encode_packed`],
+//! attention over each row's own tokens), in groups of bounded size, and pads only for the head.
 //!
 //! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
 
+mod attention;
 pub mod config;
 pub mod dense;
 pub mod encoder;
@@ -29,13 +31,12 @@ use crate::prompt::Row;
 /// The Laya model on the CPU.
 pub struct CpuBackend {
     model: CpuModel,
-    pad_id: u32,
 }
 
 impl CpuBackend {
-    /// Loads the checkpoint in `dir`; `pad_id` is the tokenizer's padding token.
-    pub fn load(dir: &Path, config: &AgentConfig, pad_id: u32) -> Result<CpuBackend, ModelError> {
-        Ok(CpuBackend { model: CpuModel::load(dir, config)?, pad_id })
+    /// Loads the checkpoint in `dir`.
+    pub fn load(dir: &Path, config: &AgentConfig) -> Result<CpuBackend, ModelError> {
+        Ok(CpuBackend { model: CpuModel::load(dir, config)? })
     }
 }
 
@@ -55,7 +56,7 @@ impl Backend for CpuBackend {
         rows: &[&Row],
         progress: &mut dyn FnMut(u32, u32),
     ) -> Result<Vec<RowResult>, BackendError> {
-        let out = self.model.forward_with(rows, self.pad_id, progress).map_err(|e| {
+        let out = self.model.forward_with(rows, progress).map_err(|e| {
             if e.is_input() {
                 BackendError::Input(e.to_string())
             } else {

@@ -12,19 +12,19 @@
 //! need no special case. The decision head is the same in both layouts (laya's head has no
 //! positional encoding and masks padding only).
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-use super::encoder::Positions;
-use super::masks;
+use super::encoder::Packed;
 use super::weights::{Expected, Weights};
 use super::{Encoder, EncoderConfig, Head, HeadOutput};
 
 use crate::bundle::{AgentConfig, BundleError};
 use crate::prompt::Row;
-use crate::prompt::parallel::ParallelLayout;
+
+/// Tokens of the rows that run through the encoder together ([`token_groups`]).
+pub const GROUP_TOKENS: usize = 512;
 
 /// Why the model could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -134,10 +134,11 @@ impl CpuModel {
         Ok((enc_cfg, weights))
     }
 
-    /// Runs a batch of question rows (padded to the longest with `pad_id`) through all three
-    /// stages and returns each row's option logits and act logits.
-    pub fn forward(&self, rows: &[&Row], pad_id: u32) -> Result<Vec<HeadOutput>, ModelError> {
-        self.forward_with(rows, pad_id, &mut |_, _| {})
+    /// Runs a batch of question rows through all three stages and returns each row's option
+    /// logits and act logits. No padding token is needed: the encoder runs the rows packed end to
+    /// end, and the head's padding is masked.
+    pub fn forward(&self, rows: &[&Row]) -> Result<Vec<HeadOutput>, ModelError> {
+        self.forward_with(rows, &mut |_, _| {})
     }
 
     /// The steps [`CpuModel::forward_with`] reports: one per encoder layer, and the head.
@@ -145,13 +146,12 @@ impl CpuModel {
         u32::try_from(self.encoder.config.num_hidden_layers + 1).unwrap_or(u32::MAX)
     }
 
-    /// [`CpuModel::forward`], calling `progress(done, of)` after each encoder layer over the
-    /// batch (`of` is [`CpuModel::steps`]; the head is the last step, which the answer itself
-    /// reports).
+    /// [`CpuModel::forward`], calling `progress(done, of)` after each encoder layer of each group
+    /// of rows ([`token_groups`]; `of` is [`CpuModel::steps`], `done` the share of the call's
+    /// layers run; the head is the last step, which the answer itself reports).
     pub fn forward_with(
         &self,
         rows: &[&Row],
-        pad_id: u32,
         progress: &mut dyn FnMut(u32, u32),
     ) -> Result<Vec<HeadOutput>, ModelError> {
         if rows.is_empty() {
@@ -160,53 +160,106 @@ impl CpuModel {
         for (r, row) in rows.iter().enumerate() {
             check_row(r, row, Some(self.encoder.config.vocab_size))?;
         }
-        let b = rows.len();
+        let groups = token_groups(rows);
+        let (layers, of) = (self.encoder.config.num_hidden_layers, self.steps());
+        let mut out = Vec::with_capacity(rows.len());
+        for (g, group) in groups.iter().enumerate() {
+            let mut report = |layer: usize| {
+                // Every layer of every group is a sign of progress; `done` counts whole layers
+                // of the call, so it grows to `layers` over the groups.
+                let done = (g * layers + layer) * layers / (groups.len() * layers).max(1);
+                progress(u32::try_from(done).unwrap_or(u32::MAX).min(of - 1), of)
+            };
+            out.extend(self.forward_group(&rows[group.clone()], &mut report)?);
+        }
+        Ok(out)
+    }
+
+    /// Encoder and head over rows that run together: packed end to end through the encoder (no
+    /// padding), padded to their longest for the head.
+    fn forward_group(&self, rows: &[&Row], on_layer: &mut dyn FnMut(usize)) -> Result<Vec<HeadOutput>, ModelError> {
         let lengths: Vec<usize> = rows.iter().map(|r| r.input_ids.len()).collect();
-        let l = lengths.iter().copied().max().unwrap_or(1);
-        let mut ids = vec![pad_id; b * l];
-        for (r, row) in rows.iter().enumerate() {
-            ids[r * l..r * l + row.input_ids.len()].copy_from_slice(&row.input_ids);
+        let total: usize = lengths.iter().sum();
+        let mut spans = Vec::with_capacity(rows.len());
+        let mut ids = Vec::with_capacity(total);
+        let mut positions = Vec::with_capacity(total);
+        let parallel = rows.iter().any(|r| r.layout.is_some());
+        let mut layout = Vec::with_capacity(if parallel { total } else { 0 });
+        for row in rows {
+            spans.push(ids.len()..ids.len() + row.input_ids.len());
+            ids.extend_from_slice(&row.input_ids);
+            match &row.layout {
+                // laya 0.4.15's parallel path: RoPE at the position ids, its option masks.
+                Some(p) => {
+                    positions.extend_from_slice(&p.position_ids);
+                    layout.extend(p.position_ids.iter().copied().zip(p.option_ids.iter().copied()));
+                }
+                // A row without a layout runs as laya lays out a row without options (positions
+                // `0..len`, option 0): the sequential masks and positions exactly, in a batch of
+                // either kind.
+                None => {
+                    let len = u32::try_from(row.input_ids.len()).unwrap_or(u32::MAX);
+                    positions.extend(0..len);
+                    if parallel {
+                        layout.extend((0..len).map(|p| (p, 0)));
+                    }
+                }
+            }
         }
         let dev = Device::Cpu;
-        let ids = Tensor::from_vec(ids, (b, l), &dev)?;
-        let window = Some(self.encoder.config.sliding_window());
-        let parallel = rows.iter().any(|r| r.layout.is_some());
-        let (global, sliding, positions) = if parallel {
-            // laya 0.4.15's parallel path: its own masks and RoPE at the position ids. A row of
-            // the batch without a layout runs as laya lays out a row without options: positions
-            // `0..len`, no option, which gives it the sequential biases and positions exactly.
-            let laid_out: Vec<Cow<'_, ParallelLayout>> = rows
-                .iter()
-                .map(|r| match &r.layout {
-                    Some(p) => Cow::Borrowed(p),
-                    None => Cow::Owned(ParallelLayout::sequential(r.input_ids.len())),
-                })
-                .collect();
-            let views: Vec<masks::LaidOut<'_>> = laid_out
-                .iter()
-                .map(|p| masks::LaidOut { position_ids: &p.position_ids, option_ids: &p.option_ids })
-                .collect();
-            // Padded with position 0, as laya's `collate_items`.
-            let mut positions = vec![0u32; b * l];
-            for (r, p) in laid_out.iter().enumerate() {
-                positions[r * l..r * l + p.position_ids.len()].copy_from_slice(&p.position_ids);
-            }
-            let global = masks::parallel_attention_biases(&views, l, None);
-            let sliding = masks::parallel_attention_biases(&views, l, window);
-            (global, sliding, Some(positions))
-        } else {
-            (masks::attention_biases(&lengths, l, None), masks::attention_biases(&lengths, l, window), None)
-        };
-        let global = Tensor::from_vec(global, (b, 1, l, l), &dev)?;
-        let sliding = Tensor::from_vec(sliding, (b, 1, l, l), &dev)?;
-        let embeds = self.encoder.embed(&ids)?;
-        let of = self.steps();
-        let positions = positions.as_deref().map_or(Positions::Sequential, Positions::PerRow);
-        let hidden = self.encoder.encode_at(&embeds, &global, &sliding, positions, &mut |layer| {
-            progress(u32::try_from(layer).unwrap_or(u32::MAX).min(of - 1), of)
-        })?;
+        let embeds = self.encoder.embed(&Tensor::from_vec(ids, (1, total), &dev)?)?.squeeze(0)?;
+        let packed = Packed { rows: &spans, positions: &positions, layout: parallel.then_some(layout.as_slice()) };
+        let hidden = self.encoder.encode_packed(&embeds, &packed, on_layer)?;
+        // The head pads (its attention masks the padding keys; what a padding position holds
+        // is never read), as laya's batch does.
+        let l = lengths.iter().copied().max().unwrap_or(1);
+        let padded = spans
+            .iter()
+            .map(|s| hidden.narrow(0, s.start, s.len())?.pad_with_zeros(0, 0, l - s.len()))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let hidden = Tensor::stack(&padded, 0)?;
         let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index() as u32).collect();
         let markers: Vec<&[u32]> = rows.iter().map(|r| r.marker_pos.as_slice()).collect();
         self.head.forward(&hidden, &lengths, &qtypes, &markers)
+    }
+}
+
+/// The rows that run together: consecutive rows up to [`GROUP_TOKENS`] tokens in all (a longer
+/// row alone). What a call costs in memory is then bounded by the group, not by the request:
+/// the largest buffers of a layer (the feed-forward's `[T, 2 x intermediate]`) hold at most
+/// [`GROUP_TOKENS`] tokens, and multiplies of that many rows already run at gemm's full speed.
+fn token_groups(rows: &[&Row]) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let (mut start, mut tokens) = (0, 0);
+    for (r, row) in rows.iter().enumerate() {
+        let len = row.input_ids.len();
+        if r > start && tokens + len > GROUP_TOKENS {
+            groups.push(start..r);
+            (start, tokens) = (r, 0);
+        }
+        tokens += len;
+    }
+    if start < rows.len() {
+        groups.push(start..rows.len());
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::QType;
+
+    fn row(len: usize) -> Row {
+        Row { input_ids: vec![1; len], marker_pos: vec![0], qtype: QType::Choice, layout: None }
+    }
+
+    #[test]
+    fn rows_are_grouped_in_order_up_to_the_token_budget_and_a_long_row_runs_alone() {
+        let rows: Vec<Row> = [100, 300, 112, 1, 600, 40, 500, 12].iter().map(|&n| row(n)).collect();
+        let refs: Vec<&Row> = rows.iter().collect();
+        assert_eq!(token_groups(&refs), vec![0..3, 3..4, 4..5, 5..6, 6..8]);
+        assert_eq!(token_groups(&refs[..1]), vec![0..1]);
+        assert!(token_groups(&[]).is_empty());
     }
 }

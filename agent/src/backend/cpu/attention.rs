@@ -1,0 +1,264 @@
+//! The encoder's attention over each row's own tokens: RoPE, scores, softmax and the weighted
+//! values in one op, a block of queries at a time, never a whole `[B, H, L, L]` score matrix.
+//!
+//! Why not candle's batched matmul with additive biases (as [`super::Encoder::encode`] does, the
+//! way the NPU graph computes): that pads every row to the batch's longest, materialises the
+//! scores and the probabilities of every head (16 MiB each for one 512-token row at 16 heads),
+//! and multiplies the keys a sliding window masks anyway. Here the rows are packed end to end
+//! (no padding), a block of [`QUERY_BLOCK`] queries is multiplied only with the keys its mask can
+//! let through (for a sliding layer of a sequential row, the block's window: at 512 tokens and a
+//! window of 64 either side, 192 keys instead of 512), and a block's scores live in one buffer of
+//! `QUERY_BLOCK x keys` floats. The masked keys left inside a block get laya's `f32::MIN` bias, so
+//! the softmax gives them exactly 0, as it does in the padded computation; the result is the same
+//! sums in a different order (the fixture tolerances hold; `encoder` tests compare the two).
+//!
+//! The blocks of every row and head are independent: they run on rayon's pool, each block's
+//! multiplies single-threaded, which keeps both cores busy even for short rows.
+
+use std::ops::Range;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
+use rayon::prelude::*;
+
+use super::masks::MASKED;
+
+/// Queries per block.
+pub const QUERY_BLOCK: usize = 64;
+
+/// Which keys a query of a row may attend to, besides its own row's tokens.
+#[derive(Debug, Clone, Copy)]
+pub enum Mask<'a> {
+    /// A sequential row (laya 0.3.20's layout): every key (a global layer) or those at most
+    /// `window` positions away (a sliding layer).
+    Sequential { window: Option<usize> },
+    /// laya 0.4.15's parallel option layout: each token's `(position id, option id)`, packed like
+    /// the tokens. A key of a different option is masked; with `window`, so is a key more than
+    /// `window` apart in position id (`masks::parallel_attention_biases`).
+    Parallel { tokens: &'a [(u32, u32)], window: Option<usize> },
+}
+
+/// RoPE, then attention, over packed `[T, 3 * heads * head_dim]` fused query/key/value
+/// projections; the output is `[T, heads * head_dim]`.
+pub struct Attention<'a> {
+    /// Each row's tokens in the packed batch.
+    pub rows: &'a [Range<usize>],
+    pub heads: usize,
+    pub head_dim: usize,
+    /// `[T, head_dim / 2]` cos and sin of each token's rotary angles.
+    pub cos: &'a [f32],
+    pub sin: &'a [f32],
+    pub mask: Mask<'a>,
+}
+
+/// One task: a block of queries of one row and one head, and the keys they can see at all.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    row: usize,
+    head: usize,
+    /// Row-relative.
+    queries: (usize, usize),
+    keys: (usize, usize),
+}
+
+impl Attention<'_> {
+    /// Runs over `qkv` (`tokens` rows of `3 d` floats); errors on inconsistent sizes.
+    pub fn run(&self, qkv: &[f32], tokens: usize) -> candle_core::Result<Vec<f32>> {
+        let (heads, hd) = (self.heads, self.head_dim);
+        let d = heads * hd;
+        let half = hd / 2;
+        if qkv.len() != tokens * 3 * d || self.cos.len() != tokens * half || self.sin.len() != tokens * half {
+            candle_core::bail!(
+                "attention: {} projections and {} angles for {tokens} tokens",
+                qkv.len(),
+                self.cos.len()
+            );
+        }
+        if hd % 2 != 0 || self.rows.iter().any(|r| r.start > r.end || r.end > tokens) {
+            candle_core::bail!("attention: rows {:?} of {tokens} tokens, head dim {hd}", self.rows);
+        }
+        if let Mask::Parallel { tokens: t, .. } = self.mask
+            && t.len() != tokens
+        {
+            candle_core::bail!("attention: a parallel layout of {} tokens for {tokens}", t.len());
+        }
+        // Rotated queries and keys, `[T, d]` each (the values are read where they are).
+        let (q, k) = self.rotated(qkv, tokens);
+        let mut blocks = Vec::new();
+        for (row, r) in self.rows.iter().enumerate() {
+            for start in (0..r.len()).step_by(QUERY_BLOCK) {
+                let queries = (start, (start + QUERY_BLOCK).min(r.len()));
+                let keys = self.keys(r, queries);
+                blocks.extend((0..heads).map(|head| Block { row, head, queries, keys }));
+            }
+        }
+        let outputs: Vec<Vec<f32>> = blocks.par_iter().map(|b| self.block(*b, &q, &k, qkv)).collect();
+        let mut out = vec![0f32; tokens * d];
+        for (b, o) in blocks.iter().zip(&outputs) {
+            let first = self.rows[b.row].start + b.queries.0;
+            for (i, values) in o.chunks_exact(hd).enumerate() {
+                let at = (first + i) * d + b.head * hd;
+                out[at..at + hd].copy_from_slice(values);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Queries and keys rotated as transformers' `apply_rotary_pos_emb` (the halves of each
+    /// head: `x1 cos - x2 sin`, `x2 cos + x1 sin`).
+    fn rotated(&self, qkv: &[f32], tokens: usize) -> (Vec<f32>, Vec<f32>) {
+        let (heads, hd) = (self.heads, self.head_dim);
+        let (d, half) = (heads * hd, hd / 2);
+        let mut q = vec![0f32; tokens * d];
+        let mut k = vec![0f32; tokens * d];
+        for t in 0..tokens {
+            let (cos, sin) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);
+            for (part, dst) in [(0, &mut q), (1, &mut k)] {
+                let src = &qkv[t * 3 * d + part * d..t * 3 * d + (part + 1) * d];
+                let dst = &mut dst[t * d..(t + 1) * d];
+                for (x, y) in src.chunks_exact(hd).zip(dst.chunks_exact_mut(hd)) {
+                    let (x1, x2) = x.split_at(half);
+                    let (y1, y2) = y.split_at_mut(half);
+                    for i in 0..half {
+                        y1[i] = x1[i] * cos[i] - x2[i] * sin[i];
+                        y2[i] = x2[i] * cos[i] + x1[i] * sin[i];
+                    }
+                }
+            }
+        }
+        (q, k)
+    }
+
+    /// The keys (row-relative) a block of queries can see at all: the first and the last any
+    /// of them may attend to. A sequential row's sliding block sees its window; a parallel row's
+    /// range is found by looking (for a row without options it is the same window, so such a
+    /// row gets the same sums in either kind of batch).
+    fn keys(&self, row: &Range<usize>, (q0, q1): (usize, usize)) -> (usize, usize) {
+        let len = row.len();
+        match self.mask {
+            Mask::Sequential { window: Some(w) } => (q0.saturating_sub(w), (q1 + w).min(len)),
+            Mask::Sequential { window: None } => (0, len),
+            Mask::Parallel { .. } => {
+                let seen = |j: usize| (q0..q1).any(|i| self.allowed(row.start + i, row.start + j));
+                let first = (0..len).find(|&j| seen(j)).unwrap_or(0);
+                let last = (first..len).rev().find(|&j| seen(j)).map_or(len, |j| j + 1);
+                (first, last)
+            }
+        }
+    }
+
+    /// Whether query `i` may attend to key `j` (packed indices, same row).
+    fn allowed(&self, i: usize, j: usize) -> bool {
+        match self.mask {
+            Mask::Sequential { window } => window.is_none_or(|w| i.abs_diff(j) <= w),
+            Mask::Parallel { tokens, window } => {
+                let ((pi, oi), (pj, oj)) = (tokens[i], tokens[j]);
+                let other_option = oi > 0 && oj > 0 && oi != oj;
+                !other_option && window.is_none_or(|w| pi.abs_diff(pj) as usize <= w)
+            }
+        }
+    }
+
+    /// One block's output, `[queries, head_dim]`.
+    fn block(&self, b: Block, q: &[f32], k: &[f32], qkv: &[f32]) -> Vec<f32> {
+        let (hd, d) = (self.head_dim, self.heads * self.head_dim);
+        let row = &self.rows[b.row];
+        let (k0, k1) = b.keys;
+        let (m, n) = (b.queries.1 - b.queries.0, k1 - k0);
+        let (first_q, first_k) = (row.start + b.queries.0, row.start + k0);
+        let col = b.head * hd;
+        let mut scores = vec![0f32; m * n];
+        let scale = (hd as f32).powf(-0.5);
+        // SAFETY: an m x hd lhs (element (i, a) at (first_q + i) * d + col + a, inside `q`'s
+        // T * d floats since first_q + m <= row.end <= T and col + hd <= d), an hd x n rhs (the
+        // keys transposed: element (a, c) at (first_k + c) * d + col + a, inside `k` likewise) and
+        // an m x n row-major destination inside `scores`' m * n floats. Distinct allocations,
+        // all outliving the single-threaded call.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                hd,
+                scores.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                q.as_ptr().add(first_q * d + col),
+                1,
+                d as isize,
+                k.as_ptr().add(first_k * d + col),
+                d as isize,
+                1,
+                0.0,
+                scale,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        };
+        for (i, s) in scores.chunks_exact_mut(n).enumerate() {
+            for (c, v) in s.iter_mut().enumerate() {
+                if !self.allowed(first_q + i, first_k + c) {
+                    *v += MASKED;
+                }
+            }
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for v in s.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            s.iter_mut().for_each(|v| *v /= sum);
+        }
+        let mut out = vec![0f32; m * hd];
+        // SAFETY: an m x n lhs (`scores`, row-major), an n x hd rhs (the values: element (c, a)
+        // at (first_k + c) * 3d + 2d + col + a, inside `qkv`'s T * 3d floats as for the keys)
+        // and an m x hd row-major destination inside `out`'s m * hd floats; distinct
+        // allocations, all outliving the single-threaded call.
+        unsafe {
+            gemm::gemm(
+                m,
+                hd,
+                n,
+                out.as_mut_ptr(),
+                1,
+                hd as isize,
+                false,
+                scores.as_ptr(),
+                1,
+                n as isize,
+                qkv.as_ptr().add(first_k * 3 * d + 2 * d + col),
+                1,
+                3 * d as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        };
+        out
+    }
+}
+
+impl CustomOp1 for Attention<'_> {
+    fn name(&self) -> &'static str {
+        "packed-attention"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(data) = s else { candle_core::bail!("attention: input is not f32") };
+        let Some((start, end)) = l.contiguous_offsets() else { candle_core::bail!("attention: input not contiguous") };
+        let (tokens, width) = l.shape().dims2()?;
+        if width != 3 * self.heads * self.head_dim {
+            candle_core::bail!(
+                "attention: {width} projections per token for {} heads of {}",
+                self.heads,
+                self.head_dim
+            );
+        }
+        let out = self.run(&data[start..end], tokens)?;
+        Ok((CpuStorage::F32(out), Shape::from((tokens, self.heads * self.head_dim))))
+    }
+}
