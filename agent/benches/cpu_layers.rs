@@ -34,8 +34,8 @@ fn main() {
         let ids = Tensor::from_vec(ids, (1, l), &Device::Cpu).expect("ids");
         let embeds = m.encoder.embed(&ids).expect("embed").squeeze(0).expect("squeeze");
         let positions: Vec<u32> = (0..l as u32).collect();
-        let rows = [0..l];
-        let packed = Packed { rows: &rows, positions: &positions, layout: None };
+        let row = 0..l;
+        let packed = Packed { rows: std::slice::from_ref(&row), positions: &positions, layout: None };
         let layers = cfg.num_hidden_layers;
         let mut per_layer = vec![0f64; layers];
         let mut hidden = None;
