@@ -37,17 +37,26 @@ pub enum Mask<'a> {
     Parallel { tokens: &'a [(u32, u32)], window: Option<usize> },
 }
 
-/// RoPE, then attention, over packed `[T, 3 * heads * head_dim]` fused query/key/value
+/// RoPE (where given), then attention, over packed `[T, 3 * heads * head_dim]` fused query/key/value
 /// projections; the output is `[T, heads * head_dim]`.
 pub struct Attention<'a> {
     /// Each row's tokens in the packed batch.
     pub rows: &'a [Range<usize>],
     pub heads: usize,
     pub head_dim: usize,
-    /// `[T, head_dim / 2]` cos and sin of each token's rotary angles.
-    pub cos: &'a [f32],
-    pub sin: &'a [f32],
+    /// `[T, head_dim / 2]` cos and sin of each token's rotary angles (the encoder's RoPE), or
+    /// none (the decision head's attention, which has no positions).
+    pub rope: Option<(&'a [f32], &'a [f32])>,
     pub mask: Mask<'a>,
+}
+
+/// Where a block reads its queries and keys: rows of `stride` floats, a head's `head_dim` at
+/// its column (the rotated `[T, d]` buffers, or the fused projections themselves).
+#[derive(Clone, Copy)]
+struct QueriesKeys<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    stride: usize,
 }
 
 /// One task: a block of queries of one row and one head, and the keys they can see at all.
@@ -66,14 +75,11 @@ impl Attention<'_> {
         let (heads, hd) = (self.heads, self.head_dim);
         let d = heads * hd;
         let half = hd / 2;
-        if qkv.len() != tokens * 3 * d || self.cos.len() != tokens * half || self.sin.len() != tokens * half {
-            candle_core::bail!(
-                "attention: {} projections and {} angles for {tokens} tokens",
-                qkv.len(),
-                self.cos.len()
-            );
+        let angles = self.rope.map(|(cos, sin)| cos.len().min(sin.len()));
+        if qkv.len() != tokens * 3 * d || angles.is_some_and(|n| n != tokens * half) {
+            candle_core::bail!("attention: {} projections and {angles:?} angles for {tokens} tokens", qkv.len());
         }
-        if hd % 2 != 0 || self.rows.iter().any(|r| r.start > r.end || r.end > tokens) {
+        if (self.rope.is_some() && hd % 2 != 0) || self.rows.iter().any(|r| r.start > r.end || r.end > tokens) {
             candle_core::bail!("attention: rows {:?} of {tokens} tokens, head dim {hd}", self.rows);
         }
         if let Mask::Parallel { tokens: t, .. } = self.mask
@@ -81,8 +87,13 @@ impl Attention<'_> {
         {
             candle_core::bail!("attention: a parallel layout of {} tokens for {tokens}", t.len());
         }
-        // Rotated queries and keys, `[T, d]` each (the values are read where they are).
-        let (q, k) = self.rotated(qkv, tokens);
+        // Rotated queries and keys, `[T, d]` each; without RoPE they are read where they are, as
+        // the values always are (rows of 3d floats).
+        let rotated = self.rope.map(|(cos, sin)| self.rotated(qkv, tokens, cos, sin));
+        let qk = match &rotated {
+            Some((q, k)) => QueriesKeys { q, k, stride: d },
+            None => QueriesKeys { q: qkv, k: &qkv[d..], stride: 3 * d },
+        };
         let mut blocks = Vec::new();
         for (row, r) in self.rows.iter().enumerate() {
             for start in (0..r.len()).step_by(QUERY_BLOCK) {
@@ -91,7 +102,7 @@ impl Attention<'_> {
                 blocks.extend((0..heads).map(|head| Block { row, head, queries, keys }));
             }
         }
-        let outputs: Vec<Vec<f32>> = blocks.par_iter().map(|b| self.block(*b, &q, &k, qkv)).collect();
+        let outputs: Vec<Vec<f32>> = blocks.par_iter().map(|b| self.block(*b, &qk, qkv)).collect();
         let mut out = vec![0f32; tokens * d];
         for (b, o) in blocks.iter().zip(&outputs) {
             let first = self.rows[b.row].start + b.queries.0;
@@ -105,13 +116,13 @@ impl Attention<'_> {
 
     /// Queries and keys rotated as transformers' `apply_rotary_pos_emb` (the halves of each
     /// head: `x1 cos - x2 sin`, `x2 cos + x1 sin`).
-    fn rotated(&self, qkv: &[f32], tokens: usize) -> (Vec<f32>, Vec<f32>) {
+    fn rotated(&self, qkv: &[f32], tokens: usize, cos: &[f32], sin: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let (heads, hd) = (self.heads, self.head_dim);
         let (d, half) = (heads * hd, hd / 2);
         let mut q = vec![0f32; tokens * d];
         let mut k = vec![0f32; tokens * d];
         for t in 0..tokens {
-            let (cos, sin) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);
+            let (cos, sin) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
             for (part, dst) in [(0, &mut q), (1, &mut k)] {
                 let src = &qkv[t * 3 * d + part * d..t * 3 * d + (part + 1) * d];
                 let dst = &mut dst[t * d..(t + 1) * d];
@@ -159,7 +170,8 @@ impl Attention<'_> {
     }
 
     /// One block's output, `[queries, head_dim]`.
-    fn block(&self, b: Block, q: &[f32], k: &[f32], qkv: &[f32]) -> Vec<f32> {
+    fn block(&self, b: Block, qk: &QueriesKeys, qkv: &[f32]) -> Vec<f32> {
+        let QueriesKeys { q, k, stride } = *qk;
         let (hd, d) = (self.head_dim, self.heads * self.head_dim);
         let row = &self.rows[b.row];
         let (k0, k1) = b.keys;
@@ -168,11 +180,12 @@ impl Attention<'_> {
         let col = b.head * hd;
         let mut scores = vec![0f32; m * n];
         let scale = (hd as f32).powf(-0.5);
-        // SAFETY: an m x hd lhs (element (i, a) at (first_q + i) * d + col + a, inside `q`'s
-        // T * d floats since first_q + m <= row.end <= T and col + hd <= d), an hd x n rhs (the
-        // keys transposed: element (a, c) at (first_k + c) * d + col + a, inside `k` likewise) and
-        // an m x n row-major destination inside `scores`' m * n floats. Distinct allocations,
-        // all outliving the single-threaded call.
+        // SAFETY: an m x hd lhs (element (i, a) at (first_q + i) * stride + col + a, inside `q`,
+        // which holds T - 1 rows of `stride` floats and d more, since first_q + m <= row.end <= T
+        // and col + hd <= d), an hd x n rhs (the keys transposed: element (a, c) at
+        // (first_k + c) * stride + col + a, inside `k` likewise) and an m x n row-major
+        // destination inside `scores`' m * n floats. Only `scores` is written, a buffer of its
+        // own; all outlive the single-threaded call.
         unsafe {
             gemm::gemm(
                 m,
@@ -182,11 +195,11 @@ impl Attention<'_> {
                 1,
                 n as isize,
                 false,
-                q.as_ptr().add(first_q * d + col),
+                q.as_ptr().add(first_q * stride + col),
                 1,
-                d as isize,
-                k.as_ptr().add(first_k * d + col),
-                d as isize,
+                stride as isize,
+                k.as_ptr().add(first_k * stride + col),
+                stride as isize,
                 1,
                 0.0,
                 scale,

@@ -284,7 +284,13 @@ impl Encoder {
                 None => h.clone(),
             };
             let qkv = layer.wqkv.forward(&x)?;
-            let attn = qkv.apply_op1_no_bwd(&Attention { rows: packed.rows, heads, head_dim, cos, sin, mask })?;
+            let attn = qkv.apply_op1_no_bwd(&Attention {
+                rows: packed.rows,
+                heads,
+                head_dim,
+                rope: Some((cos.as_slice(), sin.as_slice())),
+                mask,
+            })?;
             h = layer.wo.forward_add(&attn, &h)?;
             h = self.feed_forward(layer, &h)?;
             on_layer(n + 1);

@@ -13,7 +13,10 @@
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::LayerNorm;
 
+use std::ops::Range;
+
 use super::ModelError;
+use super::attention::{Attention, Mask};
 use super::dense::Dense;
 use super::weights::{Expected, Weights};
 
@@ -173,40 +176,46 @@ impl Head {
         Ok(layer.linear2.forward_add(&inner, h)?)
     }
 
-    /// A whole layer: every position of `h` `[B, L, d]` in and out.
-    fn layer(&self, layer: &HeadLayer, h: &Tensor, key_bias: &Tensor) -> Result<Tensor, ModelError> {
+    /// A whole layer over packed rows: every token of `h` `[T, d]` in and out, each row's
+    /// tokens attending to that row's alone (what the key-padding mask does in a padded batch).
+    fn layer(&self, layer: &HeadLayer, h: &Tensor, rows: &[Range<usize>]) -> Result<Tensor, ModelError> {
+        let d = h.dim(1)?;
         let x = layer.norm1.forward(h)?;
         let qkv = layer.in_proj.forward(&x)?;
-        let part = |i: usize| self.split_heads(&qkv, 3, i);
-        let h = self.attend(layer, h, &part(0)?, &part(1)?, &part(2)?, key_bias)?;
+        let heads = self.nhead;
+        let op = Attention { rows, heads, head_dim: d / heads, rope: None, mask: Mask::Sequential { window: None } };
+        let attn = qkv.apply_op1_no_bwd(&op)?;
+        let h = layer.out_proj.forward_add(&attn, h)?;
         self.feed_forward(layer, &h)
     }
 
-    /// The last layer at the rows `picks` (`B * S` flat indices into `[B * L]`) only: keys and
-    /// values from every position, the rest for the picked rows. `[B, S, d]`, equal to the whole
-    /// layer's output gathered at `picks`.
+    /// The last layer at the tokens `picks` (`B * S` indices into the packed `[T]`) only: keys
+    /// and values from every token (padded per row to `[B, L, 2d]`, masked by `key_bias`), the
+    /// rest for the picked tokens. `[B, S, d]`, equal to the whole layer's output gathered at
+    /// `picks`.
     fn last_layer(
         &self,
         layer: &HeadLayer,
         h: &Tensor,
+        rows: &[Range<usize>],
         picks: &Tensor,
         key_bias: &Tensor,
     ) -> Result<Tensor, ModelError> {
-        let (b, l, d) = h.dims3()?;
+        let d = h.dim(1)?;
+        let b = rows.len();
         let s = picks.dim(0)? / b;
         let x = layer.norm1.forward(h)?;
-        let kv = layer.kv_proj.forward(&x)?;
-        let gather = |t: &Tensor| -> candle_core::Result<Tensor> {
-            t.reshape((b * l, d))?.index_select(picks, 0)?.reshape((b, s, d))
-        };
+        let kv = pad_rows(&layer.kv_proj.forward(&x)?, rows)?;
+        let gather = |t: &Tensor| -> candle_core::Result<Tensor> { t.index_select(picks, 0)?.reshape((b, s, d)) };
         let q = self.split_heads(&layer.q_proj.forward(&gather(&x)?)?, 1, 0)?;
         let (k, v) = (self.split_heads(&kv, 2, 0)?, self.split_heads(&kv, 2, 1)?);
         let h = self.attend(layer, &gather(h)?, &q, &k, &v, key_bias)?;
         self.feed_forward(layer, &h)
     }
 
-    /// Stage 3: `[B, L, d]` encoder states of rows with the given lengths, types and marker
-    /// positions -> each row's option logits and act logits.
+    /// Stage 3: `[B, L, d]` encoder states of rows with the given lengths (padded to `L`), types
+    /// and marker positions -> each row's option logits and act logits. The rows are packed and
+    /// run as [`Head::forward_packed`].
     pub fn forward(
         &self,
         hidden: &Tensor,
@@ -214,38 +223,70 @@ impl Head {
         qtypes: &[u32],
         markers: &[&[u32]],
     ) -> Result<Vec<HeadOutput>, ModelError> {
-        let (b, l, d) = hidden.dims3()?;
+        let mut rows = Vec::with_capacity(lengths.len());
+        let mut parts = Vec::with_capacity(lengths.len());
+        for (r, &len) in lengths.iter().enumerate() {
+            let start = rows.last().map_or(0, |p: &Range<usize>| p.end);
+            rows.push(start..start + len);
+            parts.push(hidden.get(r)?.narrow(0, 0, len)?);
+        }
+        self.forward_packed(&Tensor::cat(&parts, 0)?, &rows, qtypes, markers)
+    }
+
+    /// Stage 3 over rows packed end to end: `[T, d]` encoder states, each row's tokens in `rows`
+    /// -> each row's option logits and act logits. No padding token is computed but for the
+    /// last layer's keys and values, padded to the longest row for the few queries it runs.
+    pub fn forward_packed(
+        &self,
+        hidden: &Tensor,
+        rows: &[Range<usize>],
+        qtypes: &[u32],
+        markers: &[&[u32]],
+    ) -> Result<Vec<HeadOutput>, ModelError> {
+        let (t, d) = hidden.dims2()?;
+        let b = rows.len();
+        if b == 0 || qtypes.len() != b || markers.len() != b || rows.iter().any(|r| r.is_empty() || r.end > t) {
+            return Err(candle_core::Error::Msg(format!(
+                "head: rows {rows:?} of {t} tokens, {} types, {} marker lists",
+                qtypes.len(),
+                markers.len()
+            ))
+            .into());
+        }
         let dev = Device::Cpu;
-        let qt = Tensor::from_vec(qtypes.to_vec(), b, &dev)?;
-        let mut h = hidden.broadcast_add(&self.type_emb.index_select(&qt, 0)?.unsqueeze(1)?)?;
-        let key_bias = Tensor::from_vec(super::masks::key_padding_biases(lengths, l), (b, 1, 1, l), &dev)?;
-        // The rows the head reads, per row: position 0, then each marker slot (a row without a
+        let token_types: Vec<u32> =
+            rows.iter().zip(qtypes).flat_map(|(r, &q)| std::iter::repeat_n(q, r.len())).collect();
+        let mut h = (hidden + self.type_emb.index_select(&Tensor::from_vec(token_types, t, &dev)?, 0)?)?;
+        let lengths: Vec<usize> = rows.iter().map(|r| r.len()).collect();
+        let l = lengths.iter().copied().max().unwrap_or(1);
+        let key_bias = Tensor::from_vec(super::masks::key_padding_biases(&lengths, l), (b, 1, 1, l), &dev)?;
+        // The tokens the head reads, per row: position 0, then each marker slot (a row without a
         // marker k reads position 0, masked below).
         let kmax = markers.iter().map(|m| m.len()).max().unwrap_or(0).max(1);
         let s = 1 + kmax;
         let mut index = Vec::with_capacity(b * s);
-        for (row, m) in markers.iter().enumerate() {
-            index.push((row * l) as u32);
+        for (r, m) in rows.iter().zip(markers) {
+            index.push(r.start as u32);
             for j in 0..kmax {
                 let pos = m.get(j).copied().unwrap_or(0) as usize;
-                index.push((row * l + pos.min(l - 1)) as u32);
+                index.push((r.start + pos.min(r.len() - 1)) as u32);
             }
         }
         let picks = Tensor::from_vec(index, b * s, &dev)?;
         let read = match self.layers.split_last() {
             Some((last, before)) if self.reduce_last => {
                 for layer in before {
-                    h = self.layer(layer, &h, &key_bias)?;
+                    h = self.layer(layer, &h, rows)?;
                 }
-                self.last_layer(last, &h, &picks, &key_bias)?
+                self.last_layer(last, &h, rows, &picks, &key_bias)?
             }
             Some(_) => {
                 for layer in &self.layers {
-                    h = self.layer(layer, &h, &key_bias)?;
+                    h = self.layer(layer, &h, rows)?;
                 }
-                h.reshape((b * l, d))?.index_select(&picks, 0)?.reshape((b, s, d))?
+                h.index_select(&picks, 0)?.reshape((b, s, d))?
             }
-            None => h.reshape((b * l, d))?.index_select(&picks, 0)?.reshape((b, s, d))?,
+            None => h.index_select(&picks, 0)?.reshape((b, s, d))?,
         };
         let pooled = read.narrow(1, 0, 1)?.squeeze(1)?;
         let picked = read.narrow(1, 1, kmax)?;
@@ -277,6 +318,16 @@ impl Head {
         let act: Vec<Vec<f32>> = self.act2.forward(&self.act1.forward(&act_in)?.gelu_erf()?)?.to_vec2()?;
         Ok(logits_out.into_iter().zip(act).map(|(logits, act_logits)| HeadOutput { logits, act_logits }).collect())
     }
+}
+
+/// Packed rows `[T, w]` padded with zeros to the longest row: `[B, L, w]`.
+fn pad_rows(t: &Tensor, rows: &[Range<usize>]) -> candle_core::Result<Tensor> {
+    let l = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let padded = rows
+        .iter()
+        .map(|r| t.narrow(0, r.start, r.len())?.pad_with_zeros(0, 0, l - r.len()))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::stack(&padded, 0)
 }
 
 #[cfg(test)]
@@ -352,26 +403,19 @@ mod tests {
         let (d, l) = (128, 9);
         let head = random_head(d, 1);
         let layer = &head.layers[0];
-        // Two rows, the second padded (6 real tokens): position 0, markers, a repeated slot.
+        // Two rows packed, the second shorter (6 tokens): position 0, markers, a repeated slot.
         let lengths = [9, 6];
+        let rows = [0..9, 9..15];
         let key_bias =
             Tensor::from_vec(crate::backend::cpu::masks::key_padding_biases(&lengths, l), (2, 1, 1, l), &Device::Cpu)
                 .unwrap();
         let picks_v: Vec<u32> = vec![0, 3, 8, 1, 9, 9 + 5, 9 + 2, 9];
         let picks = Tensor::from_vec(picks_v.clone(), 8, &Device::Cpu).unwrap();
-        let h = random(&[2, l, d]);
-        let whole = head.layer(layer, &h, &key_bias).unwrap();
-        let want: Vec<f32> = whole
-            .reshape((2 * l, d))
-            .unwrap()
-            .index_select(&picks, 0)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let h = random(&[15, d]);
+        let whole = head.layer(layer, &h, &rows).unwrap();
+        let want: Vec<f32> = whole.index_select(&picks, 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         let got: Vec<f32> =
-            head.last_layer(layer, &h, &picks, &key_bias).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            head.last_layer(layer, &h, &rows, &picks, &key_bias).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(got.len(), want.len());
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst <= 1e-4, "largest difference {worst}");

@@ -175,11 +175,9 @@ impl CpuModel {
         Ok(out)
     }
 
-    /// Encoder and head over rows that run together: packed end to end through the encoder (no
-    /// padding), padded to their longest for the head.
+    /// Encoder and head over rows that run together, packed end to end (no padding).
     fn forward_group(&self, rows: &[&Row], on_layer: &mut dyn FnMut(usize)) -> Result<Vec<HeadOutput>, ModelError> {
-        let lengths: Vec<usize> = rows.iter().map(|r| r.input_ids.len()).collect();
-        let total: usize = lengths.iter().sum();
+        let total: usize = rows.iter().map(|r| r.input_ids.len()).sum();
         let mut spans = Vec::with_capacity(rows.len());
         let mut ids = Vec::with_capacity(total);
         let mut positions = Vec::with_capacity(total);
@@ -210,17 +208,9 @@ impl CpuModel {
         let embeds = self.encoder.embed(&Tensor::from_vec(ids, (1, total), &dev)?)?.squeeze(0)?;
         let packed = Packed { rows: &spans, positions: &positions, layout: parallel.then_some(layout.as_slice()) };
         let hidden = self.encoder.encode_packed(&embeds, &packed, on_layer)?;
-        // The head pads (its attention masks the padding keys; what a padding position holds
-        // is never read), as laya's batch does.
-        let l = lengths.iter().copied().max().unwrap_or(1);
-        let padded = spans
-            .iter()
-            .map(|s| hidden.narrow(0, s.start, s.len())?.pad_with_zeros(0, 0, l - s.len()))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let hidden = Tensor::stack(&padded, 0)?;
         let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index() as u32).collect();
         let markers: Vec<&[u32]> = rows.iter().map(|r| r.marker_pos.as_slice()).collect();
-        self.head.forward(&hidden, &lengths, &qtypes, &markers)
+        self.head.forward_packed(&hidden, &spans, &qtypes, &markers)
     }
 }
 
