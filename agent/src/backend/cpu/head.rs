@@ -9,6 +9,12 @@
 //! queries, attention, the output projection and the feed-forward only for those rows (exact:
 //! each output row of a layer depends on every key and value but on its own query alone). At
 //! L=128 with 4 markers this removes about 40% of a 2-layer head's FLOPs.
+//!
+//! The rows run packed end to end, as the encoder's do: the key-padding mask becomes each row's
+//! tokens attending to that row's alone (the packed attention op, `attention.rs`, without RoPE),
+//! so no padding position is computed and no whole score matrix is held; only the last layer's
+//! keys and values are padded, for its few queries. A padded batch (the NPU backends' hidden
+//! states) is packed first.
 
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::LayerNorm;
