@@ -75,8 +75,8 @@ impl Attention<'_> {
         let (heads, hd) = (self.heads, self.head_dim);
         let d = heads * hd;
         let half = hd / 2;
-        let angles = self.rope.map(|(cos, sin)| cos.len().min(sin.len()));
-        if qkv.len() != tokens * 3 * d || angles.is_some_and(|n| n != tokens * half) {
+        let angles = self.rope.map(|(cos, sin)| (cos.len(), sin.len()));
+        if qkv.len() != tokens * 3 * d || angles.is_some_and(|(c, s)| c != tokens * half || s != tokens * half) {
             candle_core::bail!("attention: {} projections and {angles:?} angles for {tokens} tokens", qkv.len());
         }
         if (self.rope.is_some() && hd % 2 != 0) || self.rows.iter().any(|r| r.start > r.end || r.end > tokens) {
@@ -161,11 +161,7 @@ impl Attention<'_> {
     fn allowed(&self, i: usize, j: usize) -> bool {
         match self.mask {
             Mask::Sequential { window } => window.is_none_or(|w| i.abs_diff(j) <= w),
-            Mask::Parallel { tokens, window } => {
-                let ((pi, oi), (pj, oj)) = (tokens[i], tokens[j]);
-                let other_option = oi > 0 && oj > 0 && oi != oj;
-                !other_option && window.is_none_or(|w| pi.abs_diff(pj) as usize <= w)
-            }
+            Mask::Parallel { tokens, window } => super::masks::may_attend(tokens[i], tokens[j], window),
         }
     }
 

@@ -53,15 +53,22 @@ pub fn parallel_attention_biases(rows: &[LaidOut<'_>], l: usize, window: Option<
             let (pi, oi) = at(i);
             let biases = &mut out[(b * l + i) * l..(b * l + i + 1) * l];
             for (j, v) in biases.iter_mut().enumerate().take(len) {
-                let (pj, oj) = at(j);
-                let other_option = oi > 0 && oj > 0 && oi != oj;
-                if !other_option && window.is_none_or(|w| pi.abs_diff(pj) as usize <= w) {
+                if may_attend((pi, oi), at(j), window) {
                     *v = 0.0;
                 }
             }
         }
     }
     out
+}
+
+/// laya 0.4.15's rule for a query and a key of one row, each `(position id, option id)`: not a
+/// key of a *different* option (both ids above 0 and unequal) and, with `window`, not more than
+/// `window` apart in position id. [`parallel_attention_biases`] and the packed attention op
+/// both apply it.
+pub fn may_attend((pi, oi): (u32, u32), (pj, oj): (u32, u32), window: Option<usize>) -> bool {
+    let other_option = oi > 0 && oj > 0 && oi != oj;
+    !other_option && window.is_none_or(|w| pi.abs_diff(pj) as usize <= w)
 }
 
 /// `[B, L]` key-padding biases for the decision head (PyTorch's `src_key_padding_mask`).

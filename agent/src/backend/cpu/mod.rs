@@ -4,7 +4,8 @@
 //! It is split into the stages the NPU backends share: [`Encoder::embed`] (host gather),
 //! [`Encoder::encode`] (what an NPU graph runs) and [`Head::forward`] (host, float). The CPU
 //! model runs a batch's rows packed end to end through the encoder ([`Encoder::encode_packed`],
-//! attention over each row's own tokens), in groups of bounded size, and pads only for the head.
+//! attention over each row's own tokens) and the head ([`Head::forward_packed`]), in groups of
+//! bounded size, with no padding.
 //!
 //! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
 

@@ -135,8 +135,7 @@ impl CpuModel {
     }
 
     /// Runs a batch of question rows through all three stages and returns each row's option
-    /// logits and act logits. No padding token is needed: the encoder runs the rows packed end to
-    /// end, and the head's padding is masked.
+    /// logits and act logits. No padding token is needed: the rows run packed end to end.
     pub fn forward(&self, rows: &[&Row]) -> Result<Vec<HeadOutput>, ModelError> {
         self.forward_with(rows, &mut |_, _| {})
     }
