@@ -28,7 +28,12 @@ fn main() {
     let cfg = &m.encoder.config;
     let (d, i, w) = (cfg.hidden_size as f64, cfg.intermediate_size as f64, cfg.sliding_window());
     let share = |gflops: f64| peak.map_or(String::new(), |p| format!(" ({:.0}% of peak)", 100.0 * gflops / p));
-    println!("threads {}, d {d}, intermediate {i}, layers {:?}", rayon::current_num_threads(), cfg.layer_types);
+    println!(
+        "threads {}, kernels {}, d {d}, intermediate {i}, layers {:?}",
+        rayon::current_num_threads(),
+        laya_edge::backend::cpu::kernel_set(),
+        cfg.layer_types
+    );
     for l in [128usize, 256, 512] {
         let ids: Vec<u32> = (0..l).map(|t| (t * 31 % cfg.vocab_size) as u32).collect();
         let ids = Tensor::from_vec(ids, (1, l), &Device::Cpu).expect("ids");

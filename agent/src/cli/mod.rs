@@ -54,7 +54,8 @@ pub struct BackendArgs {
 }
 
 /// `laya-edge --version`: the version, the git commit it was built from (when built from git),
-/// the cargo features built in and the laya semantics served.
+/// the cargo features built in, the laya semantics served and the CPU model's kernel set on
+/// this machine (chosen at run time).
 pub fn version() -> &'static str {
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {
@@ -70,9 +71,10 @@ pub fn version() -> &'static str {
             .collect();
         let features = if features.is_empty() { "none".to_owned() } else { features.join(", ") };
         format!(
-            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}",
+            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}\ncpu kernels: {}",
             env!("CARGO_PKG_VERSION"),
-            laya.join(", ")
+            laya.join(", "),
+            crate::backend::cpu::kernel_set()
         )
     })
 }

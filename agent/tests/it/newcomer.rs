@@ -180,7 +180,7 @@ async fn asking_a_device_that_went_offline_exits_3_and_shows_its_last_status() {
 }
 
 #[test]
-fn version_names_the_commit_the_features_and_the_laya_semantics() {
+fn version_names_the_commit_the_features_the_laya_semantics_and_the_cpu_kernels() {
     let out = Command::new(bin()).arg("--version").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with(&format!("laya-edge {}", env!("CARGO_PKG_VERSION"))), "{text}");
@@ -193,6 +193,14 @@ fn version_names_the_commit_the_features_and_the_laya_semantics() {
     );
     assert!(line("features: ").split(", ").any(|f| f == "demo"), "{text}");
     assert_eq!(line("laya semantics: "), "0.3.20 (default), 0.4.15");
+    // The kernel set is chosen at run time: FMA on an x86-64 that has it, NEON on aarch64.
+    #[cfg(target_arch = "x86_64")]
+    let want = if std::arch::is_x86_feature_detected!("fma") { "fma" } else { "scalar" };
+    #[cfg(target_arch = "aarch64")]
+    let want = "neon";
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let want = "scalar";
+    assert_eq!(line("cpu kernels: "), want, "{text}");
 }
 
 #[test]

@@ -1,32 +1,28 @@
-//! A linear layer, `y = x W^T + b (+ residual)`, as one call of the `gemm` crate (the kernel
-//! candle itself multiplies with), instead of candle_nn's `Linear`.
+//! A linear layer, `y = x W^T + b (+ residual)`, on weights packed once at load
+//! ([`super::panels`]), instead of candle_nn's `Linear`.
 //!
-//! Why not `Linear`: at the head's shapes it spends 20 to 30% of a layer outside the multiply.
-//! `Linear` multiplies, then adds the bias in a second pass over a fresh output, and the layer
-//! adds the residual in a third; gemm can read the destination and accumulate into it, so here
-//! the destination starts as the bias (or the residual plus the bias) and the product is added
-//! in the same pass. And the product is computed as `(W x^T)^T`, written straight into the
-//! row-major output through its strides: the weight rows are the long side, which is what
-//! gemm's kernel runs along (for the last head layer's 5 rows this is 2.5x faster than
-//! `x W^T`; for 128 rows it is on par or better). BENCHMARKS.md, "Side by side", has the
-//! figures. The float results are the same sums in a different order (fixture tolerances hold).
+//! Why not `Linear`: it multiplies, then adds the bias in a second pass over a fresh output, and
+//! the layer adds the residual in a third; and it (like any plain `gemm` call) packs the weight
+//! matrix again on every multiply. Here the destination starts as the bias (or the residual
+//! plus the bias) and the product `W x^T` is added to it in the same pass, written straight into
+//! the row-major output (the weight rows are the microkernels' long side). The float results
+//! are the same sums in a different order (fixture tolerances hold; the tests below compare
+//! with `Linear`).
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
-/// Up to this many rows, the product is computed feature-major and transposed (see `run`).
-const SKINNY_ROWS: usize = 16;
+use super::panels::{Kernel, PackedWeights};
 
 /// `y = x W^T + b` over the last dimension of `x`, optionally `+ residual`.
 #[derive(Clone)]
 pub struct Dense {
-    /// `[out_all, inp]` row-major: the whole stored weight; this layer uses `rows` of it.
-    weight: Arc<Vec<f32>>,
+    /// `[out, inp]`, packed for the widest kernel set of this CPU; views of one packed matrix
+    /// share it ([`Dense::narrow`]).
+    weight: PackedWeights,
+    /// `[out]`, this layer's outputs only.
     bias: Option<Arc<Vec<f32>>>,
-    /// The output features (rows of the stored weight) this layer computes.
-    rows: Range<usize>,
     inp: usize,
 }
 
@@ -34,8 +30,8 @@ impl Dense {
     /// A layer from a `[out, inp]` weight and an optional `[out]` bias (f32).
     pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Dense> {
         let (out, inp) = weight.dims2()?;
-        // Arc<Vec<_>>, not Arc<[_]>: the conversion to a slice would copy the weights once more.
-        let weight = Arc::new(weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+        let plain = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let weight = PackedWeights::pack(Kernel::detect(), &plain, out, inp);
         let bias = match bias {
             Some(b) => {
                 if b.dims1()? != out {
@@ -45,21 +41,22 @@ impl Dense {
             }
             None => None,
         };
-        Ok(Dense { weight, bias, rows: 0..out, inp })
+        Ok(Dense { weight, bias, inp })
     }
 
-    /// The outputs `start..start + len` of this layer alone (shares the weights, no copy).
+    /// The outputs `start..start + len` of this layer alone (shares the packed weights where
+    /// `start` is on a panel boundary, as the head's `d` is).
     pub fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Dense> {
-        let rows = self.rows.start + start..self.rows.start + start + len;
-        if rows.end > self.rows.end {
-            candle_core::bail!("outputs {start}..{} of a layer of {}", start + len, self.rows.len());
-        }
-        Ok(Dense { rows, ..self.clone() })
+        let Some(weight) = self.weight.select(start..start + len) else {
+            candle_core::bail!("outputs {start}..{} of a layer of {}", start + len, self.out());
+        };
+        let bias = self.bias.as_ref().map(|b| Arc::new(b[start..start + len].to_vec()));
+        Ok(Dense { weight, bias, inp: self.inp })
     }
 
     /// Output features.
     pub fn out(&self) -> usize {
-        self.rows.len()
+        self.weight.rows()
     }
 
     /// `x W^T + b` for `x` `[.., inp]`.
@@ -75,79 +72,20 @@ impl Dense {
     /// The output (`n` rows of `self.out()`): the residual if any, plus the bias if any, plus
     /// the product of the `n` rows of `x`.
     fn run(&self, x: &[f32], n: usize, residual: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
-        let (m, k) = (self.rows.len(), self.inp);
+        let (m, k) = (self.out(), self.inp);
         if x.len() != n * k || residual.is_some_and(|r| r.len() != n * m) {
             candle_core::bail!("dense: {} inputs for {n} rows of {k}", x.len());
         }
-        let bias = self.bias.as_ref().map(|b| &b[self.rows.clone()]);
-        // Few rows: the product is written feature-major ([m, n]) and transposed after, which
-        // gemm runs about 3x faster at these shapes; the transposes are of a few rows only.
-        let skinny = n <= SKINNY_ROWS;
-        // What the product is added to, in the layout gemm writes.
-        let mut dst;
-        if skinny {
-            dst = vec![0f32; n * m];
-            for (i, col) in dst.chunks_exact_mut(n).enumerate() {
-                let b = bias.map_or(0.0, |b| b[i]);
-                match residual {
-                    Some(r) => col.iter_mut().enumerate().for_each(|(row, y)| *y = r[row * m + i] + b),
-                    None => col.fill(b),
-                }
-            }
-        } else {
-            // The residual is copied as it is (not zeroed first, then copied: a whole pass over
-            // the output, which for the feed-forward is the largest buffer of the layer).
-            dst = residual.map_or_else(|| vec![0f32; n * m], <[f32]>::to_vec);
-            if let Some(b) = bias {
-                for row in dst.chunks_exact_mut(m) {
-                    row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
-                }
+        // What the product is added to. The residual is copied as it is (not zeroed first,
+        // then copied: a whole pass over the output, which for the feed-forward is the largest
+        // buffer of the layer).
+        let mut dst = residual.map_or_else(|| vec![0f32; n * m], <[f32]>::to_vec);
+        if let Some(b) = &self.bias {
+            for row in dst.chunks_exact_mut(m) {
+                row.iter_mut().zip(b.iter()).for_each(|(y, b)| *y += b);
             }
         }
-        let read_dst = residual.is_some() || bias.is_some();
-        // Element (i, r) of the m x n destination: output row r's feature i.
-        let (dst_cs, dst_rs) = if skinny { (1, n as isize) } else { (m as isize, 1) };
-        let weight = &self.weight[self.rows.start * k..self.rows.end * k];
-        let threads = candle_core::utils::get_num_threads();
-        let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-        if n > 0 && m > 0 {
-            // SAFETY: gemm reads an m x k lhs (the weight rows, `weight`: m * k floats,
-            // element (i, j) at i * k + j), a k x n rhs (x transposed: element (j, r) of x at
-            // r * k + j, inside `x`'s n * k floats, checked above) and writes an m x n
-            // destination whose element (i, r) is at r * m + i, or i * n + r when skinny:
-            // inside `dst`'s n * m floats either way. The three buffers are distinct
-            // allocations and outlive the call, which returns only when every thread is done.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    dst.as_mut_ptr(),
-                    dst_cs,
-                    dst_rs,
-                    read_dst,
-                    weight.as_ptr(),
-                    1,
-                    k as isize,
-                    x.as_ptr(),
-                    k as isize,
-                    1,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                )
-            };
-        }
-        if skinny {
-            let mut rows = vec![0f32; n * m];
-            for (r, row) in rows.chunks_exact_mut(m).enumerate() {
-                row.iter_mut().enumerate().for_each(|(i, y)| *y = dst[i * n + r]);
-            }
-            dst = rows;
-        }
+        self.weight.multiply_add(x, n, &mut dst, m, candle_core::utils::get_num_threads());
         Ok(dst)
     }
 
@@ -162,7 +100,7 @@ impl Dense {
             candle_core::bail!("dense: input of {last} features for a layer of {}", self.inp);
         }
         let mut out_dims = lead.to_vec();
-        out_dims.push(self.rows.len());
+        out_dims.push(self.out());
         Ok((&data[start..end], lead.iter().product(), Shape::from(out_dims)))
     }
 }

@@ -7,6 +7,9 @@
 //! attention over each row's own tokens) and the head ([`Head::forward_packed`]), in groups of
 //! bounded size, with no padding.
 //!
+//! The linear layers multiply on weights packed once at load (`panels`, on the `gemm` crate's
+//! microkernels, the widest set the CPU has, chosen at run time).
+//!
 //! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
 
 mod attention;
@@ -16,12 +19,19 @@ pub mod encoder;
 pub mod head;
 pub mod masks;
 mod model;
+mod panels;
 pub mod weights;
 
 pub use config::EncoderConfig;
 pub use encoder::Encoder;
 pub use head::{Head, HeadOutput};
 pub use model::{CpuModel, ModelError, check_row, refuse_layout};
+
+/// The set of `gemm` microkernels the linear layers run on this CPU (`fma`, `neon` or
+/// `scalar`), chosen at run time: for reports and benchmarks.
+pub fn kernel_set() -> &'static str {
+    panels::Kernel::detect().name
+}
 
 use std::path::Path;
 
