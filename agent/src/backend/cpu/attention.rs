@@ -206,9 +206,25 @@ impl Attention<'_> {
             )
         };
         for (i, s) in scores.chunks_exact_mut(n).enumerate() {
-            for (c, v) in s.iter_mut().enumerate() {
-                if !self.allowed(first_q + i, first_k + c) {
-                    *v += MASKED;
+            match self.mask {
+                // A sequential row's keys are masked outside the window only: the scores on
+                // either side of it get the bias, the rest are left as they are (the same sums as
+                // asking `allowed` for each, without a call per score).
+                Mask::Sequential { window } => {
+                    let query = first_q + i;
+                    let (lo, hi) = window.map_or((0, n), |w| {
+                        let lo = query.saturating_sub(w).saturating_sub(first_k).min(n);
+                        (lo, (query + w + 1).saturating_sub(first_k).clamp(lo, n))
+                    });
+                    let (before, rest) = s.split_at_mut(lo);
+                    before.iter_mut().chain(&mut rest[hi - lo..]).for_each(|v| *v += MASKED);
+                }
+                Mask::Parallel { .. } => {
+                    for (c, v) in s.iter_mut().enumerate() {
+                        if !self.allowed(first_q + i, first_k + c) {
+                            *v += MASKED;
+                        }
+                    }
                 }
             }
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
