@@ -170,7 +170,7 @@ impl PackedWeights {
         if range.start > range.end || range.end > self.rows {
             return None;
         }
-        if range.start % self.kernel.mr == 0 {
+        if range.start.is_multiple_of(self.kernel.mr) {
             return Some(PackedWeights {
                 first_panel: self.first_panel + range.start / self.kernel.mr,
                 rows: range.len(),
