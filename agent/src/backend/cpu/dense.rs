@@ -15,6 +15,23 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor
 
 use super::panels::{Kernel, PackedWeights};
 
+/// A `[out, inp]` weight packed for this CPU's kernels, read in place when it is a contiguous f32
+/// tensor (the loaded weights are: `weights.rs` widens everything to f32), so that loading holds
+/// the tensor and its packed copy, not a third, plain copy of the largest matrix on the way.
+fn packed(weight: &Tensor, out: usize, inp: usize) -> candle_core::Result<PackedWeights> {
+    let kernel = Kernel::detect();
+    if weight.dtype() == DType::F32 {
+        let (storage, layout) = weight.storage_and_layout();
+        if let (candle_core::Storage::Cpu(CpuStorage::F32(data)), Some((start, end))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(PackedWeights::pack(kernel, &data[start..end], out, inp));
+        }
+    }
+    let plain = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(PackedWeights::pack(kernel, &plain, out, inp))
+}
+
 /// `y = x W^T + b` over the last dimension of `x`, optionally `+ residual`.
 #[derive(Clone)]
 pub struct Dense {
@@ -30,8 +47,7 @@ impl Dense {
     /// A layer from a `[out, inp]` weight and an optional `[out]` bias (f32).
     pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Dense> {
         let (out, inp) = weight.dims2()?;
-        let plain = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let weight = PackedWeights::pack(Kernel::detect(), &plain, out, inp);
+        let weight = packed(weight, out, inp)?;
         let bias = match bias {
             Some(b) => {
                 if b.dims1()? != out {
@@ -187,6 +203,21 @@ mod tests {
         let xt = random(&[64, 3]).t().unwrap();
         let want = candle_nn::Linear::new(w.clone(), Some(b.clone())).forward(&xt).unwrap();
         assert!(worst(&Dense::new(&w, Some(&b)).unwrap().forward(&xt).unwrap(), &want) < 1e-4);
+    }
+
+    #[test]
+    fn a_weight_read_in_place_or_through_a_copy_gives_the_same_layer() {
+        // A contiguous f32 weight is packed from its own storage; a transposed view and an f64
+        // tensor go through a copy.
+        let w = random(&[96, 64]);
+        let x = random(&[7, 64]);
+        let want = Dense::new(&w, None).unwrap().forward(&x).unwrap();
+        let view = w.t().unwrap().contiguous().unwrap().t().unwrap();
+        assert!(!view.is_contiguous());
+        for other in [view, w.to_dtype(DType::F64).unwrap()] {
+            let got = Dense::new(&other, None).unwrap().forward(&x).unwrap();
+            assert!(worst(&got, &want) < 1e-6, "{:?}", other.dtype());
+        }
     }
 
     #[test]
