@@ -125,30 +125,18 @@ pub struct PackedWeights {
 }
 
 impl PackedWeights {
-    /// Packs `rows x depth` floats, `value(row, d)` each, for `kernel`.
-    fn pack_with(kernel: Kernel, rows: usize, depth: usize, value: impl Fn(usize, usize) -> f32) -> PackedWeights {
-        let mr = kernel.mr;
-        let panels = rows.div_ceil(mr);
-        let mut data = vec![0f32; panels * mr * depth];
-        for kb in 0..depth.div_ceil(DEPTH_BLOCK) {
-            let block = depth_block(kb, depth);
-            let base = block.start * panels * mr;
-            for p in 0..panels {
-                let panel = &mut data[base + p * block.len() * mr..][..block.len() * mr];
-                for i in 0..mr.min(rows - p * mr) {
-                    for (d, at) in block.clone().zip((i..).step_by(mr)) {
-                        panel[at] = value(p * mr + i, d);
-                    }
-                }
-            }
-        }
-        PackedWeights { kernel, data: Arc::new(data), stride_panels: panels, first_panel: 0, rows, depth }
-    }
-
     /// Packs a row-major `[rows, depth]` matrix for `kernel`.
     pub fn pack(kernel: Kernel, weights: &[f32], rows: usize, depth: usize) -> PackedWeights {
         debug_assert_eq!(weights.len(), rows * depth);
-        PackedWeights::pack_with(kernel, rows, depth, |row, d| weights[row * depth + d])
+        let data = pack_panels(kernel.mr, weights, rows, depth);
+        PackedWeights {
+            kernel,
+            data: Arc::new(data),
+            stride_panels: rows.div_ceil(kernel.mr),
+            first_panel: 0,
+            rows,
+            depth,
+        }
     }
 
     /// Rows of the matrix.
@@ -177,9 +165,12 @@ impl PackedWeights {
                 ..self.clone()
             });
         }
-        Some(PackedWeights::pack_with(self.kernel, range.len(), self.depth, |row, d| {
-            self.element(range.start + row, d)
-        }))
+        // Read back in plain rows, then packed from there: a load-time path only (the head's
+        // split is on a panel boundary).
+        let depth = self.depth;
+        let plain: Vec<f32> =
+            range.clone().flat_map(|row| (0..depth).map(move |d| (row, d))).map(|(r, d)| self.element(r, d)).collect();
+        Some(PackedWeights::pack(self.kernel, &plain, range.len(), depth))
     }
 
     /// Where panel `p` of this view starts in depth block `kb`.
@@ -200,7 +191,7 @@ impl PackedWeights {
             return;
         }
         let tiles = n.div_ceil(nr);
-        let tokens = pack_tokens(x, n, depth, nr);
+        let tokens = pack_panels(nr, x, n, depth);
         let panels = self.rows.div_ceil(mr);
         // Contiguous runs of panels, one task each: with one thread, one task.
         let tasks = if threads > 1 { (threads * 2).min(panels) } else { 1 };
@@ -225,7 +216,7 @@ impl PackedWeights {
                                 let ukr = kernel.by_width[width - 1];
                                 // SAFETY: the microkernel reads `block.len()` depths of an
                                 // `mr`-row panel (`lhs`: `block.len() * mr` floats inside
-                                // `self.data`, as `pack_with` laid them out) and of an `nr`-token
+                                // `self.data`, as `pack_panels` laid them out) and of an `nr`-token
                                 // tile (`rhs`: `block.len() * nr` floats inside `tokens`), and adds
                                 // its `height x width` result to dst(i, r) at (t nr + r) ld + p mr
                                 // + i: rows p mr + i < self.rows <= ld and tokens t nr + r < n,
@@ -285,20 +276,21 @@ impl Out {
     }
 }
 
-/// `n` tokens of `depth` floats (row-major) packed in tiles of `nr` per depth block (see the
-/// module doc), the last tile zero-padded.
-fn pack_tokens(x: &[f32], n: usize, depth: usize, nr: usize) -> Vec<f32> {
-    let tiles = n.div_ceil(nr);
-    let mut packed = vec![0f32; tiles * nr * depth];
+/// A row-major `[rows, depth]` matrix packed in panels of `width` rows per depth block (see the
+/// module doc), the last panel zero-padded: the weights' layout with `width` = `mr` (once, at
+/// load), the tokens' with `width` = `nr` (every call: each row's block is copied as a slice).
+fn pack_panels(width: usize, x: &[f32], rows: usize, depth: usize) -> Vec<f32> {
+    let panels = rows.div_ceil(width);
+    let mut packed = vec![0f32; panels * width * depth];
     for kb in 0..depth.div_ceil(DEPTH_BLOCK) {
         let block = depth_block(kb, depth);
-        let base = block.start * tiles * nr;
-        for t in 0..tiles {
-            let tile = &mut packed[base + t * block.len() * nr..][..block.len() * nr];
-            for c in 0..nr.min(n - t * nr) {
-                let token = &x[(t * nr + c) * depth..][block.clone()];
-                for (v, at) in token.iter().zip((c..).step_by(nr)) {
-                    tile[at] = *v;
+        let base = block.start * panels * width;
+        for p in 0..panels {
+            let panel = &mut packed[base + p * block.len() * width..][..block.len() * width];
+            for i in 0..width.min(rows - p * width) {
+                let row = &x[(p * width + i) * depth..][block.clone()];
+                for (v, at) in row.iter().zip((i..).step_by(width)) {
+                    panel[at] = *v;
                 }
             }
         }
