@@ -7,7 +7,8 @@
 //! (`perf`, BENCHMARKS.md). Here the loop nest around the microkernels is ours (the usual
 //! blocked one: depth blocks of [`DEPTH_BLOCK`], token blocks of [`TOKEN_BLOCK`]), and each
 //! microkernel call is `gemm`'s own (`gemm_f32::microkernel`: the float arithmetic stays in the
-//! maintained library). The kernel set is picked at run time as `gemm` picks it: FMA (AVX2-width)
+//! maintained library); row blocks of [`ROW_BLOCK`] keep the output's share of a block in L2
+//! across the depth blocks. The kernel set is picked at run time as `gemm` picks it: FMA (AVX2-width)
 //! kernels on an x86-64 with FMA, NEON kernels on aarch64, the portable scalar ones elsewhere.
 //!
 //! Layout of the packed weights: the depth is cut in blocks of [`DEPTH_BLOCK`]; within a block,
@@ -146,10 +147,8 @@ impl PackedWeights {
 
     /// Element `(row, d)` of this view.
     fn element(&self, row: usize, d: usize) -> f32 {
-        let mr = self.kernel.mr;
-        let block = depth_block(d / DEPTH_BLOCK, self.depth);
-        let panel = self.first_panel + row / mr;
-        self.data[block.start * self.stride_panels * mr + panel * block.len() * mr + (d - block.start) * mr + row % mr]
+        let (mr, kb) = (self.kernel.mr, d / DEPTH_BLOCK);
+        self.data[self.panel_start(kb, row / mr) + (d - kb * DEPTH_BLOCK) * mr + row % mr]
     }
 
     /// Rows `range` of this view: shared where the range starts on a panel, packed anew
@@ -173,11 +172,10 @@ impl PackedWeights {
         Some(PackedWeights::pack(self.kernel, &plain, range.len(), depth))
     }
 
-    /// Where panel `p` of this view starts in depth block `kb`.
-    fn panel(&self, kb: usize, p: usize) -> *const f32 {
+    /// Where panel `p` of this view starts in depth block `kb`, as an index into `data`.
+    fn panel_start(&self, kb: usize, p: usize) -> usize {
         let (mr, block) = (self.kernel.mr, depth_block(kb, self.depth));
-        let at = block.start * self.stride_panels * mr + (self.first_panel + p) * block.len() * mr;
-        self.data[at..].as_ptr()
+        block.start * self.stride_panels * mr + (self.first_panel + p) * block.len() * mr
     }
 
     /// `dst[r * ld + i] += sum_d W[i, d] x[r * depth + d]` for every token `r < n` and row `i`
@@ -208,7 +206,7 @@ impl PackedWeights {
                         let block = depth_block(kb, depth);
                         let token_base = block.start * tiles * nr;
                         for p in block_panels.clone() {
-                            let lhs = self.panel(kb, p);
+                            let lhs = self.data[self.panel_start(kb, p)..].as_ptr();
                             let height = mr.min(self.rows - p * mr);
                             for t in block_tiles.clone() {
                                 let width = nr.min(n - t * nr);
@@ -344,7 +342,7 @@ mod tests {
         let (rows, depth, n) = (70, 300, 9);
         let (w, x) = (values(rows * depth, 4), values(n * depth, 5));
         let packed = PackedWeights::pack(kernel, &w, rows, depth);
-        for range in [0..kernel.mr, kernel.mr..rows, 3..40, 69..70, 10..10] {
+        for range in [0..kernel.mr, 0..kernel.mr + 3, kernel.mr..rows, 3..40, 69..70, 10..10] {
             let alone = PackedWeights::pack(kernel, &w[range.start * depth..range.end * depth], range.len(), depth);
             let Some(selected) = packed.select(range.clone()) else { panic!("{range:?} is inside") };
             let (mut a, mut b) = (vec![0.5; n * range.len()], vec![0.5; n * range.len()]);
