@@ -49,7 +49,7 @@ fn main() {
             let mut times = vec![0f64; layers];
             let out = m
                 .encoder
-                .encode_packed(&embeds, &packed, &mut |n| {
+                .encode_packed(embeds.clone(), &packed, &mut |n| {
                     times[n - 1] = last.elapsed().as_secs_f64();
                     last = Instant::now();
                 })

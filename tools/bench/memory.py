@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +50,30 @@ def requests(limit):
             if len(out) == limit:
                 break
     return out
+
+
+def lengthen(request, chars):
+    """The request with its state made at least `chars` characters of text, so that every row is
+    cut at max_len (512 tokens): the state's own text repeated."""
+    state = request["state"] if isinstance(request["state"], str) else json.dumps(request["state"])
+    text = state
+    while len(text) < chars:
+        text += " " + state
+    return dict(request, state=text)
+
+
+def mappings(pid, top):
+    """The `top` mappings of a process by resident bytes: (MiB, name), from /proc/PID/smaps."""
+    out, name = {}, None
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            head = line.split()
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                name = head[5] if len(head) > 5 else "[anonymous]"
+            elif head[0] == "Rss:":
+                out[name] = out.get(name, 0) + int(head[1]) * 1024
+    ranked = sorted(out.items(), key=lambda kv: -kv[1])[:top]
+    return [(round(v / MIB, 1), os.path.basename(k)) for k, v in ranked]
 
 
 def status(pid):
@@ -165,6 +190,7 @@ def one_model(args, port, model_dir, index, reqs):
                     peaks[name] = max(peaks[name], s[0])
             time.sleep(0.05)
         wall = time.monotonic() - t0
+        worker_mappings = mappings(worker, 6)
         agent_load, agent_hwm = status(agent.pid)
         worker_load, worker_hwm = status(worker)
         return {
@@ -180,6 +206,7 @@ def one_model(args, port, model_dir, index, reqs):
             "worker_minus_model_MiB": round((max(peaks["worker"], worker_idle) - model) / MIB, 1),
             "load_seconds": round(wall, 1), "answered": answered[0], "failed": failed[0],
             "requests_per_s": round(answered[0] / wall, 2),
+            "worker_top_mappings_MiB": worker_mappings,
         }
     finally:
         agent.send_signal(signal.SIGTERM)
@@ -197,10 +224,14 @@ def main():
     ap.add_argument("--seconds", type=float, default=20, help="how long the load lasts")
     ap.add_argument("--idle", type=float, default=2, help="seconds idle before the idle sample")
     ap.add_argument("--requests", type=int, default=12, help="benchmark requests the clients cycle through")
+    ap.add_argument("--long", type=int, default=0, metavar="CHARS",
+                    help="make each request's state at least CHARS characters, so every row is cut at 512 tokens")
     ap.add_argument("models", nargs="+")
     args = ap.parse_args()
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     reqs = requests(args.requests)
+    if args.long:
+        reqs = [lengthen(r, args.long) for r in reqs]
     with open("/proc/meminfo") as f:
         mem = f.readline().split()[1]
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -209,8 +240,9 @@ def main():
     print("== load at start: %s; %s" % (" ".join(open("/proc/loadavg").read().split()[:3]),
                                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
     print("== binary: %s; backend cpu; %d clients x `laya-edge ask` for %.0f s over the first %d benchmark "
-          "requests (%d questions)" % (args.bin, args.clients, args.seconds, len(reqs),
-                                       sum(len(r["questions"]) for r in reqs)))
+          "requests (%d questions)%s" % (args.bin, args.clients, args.seconds, len(reqs),
+                                         sum(len(r["questions"]) for r in reqs),
+                                         ", states lengthened to %d+ characters" % args.long if args.long else ""))
     tmp = tempfile.mkdtemp(prefix="laya-memory-")
     port = free_port()
     conf = os.path.join(tmp, "mosquitto.conf")

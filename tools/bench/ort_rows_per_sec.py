@@ -1,5 +1,7 @@
-"""laya 0.3.20's model through ONNX Runtime's CPU provider, rows/second on the benchmark requests
-(the set `cargo bench --bench cpu_rows` and laya_rows_per_sec.py use), issue #16 item 4b.
+"""laya's model through ONNX Runtime's CPU provider, rows/second on the benchmark requests
+(the set `cargo bench --bench cpu_rows` and laya_rows_per_sec.py use), issue #16 item 4b; with
+--dynamic, one export with dynamic axes for every batch (issue #30: laya 0.4.15's model, e.g.
+PYTHONPATH=DIR-WITH-LAYA-0.4.15 in front of the 0.3.20 venv's packages).
 
 laya.Agent answers each request once while its model's forward is recorded: the exact tensors
 laya feeds it (one batch per request, padded to the request's longest row). The model is then
@@ -37,6 +39,10 @@ def main():
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dynamic", action="store_true",
+                    help="one export with dynamic batch, length and marker axes for every batch, instead of one "
+                         "exact-shape export per batch shape (laya 0.4.15's model traces for every length; "
+                         "0.3.20's bakes shapes into its reshapes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     agent = laya.Agent(args.model, device="cpu")
@@ -51,10 +57,15 @@ def main():
     model.forward = recording
     reqs = requests(args.requests)
     kw = lambda r: {k: r[k] for k in ("lang", "max_len", "head_max_len") if k in r}
+    refused = 0
     for r in reqs:
-        agent.predict(r["state"], r["questions"], **kw(r))
+        try:
+            agent.predict(r["state"], r["questions"], **kw(r))
+        except (TypeError, ValueError):  # laya 0.4.15 refuses a `None` state that 0.3.20 answers
+            refused += 1
     model.forward = forward
     rows = sum(c[0].shape[0] for c in calls)
+    tokens = sum(int(c[1].sum()) for c in calls)  # real tokens (attention_mask), not padding
     names = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
     tmp = tempfile.mkdtemp()
     so = ort.SessionOptions()
@@ -64,6 +75,16 @@ def main():
     # its reshapes. With gradients enabled, as torch.onnx needs: PyTorch's fused encoder-layer
     # fast path (taken under inference_mode) has no ONNX export.
     sessions = {}
+    if args.dynamic:
+        path = os.path.join(tmp, "laya-dynamic.onnx")
+        axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                "marker_pos": {0: "batch", 1: "markers"}, "marker_mask": {0: "batch", 1: "markers"},
+                "qtype": {0: "batch"}, "logits": {0: "batch", 1: "markers"}, "act_logits": {0: "batch"}}
+        torch.onnx.export(model, calls[0], path, input_names=names, output_names=["logits", "act_logits"],
+                          opset_version=17, dynamo=False, dynamic_axes=axes)
+        dynamic = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        os.remove(path)
+        sessions = {tuple(tuple(t.shape) for t in c): dynamic for c in calls}
     for c in calls:
         key = tuple(tuple(t.shape) for t in c)
         if key not in sessions:
@@ -96,9 +117,11 @@ def main():
     ort_s, ort_cpu = timed(lambda i: sess_of[i].run(None, feeds[i]))
     with torch.inference_mode():
         torch_s, torch_cpu = timed(lambda i: model(*calls[i]))
-    print(json.dumps({"impl": "laya-0.3.20-onnxruntime-cpu", "onnxruntime": ort.__version__, "torch": torch.__version__,
-                      "threads": args.threads, "requests": len(reqs), "batches": len(calls), "exports": len(sessions),
-                      "rows": rows * args.passes, "max_abs_logit_diff_vs_torch": worst,
+    print(json.dumps({"impl": "laya-%s-onnxruntime-cpu" % laya.__version__, "onnxruntime": ort.__version__,
+                      "torch": torch.__version__, "threads": args.threads, "requests": len(reqs), "batches": len(calls),
+                      "exports": 1 if args.dynamic else len(sessions), "axes": "dynamic" if args.dynamic else "exact",
+                      "refused_requests": refused, "rows": rows * args.passes,
+                      "tokens_per_row": round(tokens / max(rows, 1), 1), "max_abs_logit_diff_vs_torch": worst,
                       "ort_rows_per_second": round(rows * args.passes / ort_s, 2),
                       "ort_rows_per_cpu_second": round(rows * args.passes / ort_cpu, 2),
                       "torch_model_only_rows_per_second": round(rows * args.passes / torch_s, 2),

@@ -189,7 +189,7 @@ fn the_packed_encoder_gives_each_row_what_the_padded_encoder_with_bias_matrices_
         let positions: Vec<u32> = lengths.iter().flat_map(|&n| 0..n as u32).collect();
         let packed = Packed { rows: &spans, positions: &positions, layout: None };
         let got =
-            enc.encode_packed(&enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
+            enc.encode_packed(enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
         let worst = packed_vs_padded(&got, &want, &spans);
         assert!(worst < 1e-5, "{name}: the packed encoder differs by {worst:e}");
     }
@@ -233,7 +233,7 @@ fn the_packed_encoder_keeps_a_parallel_layouts_options_apart_as_the_bias_matrice
         let positions: Vec<u32> = tokens.iter().map(|t| t.0).collect();
         let packed = Packed { rows: &spans, positions: &positions, layout: Some(&tokens) };
         let got =
-            enc.encode_packed(&enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
+            enc.encode_packed(enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
         let worst = packed_vs_padded(&got, &want, &spans);
         assert!(worst < 1e-5, "{name}: the packed encoder differs by {worst:e}");
     }

@@ -15,12 +15,14 @@
 //! The blocks of every row and head are independent: they run on rayon's pool, each block's
 //! multiplies single-threaded, which keeps both cores busy even for short rows.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use rayon::prelude::*;
 
 use super::masks::MASKED;
+use super::panels::Out;
 
 /// Queries per block.
 pub const QUERY_BLOCK: usize = 64;
@@ -48,15 +50,6 @@ pub struct Attention<'a> {
     /// none (the decision head's attention, which has no positions).
     pub rope: Option<(&'a [f32], &'a [f32])>,
     pub mask: Mask<'a>,
-}
-
-/// Where a block reads its queries and keys: rows of `stride` floats, a head's `head_dim` at
-/// its column (the rotated `[T, d]` buffers, or the fused projections themselves).
-#[derive(Clone, Copy)]
-struct QueriesKeys<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    stride: usize,
 }
 
 /// One task: a block of queries of one row and one head, and the keys they can see at all.
@@ -87,13 +80,6 @@ impl Attention<'_> {
         {
             candle_core::bail!("attention: a parallel layout of {} tokens for {tokens}", t.len());
         }
-        // Rotated queries and keys, `[T, d]` each; without RoPE they are read where they are, as
-        // the values always are (rows of 3d floats).
-        let rotated = self.rope.map(|(cos, sin)| self.rotated(qkv, tokens, cos, sin));
-        let qk = match &rotated {
-            Some((q, k)) => QueriesKeys { q, k, stride: d },
-            None => QueriesKeys { q: qkv, k: &qkv[d..], stride: 3 * d },
-        };
         let mut blocks = Vec::new();
         for (row, r) in self.rows.iter().enumerate() {
             for start in (0..r.len()).step_by(QUERY_BLOCK) {
@@ -102,41 +88,37 @@ impl Attention<'_> {
                 blocks.extend((0..heads).map(|head| Block { row, head, queries, keys }));
             }
         }
-        let outputs: Vec<Vec<f32>> = blocks.par_iter().map(|b| self.block(*b, &qk, qkv)).collect();
+        // Each block writes its queries' values of its head straight into the output.
         let mut out = vec![0f32; tokens * d];
-        for (b, o) in blocks.iter().zip(&outputs) {
-            let first = self.rows[b.row].start + b.queries.0;
-            for (i, values) in o.chunks_exact(hd).enumerate() {
-                let at = (first + i) * d + b.head * hd;
-                out[at..at + hd].copy_from_slice(values);
-            }
-        }
+        let dst = Out(out.as_mut_ptr());
+        blocks.par_iter().for_each(|b| self.block(*b, qkv, dst));
         Ok(out)
     }
 
-    /// Queries and keys rotated as transformers' `apply_rotary_pos_emb` (the halves of each
-    /// head: `x1 cos - x2 sin`, `x2 cos + x1 sin`).
-    fn rotated(&self, qkv: &[f32], tokens: usize, cos: &[f32], sin: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let (heads, hd) = (self.heads, self.head_dim);
-        let (d, half) = (heads * hd, hd / 2);
-        let mut q = vec![0f32; tokens * d];
-        let mut k = vec![0f32; tokens * d];
-        for t in 0..tokens {
+    /// Rows `first..first + count` of one head (at column `col`) of the queries (`part` 0) or
+    /// the keys (`part` 1), as floats and their row stride: rotated, as transformers'
+    /// `apply_rotary_pos_emb` does (the halves of the head: `x1 cos - x2 sin`, `x2 cos + x1
+    /// sin`), into a buffer of the block's own where the encoder's RoPE applies; read where they
+    /// are in `qkv` otherwise. Rotating a block's keys (again for each block that reads them)
+    /// keeps no rotated `[T, d]` copy of the queries and the keys alive.
+    fn part<'q>(&self, qkv: &'q [f32], part: usize, first: usize, count: usize, col: usize) -> (Cow<'q, [f32]>, usize) {
+        let (hd, d) = (self.head_dim, self.heads * self.head_dim);
+        let Some((cos, sin)) = self.rope else {
+            return (Cow::Borrowed(&qkv[first * 3 * d + part * d + col..]), 3 * d);
+        };
+        let half = hd / 2;
+        let mut rotated = vec![0f32; count * hd];
+        for (t, y) in (first..first + count).zip(rotated.chunks_exact_mut(hd)) {
             let (cos, sin) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-            for (part, dst) in [(0, &mut q), (1, &mut k)] {
-                let src = &qkv[t * 3 * d + part * d..t * 3 * d + (part + 1) * d];
-                let dst = &mut dst[t * d..(t + 1) * d];
-                for (x, y) in src.chunks_exact(hd).zip(dst.chunks_exact_mut(hd)) {
-                    let (x1, x2) = x.split_at(half);
-                    let (y1, y2) = y.split_at_mut(half);
-                    for i in 0..half {
-                        y1[i] = x1[i] * cos[i] - x2[i] * sin[i];
-                        y2[i] = x2[i] * cos[i] + x1[i] * sin[i];
-                    }
-                }
+            let x = &qkv[t * 3 * d + part * d + col..t * 3 * d + part * d + col + hd];
+            let (x1, x2) = x.split_at(half);
+            let (y1, y2) = y.split_at_mut(half);
+            for i in 0..half {
+                y1[i] = x1[i] * cos[i] - x2[i] * sin[i];
+                y2[i] = x2[i] * cos[i] + x1[i] * sin[i];
             }
         }
-        (q, k)
+        (Cow::Owned(rotated), hd)
     }
 
     /// The keys (row-relative) a block of queries can see at all: the first and the last any
@@ -165,23 +147,25 @@ impl Attention<'_> {
         }
     }
 
-    /// One block's output, `[queries, head_dim]`.
-    fn block(&self, b: Block, qk: &QueriesKeys, qkv: &[f32]) -> Vec<f32> {
-        let QueriesKeys { q, k, stride } = *qk;
+    /// One block: its queries' values of its head, written into `out` (`[T, d]`) at their rows
+    /// and the head's columns, which no other block writes.
+    fn block(&self, b: Block, qkv: &[f32], out: Out) {
         let (hd, d) = (self.head_dim, self.heads * self.head_dim);
         let row = &self.rows[b.row];
         let (k0, k1) = b.keys;
         let (m, n) = (b.queries.1 - b.queries.0, k1 - k0);
         let (first_q, first_k) = (row.start + b.queries.0, row.start + k0);
         let col = b.head * hd;
+        let (q, q_stride) = self.part(qkv, 0, first_q, m, col);
+        let (k, k_stride) = self.part(qkv, 1, first_k, n, col);
         let mut scores = vec![0f32; m * n];
         let scale = (hd as f32).powf(-0.5);
-        // SAFETY: an m x hd lhs (element (i, a) at (first_q + i) * stride + col + a, inside `q`,
-        // which holds T - 1 rows of `stride` floats and d more, since first_q + m <= row.end <= T
-        // and col + hd <= d), an hd x n rhs (the keys transposed: element (a, c) at
-        // (first_k + c) * stride + col + a, inside `k` likewise) and an m x n row-major
-        // destination inside `scores`' m * n floats. Only `scores` is written, a buffer of its
-        // own; all outlive the single-threaded call.
+        // SAFETY: an m x hd lhs (element (i, a) at i * q_stride + a, inside `q`: a rotated m x hd
+        // buffer, or `qkv` from query first_q's row at the head's column, with m - 1 more rows of
+        // 3d floats and hd more inside it since first_q + m <= row.end <= T and col + hd <= d), an
+        // hd x n rhs (the keys transposed: element (a, c) at c * k_stride + a, inside `k`
+        // likewise) and an m x n row-major destination inside `scores`' m * n floats. Only
+        // `scores` is written, a buffer of its own; all outlive the single-threaded call.
         unsafe {
             gemm::gemm(
                 m,
@@ -191,11 +175,11 @@ impl Attention<'_> {
                 1,
                 n as isize,
                 false,
-                q.as_ptr().add(first_q * stride + col),
+                q.as_ptr(),
                 1,
-                stride as isize,
-                k.as_ptr().add(first_k * stride + col),
-                stride as isize,
+                q_stride as isize,
+                k.as_ptr(),
+                k_stride as isize,
                 1,
                 0.0,
                 scale,
@@ -235,19 +219,20 @@ impl Attention<'_> {
             }
             s.iter_mut().for_each(|v| *v /= sum);
         }
-        let mut out = vec![0f32; m * hd];
         // SAFETY: an m x n lhs (`scores`, row-major), an n x hd rhs (the values: element (c, a)
         // at (first_k + c) * 3d + 2d + col + a, inside `qkv`'s T * 3d floats as for the keys)
-        // and an m x hd row-major destination inside `out`'s m * hd floats; distinct
-        // allocations, all outliving the single-threaded call.
+        // and an m x hd destination with rows d apart at out(first_q, col): rows first_q + i <
+        // row.end <= T and columns col + a < d of the `[T, d]` output, which `run` holds mutably
+        // borrowed until every block is done. No other block writes these elements (blocks own
+        // distinct queries of a head), and this one only once.
         unsafe {
             gemm::gemm(
                 m,
                 hd,
                 n,
-                out.as_mut_ptr(),
+                out.at(first_q * d + col),
                 1,
-                hd as isize,
+                d as isize,
                 false,
                 scores.as_ptr(),
                 1,
@@ -263,7 +248,6 @@ impl Attention<'_> {
                 gemm::Parallelism::None,
             )
         };
-        out
     }
 }
 

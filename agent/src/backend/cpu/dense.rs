@@ -75,6 +75,11 @@ impl Dense {
         self.weight.rows()
     }
 
+    /// Input features.
+    pub fn inp(&self) -> usize {
+        self.inp
+    }
+
     /// `x W^T + b` for `x` `[.., inp]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         x.contiguous()?.apply_op1_no_bwd(self)
@@ -96,13 +101,24 @@ impl Dense {
         // then copied: a whole pass over the output, which for the feed-forward is the largest
         // buffer of the layer).
         let mut dst = residual.map_or_else(|| vec![0f32; n * m], <[f32]>::to_vec);
+        self.add_to(x, n, &mut dst)?;
+        Ok(dst)
+    }
+
+    /// Adds `x W^T + b` for the `n` rows of `x` (`n x inputs`, row-major) to `dst` (`n x
+    /// outputs`): the layer's product for a caller that owns the output.
+    pub fn add_to(&self, x: &[f32], n: usize, dst: &mut [f32]) -> candle_core::Result<()> {
+        let (m, k) = (self.out(), self.inp);
+        if x.len() != n * k || dst.len() != n * m {
+            candle_core::bail!("dense: {} inputs and {} outputs for {n} rows of {k} -> {m}", x.len(), dst.len());
+        }
         if let Some(b) = &self.bias {
             for row in dst.chunks_exact_mut(m) {
                 row.iter_mut().zip(b.iter()).for_each(|(y, b)| *y += b);
             }
         }
-        self.weight.multiply_add(x, n, &mut dst, m, candle_core::utils::get_num_threads());
-        Ok(dst)
+        self.weight.multiply_add(x, n, dst, m, candle_core::utils::get_num_threads());
+        Ok(())
     }
 
     /// Input checks shared by both ops: f32, contiguous, last dimension `inp`; the rows and the

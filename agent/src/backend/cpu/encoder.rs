@@ -12,13 +12,14 @@
 
 use std::ops::Range;
 
-use candle_core::{D, Device, Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use candle_nn::LayerNorm;
 
 use super::ModelError;
 use super::attention::{Attention, Mask};
-use super::config::{Activation, EncoderConfig, LayerType};
+use super::config::{EncoderConfig, LayerType};
 use super::dense::Dense;
+use super::mlp::FeedForward;
 use super::weights::{Expected, Weights};
 
 fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64, d: usize) -> Result<LayerNorm, ModelError> {
@@ -253,7 +254,7 @@ impl Encoder {
     /// skipped). The same model as [`Encoder::encode_at`], which the tests hold it to.
     pub fn encode_packed(
         &self,
-        embeds: &Tensor,
+        embeds: Tensor,
         packed: &Packed<'_>,
         on_layer: &mut dyn FnMut(usize),
     ) -> Result<Tensor, ModelError> {
@@ -269,7 +270,9 @@ impl Encoder {
         let (cos_g, sin_g) = self.rope_global.angles(packed.positions.iter().map(|&p| p as f32), t);
         let (cos_l, sin_l) = self.rope_local.angles(packed.positions.iter().map(|&p| p as f32), t);
         let (heads, head_dim) = (self.config.num_attention_heads, self.config.head_dim());
+        // The raw embeddings are taken by value and freed once normed: one `[T, d]` less held.
         let mut h = self.emb_norm.forward(&embeds.contiguous()?)?;
+        drop(embeds);
         for (n, layer) in self.layers.iter().enumerate() {
             let (window, cos, sin) = match layer.kind {
                 LayerType::Global => (None, &cos_g, &sin_g),
@@ -279,11 +282,11 @@ impl Encoder {
                 Some(tokens) => Mask::Parallel { tokens, window },
                 None => Mask::Sequential { window },
             };
-            let x = match &layer.attn_norm {
-                Some(norm) => norm.forward(&h)?,
-                None => h.clone(),
+            // The normed states are dropped as soon as Wqkv has read them.
+            let qkv = match &layer.attn_norm {
+                Some(norm) => layer.wqkv.forward(&norm.forward(&h)?)?,
+                None => layer.wqkv.forward(&h)?,
             };
-            let qkv = layer.wqkv.forward(&x)?;
             let attn = qkv.apply_op1_no_bwd(&Attention {
                 rows: packed.rows,
                 heads,
@@ -291,6 +294,7 @@ impl Encoder {
                 rope: Some((cos.as_slice(), sin.as_slice())),
                 mask,
             })?;
+            drop(qkv);
             h = layer.wo.forward_add(&attn, &h)?;
             h = self.feed_forward(layer, &h)?;
             on_layer(n + 1);
@@ -298,20 +302,12 @@ impl Encoder {
         Ok(self.final_norm.forward(&h)?)
     }
 
-    /// `h + Wo(act(a) * g)` where `a, g = Wi(norm(h)).chunk(2)`.
+    /// `h + Wo(act(a) * g)` where `a, g = Wi(norm(h)).chunk(2)` ([`FeedForward`]: a block of
+    /// tokens at a time).
     fn feed_forward(&self, layer: &Layer, h: &Tensor) -> Result<Tensor, ModelError> {
         let x = layer.mlp_norm.forward(h)?;
-        let wi = layer.wi.forward(&x)?;
-        let i = self.config.intermediate_size;
-        let input = wi.narrow(D::Minus1, 0, i)?;
-        let gate = wi.narrow(D::Minus1, i, i)?;
-        let act = match self.config.hidden_activation {
-            Activation::Gelu => input.gelu_erf()?,
-            Activation::GeluTanh => input.gelu()?,
-            Activation::Relu => input.relu()?,
-            Activation::Silu => input.silu()?,
-        };
-        Ok(layer.mlp_wo.forward_add(&(act * gate)?, h)?)
+        let ff = FeedForward { up: &layer.wi, down: &layer.mlp_wo, activation: self.config.hidden_activation, gated: true };
+        Ok(ff.forward(&x, h)?)
     }
 
     fn attention(

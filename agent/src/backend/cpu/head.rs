@@ -23,7 +23,9 @@ use std::ops::Range;
 
 use super::ModelError;
 use super::attention::{Attention, Mask};
+use super::config::Activation;
 use super::dense::Dense;
+use super::mlp::FeedForward;
 use super::weights::{Expected, Weights};
 
 /// PyTorch's default LayerNorm epsilon, used by the head and the scorer.
@@ -178,19 +180,19 @@ impl Head {
 
     /// The feed-forward block with its residual: `h + linear2(relu(linear1(norm2(h))))`.
     fn feed_forward(&self, layer: &HeadLayer, h: &Tensor) -> Result<Tensor, ModelError> {
-        let inner = layer.linear1.forward(&layer.norm2.forward(h)?)?.relu()?;
-        Ok(layer.linear2.forward_add(&inner, h)?)
+        let ff = FeedForward { up: &layer.linear1, down: &layer.linear2, activation: Activation::Relu, gated: false };
+        Ok(ff.forward(&layer.norm2.forward(h)?, h)?)
     }
 
     /// A whole layer over packed rows: every token of `h` `[T, d]` in and out, each row's
     /// tokens attending to that row's alone (what the key-padding mask does in a padded batch).
     fn layer(&self, layer: &HeadLayer, h: &Tensor, rows: &[Range<usize>]) -> Result<Tensor, ModelError> {
         let d = h.dim(1)?;
-        let x = layer.norm1.forward(h)?;
-        let qkv = layer.in_proj.forward(&x)?;
+        let qkv = layer.in_proj.forward(&layer.norm1.forward(h)?)?;
         let heads = self.nhead;
         let op = Attention { rows, heads, head_dim: d / heads, rope: None, mask: Mask::Sequential { window: None } };
         let attn = qkv.apply_op1_no_bwd(&op)?;
+        drop(qkv);
         let h = layer.out_proj.forward_add(&attn, h)?;
         self.feed_forward(layer, &h)
     }

@@ -18,6 +18,7 @@ pub mod dense;
 pub mod encoder;
 pub mod head;
 pub mod masks;
+mod mlp;
 mod model;
 mod panels;
 pub mod weights;

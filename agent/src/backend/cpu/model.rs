@@ -206,7 +206,7 @@ impl CpuModel {
         let dev = Device::Cpu;
         let embeds = self.encoder.embed(&Tensor::from_vec(ids, (1, total), &dev)?)?.squeeze(0)?;
         let packed = Packed { rows: &spans, positions: &positions, layout: parallel.then_some(layout.as_slice()) };
-        let hidden = self.encoder.encode_packed(&embeds, &packed, on_layer)?;
+        let hidden = self.encoder.encode_packed(embeds, &packed, on_layer)?;
         let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index() as u32).collect();
         let markers: Vec<&[u32]> = rows.iter().map(|r| r.marker_pos.as_slice()).collect();
         self.head.forward_packed(&hidden, &spans, &qtypes, &markers)

@@ -257,19 +257,21 @@ impl PackedWeights {
     }
 }
 
-/// The output pointer, shared by tasks that write disjoint rows of it.
+/// An output pointer shared by parallel tasks that each write their own disjoint elements of it
+/// (`multiply_add`'s panels, attention's blocks).
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+pub(super) struct Out(pub(super) *mut f32);
 
-// SAFETY: `multiply_add`'s tasks write disjoint elements through it (each its own panels' rows)
-// while the slice it points into is mutably borrowed for the whole parallel section.
+// SAFETY: its users write disjoint elements through it from each task (each its own panels'
+// rows, each attention block its own queries of one head) while the slice it points into is
+// mutably borrowed for the whole parallel section.
 unsafe impl Send for Out {}
 // SAFETY: as for Send: shared only among tasks writing disjoint elements.
 unsafe impl Sync for Out {}
 
 impl Out {
     /// The pointer `offset` floats further (no access happens here).
-    fn at(self, offset: usize) -> *mut f32 {
+    pub(super) fn at(self, offset: usize) -> *mut f32 {
         self.0.wrapping_add(offset)
     }
 }
