@@ -38,20 +38,27 @@ fn main() {
     }
     backend.tokens = 0;
     let (start, cpu_start) = (Instant::now(), cpu_seconds());
+    // The fastest pass too: on a shared machine, the pass least disturbed by its neighbours.
+    let (mut best, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..passes {
+        let (pass, pass_cpu) = (Instant::now(), cpu_seconds());
         for r in &requests {
             pipeline::answer(&bundle, &mut backend, r).expect("answer");
         }
+        best = best.min(pass.elapsed().as_secs_f64());
+        best_cpu = best_cpu.min(cpu_seconds() - pass_cpu);
     }
     let (secs, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu_start);
     println!(
-        "{{\"impl\": \"laya-edge-cpu\", \"threads\": {}, \"requests\": {}, \"rows\": {}, \"seconds\": {:.3}, \"rows_per_second\": {:.2}, \"rows_per_cpu_second\": {:.2}, \"tokens_per_row\": {:.1}}}",
+        "{{\"impl\": \"laya-edge-cpu\", \"threads\": {}, \"requests\": {}, \"rows\": {}, \"seconds\": {:.3}, \"rows_per_second\": {:.2}, \"rows_per_cpu_second\": {:.2}, \"best_pass_rows_per_second\": {:.2}, \"best_pass_rows_per_cpu_second\": {:.2}, \"tokens_per_row\": {:.1}}}",
         rayon::current_num_threads(),
         requests.len(),
         rows * passes,
         secs,
         (rows * passes) as f64 / secs,
         (rows * passes) as f64 / cpu,
+        rows as f64 / best,
+        rows as f64 / best_cpu,
         backend.tokens as f64 / (rows * passes) as f64
     );
 }

@@ -48,14 +48,19 @@ def main():
     for r in reqs:
         agent.predict(r["state"], r["questions"], **kw(r))
     t, c = time.perf_counter(), time.process_time()
+    best, best_cpu = float("inf"), float("inf")  # the fastest pass: the one least disturbed
     for _ in range(args.passes):
+        pt, pc = time.perf_counter(), time.process_time()
         for r in reqs:
             agent.predict(r["state"], r["questions"], **kw(r))
+        best, best_cpu = min(best, time.perf_counter() - pt), min(best_cpu, time.process_time() - pc)
     dt, cpu = time.perf_counter() - t, time.process_time() - c
     print(json.dumps({"impl": "laya-0.3.20-pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
                       "requests": len(reqs), "rows": rows * args.passes, "seconds": round(dt, 3),
                       "rows_per_second": round(rows * args.passes / dt, 2),
-                      "rows_per_cpu_second": round(rows * args.passes / cpu, 2)}))
+                      "rows_per_cpu_second": round(rows * args.passes / cpu, 2),
+                      "best_pass_rows_per_second": round(rows / best, 2),
+                      "best_pass_rows_per_cpu_second": round(rows / best_cpu, 2)}))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ process start), sample the agent's main process and its worker (/proc/PID/status
 idle, then under load (--clients loops of `laya-edge ask`, each sending the benchmark requests
 one after another, for --seconds), sampled every 50 ms, and stop the agent (SIGTERM).
 
-Prints the machine, the inputs, one line per model and the targets: agent main process under
-40 MiB RSS under load; worker = model bytes + under 60 MiB. "model bytes" are the tensor bytes of
+Prints the machine, the inputs, one line per model (with the worker's largest mappings under
+load) and the targets: agent main process under 40 MiB RSS under load; worker = model bytes + under
+60 MiB (issue #16), or at most 40 MiB with --long (issue #30: every row cut at 512 tokens). "model bytes" are the tensor bytes of
 model.safetensors as f32 (what the worker holds); "load peak" is the worker's VmHWM after the
 first answer (loading the model plus one request).
 
@@ -260,14 +261,17 @@ def main():
         broker.terminate()
         broker.wait()
         shutil.rmtree(tmp)
+    # Issue #16: worker under 60 MiB over the model with the benchmark requests; issue #30: at most 40
+    # with 512-token rows (--long).
+    limit = 40 if args.long else 60
     print("== targets")
     for r in results:
         a = r["agent_load_max_rss_MiB"]
         w = r["worker_minus_model_MiB"]
         peak = r["worker_load_peak_MiB"] - r["model_MiB"]
-        print("%s: agent under load %.1f MiB (target < 40: %s); worker - model %.1f MiB (target < 60: %s); "
-              "worker peak while loading = model + %.1f MiB" % (r["model"], a, "met" if a < 40 else "MISSED", w,
-                                                               "met" if w < 60 else "MISSED", peak))
+        print("%s: agent under load %.1f MiB (target < 40: %s); worker - model %.1f MiB (target <= %d: %s); "
+              "worker peak while loading = model + %.1f MiB" % (r["model"], a, "met" if a < 40 else "MISSED", w, limit,
+                                                               "met" if w <= limit else "MISSED", peak))
     print("== load at end: %s; %s" % (" ".join(open("/proc/loadavg").read().split()[:3]),
                                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
 

@@ -8,7 +8,8 @@
 //! bounded size, with no padding.
 //!
 //! The linear layers multiply on weights packed once at load (`panels`, on the `gemm` crate's
-//! microkernels, the widest set the CPU has, chosen at run time).
+//! microkernels, the widest set the CPU has, chosen at run time); the feed-forwards run a block of
+//! tokens at a time (`mlp`), so what a request holds beyond the model stays small.
 //!
 //! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
 
