@@ -188,8 +188,7 @@ fn the_packed_encoder_gives_each_row_what_the_padded_encoder_with_bias_matrices_
             .unwrap();
         let positions: Vec<u32> = lengths.iter().flat_map(|&n| 0..n as u32).collect();
         let packed = Packed { rows: &spans, positions: &positions, layout: None };
-        let got =
-            enc.encode_packed(enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
+        let got = enc.encode_packed(enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
         let worst = packed_vs_padded(&got, &want, &spans);
         assert!(worst < 1e-5, "{name}: the packed encoder differs by {worst:e}");
     }
@@ -232,8 +231,7 @@ fn the_packed_encoder_keeps_a_parallel_layouts_options_apart_as_the_bias_matrice
         let tokens: Vec<(u32, u32)> = layouts.concat();
         let positions: Vec<u32> = tokens.iter().map(|t| t.0).collect();
         let packed = Packed { rows: &spans, positions: &positions, layout: Some(&tokens) };
-        let got =
-            enc.encode_packed(enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
+        let got = enc.encode_packed(enc.embed(&packed_ids).unwrap().squeeze(0).unwrap(), &packed, &mut |_| {}).unwrap();
         let worst = packed_vs_padded(&got, &want, &spans);
         assert!(worst < 1e-5, "{name}: the packed encoder differs by {worst:e}");
     }

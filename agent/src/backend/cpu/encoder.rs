@@ -306,7 +306,8 @@ impl Encoder {
     /// tokens at a time).
     fn feed_forward(&self, layer: &Layer, h: &Tensor) -> Result<Tensor, ModelError> {
         let x = layer.mlp_norm.forward(h)?;
-        let ff = FeedForward { up: &layer.wi, down: &layer.mlp_wo, activation: self.config.hidden_activation, gated: true };
+        let ff =
+            FeedForward { up: &layer.wi, down: &layer.mlp_wo, activation: self.config.hidden_activation, gated: true };
         Ok(ff.forward(&x, h)?)
     }
 
