@@ -99,6 +99,15 @@ impl EncoderConfig {
         let hidden_size = uint("hidden_size", Some(768))?;
         let num_hidden_layers = uint("num_hidden_layers", Some(22))?;
         let num_attention_heads = uint("num_attention_heads", Some(12))?;
+        // A width of zero would leave every layer without features (and the blocks of the
+        // feed-forward and of attention without a row to step by): refused by name.
+        for (key, value) in
+            [("hidden_size", hidden_size), ("intermediate_size", uint("intermediate_size", Some(1152))?)]
+        {
+            if value == 0 {
+                return Err(format!("{key} must be positive"));
+            }
+        }
         if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
             return Err(format!(
                 "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}"
@@ -190,6 +199,12 @@ mod tests {
     fn unsupported_configs_are_named() {
         assert!(cfg(r#"{"model_type": "bert"}"#).unwrap_err().contains("bert"));
         assert!(cfg(r#"{"hidden_size": 65, "num_attention_heads": 4}"#).is_err());
+        assert!(
+            cfg(r#"{"hidden_size": 0, "num_attention_heads": 4}"#)
+                .unwrap_err()
+                .contains("hidden_size must be positive")
+        );
+        assert!(cfg(r#"{"intermediate_size": 0}"#).unwrap_err().contains("intermediate_size must be positive"));
         assert!(cfg(r#"{"hidden_activation": "mish"}"#).unwrap_err().contains("mish"));
         assert!(cfg(r#"{"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}}"#).is_err());
     }

@@ -44,7 +44,13 @@ impl FeedForward<'_> {
     fn run(&self, x: &[f32], h: &[f32]) -> candle_core::Result<Vec<f32>> {
         let (d, f) = (self.down.out(), self.down.inp());
         let width = if self.gated { 2 * f } else { f };
-        if self.up.inp() != d || self.up.out() != width || x.len() != h.len() || !x.len().is_multiple_of(d) {
+        if d == 0
+            || f == 0
+            || self.up.inp() != d
+            || self.up.out() != width
+            || x.len() != h.len()
+            || !x.len().is_multiple_of(d)
+        {
             candle_core::bail!(
                 "feed-forward: up {} -> {}, down {f} -> {d}{}, {} inputs, {} residuals",
                 self.up.inp(),
@@ -212,6 +218,11 @@ mod tests {
         assert_eq!(ff.forward(&x, &h).unwrap().dims(), &[2, 5, d]);
         let err = ff.forward(&x, &random(&[2, 4, d])).expect_err("a residual of another shape");
         assert!(err.to_string().contains("residual"), "{err}");
+        // No feature to step by is an error, not a panic.
+        let (none_in, none_out) =
+            (Dense::new(&random(&[0, d]), None).unwrap(), Dense::new(&random(&[d, 0]), None).unwrap());
+        let empty = FeedForward { up: &none_in, down: &none_out, activation: Activation::Gelu, gated: true };
+        assert!(empty.forward(&x, &h).is_err());
         // Weights that do not chain (Wi's output is not twice Wo's input) are refused, not run.
         let bad = FeedForward { up: &wo, down: &wo, activation: Activation::Gelu, gated: true };
         assert!(bad.forward(&random(&[3, i]), &random(&[3, i])).is_err());
