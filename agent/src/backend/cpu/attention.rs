@@ -21,6 +21,7 @@ use std::ops::Range;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use rayon::prelude::*;
 
+use super::dense::contiguous_f32;
 use super::masks::MASKED;
 use super::panels::Out;
 
@@ -257,8 +258,7 @@ impl CustomOp1 for Attention<'_> {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = s else { candle_core::bail!("attention: input is not f32") };
-        let Some((start, end)) = l.contiguous_offsets() else { candle_core::bail!("attention: input not contiguous") };
+        let data = contiguous_f32(s, l, "attention: input")?;
         let (tokens, width) = l.shape().dims2()?;
         if width != 3 * self.heads * self.head_dim {
             candle_core::bail!(
@@ -267,7 +267,7 @@ impl CustomOp1 for Attention<'_> {
                 self.head_dim
             );
         }
-        let out = self.run(&data[start..end], tokens)?;
+        let out = self.run(data, tokens)?;
         Ok((CpuStorage::F32(out), Shape::from((tokens, self.heads * self.head_dim))))
     }
 }

@@ -101,9 +101,8 @@ impl EncoderConfig {
         let num_attention_heads = uint("num_attention_heads", Some(12))?;
         // A width of zero would leave every layer without features (and the blocks of the
         // feed-forward and of attention without a row to step by): refused by name.
-        for (key, value) in
-            [("hidden_size", hidden_size), ("intermediate_size", uint("intermediate_size", Some(1152))?)]
-        {
+        let intermediate_size = uint("intermediate_size", Some(1152))?;
+        for (key, value) in [("hidden_size", hidden_size), ("intermediate_size", intermediate_size)] {
             if value == 0 {
                 return Err(format!("{key} must be positive"));
             }
@@ -164,7 +163,7 @@ impl EncoderConfig {
             hidden_size,
             num_hidden_layers,
             num_attention_heads,
-            intermediate_size: uint("intermediate_size", Some(1152))?,
+            intermediate_size,
             hidden_activation,
             norm_eps: float("norm_eps").or_else(|| float("layer_norm_eps")).unwrap_or(1e-5),
             norm_bias: flag("norm_bias", false),

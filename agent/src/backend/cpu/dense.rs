@@ -32,6 +32,14 @@ fn packed(weight: &Tensor, out: usize, inp: usize) -> candle_core::Result<Packed
     Ok(PackedWeights::pack(kernel, &plain, out, inp))
 }
 
+/// The floats of a custom op's CPU input (`what`: the op and the input, for the error), which
+/// must be f32 and contiguous: the check every op of this backend makes on what candle hands it.
+pub(super) fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(data) = s else { candle_core::bail!("{what} is not f32") };
+    let Some((start, end)) = l.contiguous_offsets() else { candle_core::bail!("{what} not contiguous") };
+    Ok(&data[start..end])
+}
+
 /// `y = x W^T + b` over the last dimension of `x`, optionally `+ residual`.
 #[derive(Clone)]
 pub struct Dense {
@@ -93,14 +101,11 @@ impl Dense {
     /// The output (`n` rows of `self.out()`): the residual if any, plus the bias if any, plus
     /// the product of the `n` rows of `x`.
     fn run(&self, x: &[f32], n: usize, residual: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
-        let (m, k) = (self.out(), self.inp);
-        if x.len() != n * k || residual.is_some_and(|r| r.len() != n * m) {
-            candle_core::bail!("dense: {} inputs for {n} rows of {k}", x.len());
-        }
         // What the product is added to. The residual is copied as it is (not zeroed first,
         // then copied: a whole pass over the output, which for the feed-forward is the largest
         // buffer of the layer).
-        let mut dst = residual.map_or_else(|| vec![0f32; n * m], <[f32]>::to_vec);
+        let mut dst = residual.map_or_else(|| vec![0f32; n * self.out()], <[f32]>::to_vec);
+        // Sizes are checked there.
         self.add_to(x, n, &mut dst)?;
         Ok(dst)
     }
@@ -124,8 +129,7 @@ impl Dense {
     /// Input checks shared by both ops: f32, contiguous, last dimension `inp`; the rows and the
     /// output shape.
     fn shape_of<'a>(&self, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<(&'a [f32], usize, Shape)> {
-        let CpuStorage::F32(data) = s else { candle_core::bail!("dense: input is not f32") };
-        let Some((start, end)) = l.contiguous_offsets() else { candle_core::bail!("dense: input not contiguous") };
+        let data = contiguous_f32(s, l, "dense: input")?;
         let dims = l.dims();
         let Some((&last, lead)) = dims.split_last() else { candle_core::bail!("dense: a scalar input") };
         if last != self.inp {
@@ -133,7 +137,7 @@ impl Dense {
         }
         let mut out_dims = lead.to_vec();
         out_dims.push(self.out());
-        Ok((&data[start..end], lead.iter().product(), Shape::from(out_dims)))
+        Ok((data, lead.iter().product(), Shape::from(out_dims)))
     }
 }
 
@@ -167,9 +171,8 @@ impl CustomOp2 for Residual<'_> {
         if l2.dims() != shape.dims() {
             candle_core::bail!("dense: residual {:?} for an output {:?}", l2.dims(), shape.dims());
         }
-        let CpuStorage::F32(r) = s2 else { candle_core::bail!("dense: residual is not f32") };
-        let Some((start, end)) = l2.contiguous_offsets() else { candle_core::bail!("dense: residual not contiguous") };
-        Ok((CpuStorage::F32(self.0.run(x, n, Some(&r[start..end]))?), shape))
+        let residual = contiguous_f32(s2, l2, "dense: residual")?;
+        Ok((CpuStorage::F32(self.0.run(x, n, Some(residual))?), shape))
     }
 }
 

@@ -19,7 +19,7 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::config::Activation;
-use super::dense::Dense;
+use super::dense::{Dense, contiguous_f32};
 
 /// Tokens of a block: one token block of the packed product (`panels::TOKEN_BLOCK`), so the
 /// products stream their weights exactly as often as on the whole row.
@@ -137,16 +137,12 @@ impl CustomOp2 for FeedForward<'_> {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(x), CpuStorage::F32(h)) = (s1, s2) else {
-            candle_core::bail!("feed-forward: inputs are not f32")
-        };
-        let (Some((x0, x1)), Some((h0, h1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
-            candle_core::bail!("feed-forward: inputs not contiguous")
-        };
+        let (x, h) =
+            (contiguous_f32(s1, l1, "feed-forward: input")?, contiguous_f32(s2, l2, "feed-forward: residual")?);
         if l1.dims() != l2.dims() {
             candle_core::bail!("feed-forward: input {:?} and residual {:?}", l1.dims(), l2.dims());
         }
-        Ok((CpuStorage::F32(self.run(&x[x0..x1], &h[h0..h1])?), l2.shape().clone()))
+        Ok((CpuStorage::F32(self.run(x, h)?), l2.shape().clone()))
     }
 }
 
