@@ -73,6 +73,17 @@ pub(super) struct Driver {
     /// first call's): one call, or several the supervisor merged.
     sent: HashMap<CallId, Vec<CallId>>,
     probes: broadcast::Sender<ProbeRun>,
+    /// What an event's actions tell the outside (answers, restarts, notices), held until the
+    /// status shows the state they lead to: whoever hears of a restart or gets an answer and
+    /// then reads the status never sees the state before it (a dead worker's pid as serving).
+    outbox: Vec<Outgoing>,
+}
+
+/// One thing the driver tells the outside, once the status is published.
+enum Outgoing {
+    Reply(oneshot::Sender<Result<RunOutput, EngineError>>, Result<RunOutput, EngineError>),
+    Restart(RestartRecord),
+    Notice(Notice),
 }
 
 impl Driver {
@@ -102,6 +113,7 @@ impl Driver {
             probe_calls: HashSet::new(),
             sent: HashMap::new(),
             probes,
+            outbox: Vec::new(),
         }
     }
 
@@ -350,6 +362,31 @@ impl Driver {
         }
         let state = self.sup.backend_state();
         self.state.send_if_modified(|s| std::mem::replace(s, state) != state);
+        self.flush();
+    }
+
+    /// Tells the outside what the last event's actions decided, in their order, now that the
+    /// status shows where they led.
+    fn flush(&mut self) {
+        for out in std::mem::take(&mut self.outbox) {
+            match out {
+                Outgoing::Reply(reply, result) => {
+                    let _ = reply.send(result); // a caller that stopped waiting: nobody to tell
+                }
+                Outgoing::Restart(record) => {
+                    if let Ok(mut log) = self.restarts.lock() {
+                        log.total += 1;
+                        log.recent.push_back(record);
+                        if log.recent.len() > RESTARTS_KEPT {
+                            log.recent.pop_front();
+                        }
+                    }
+                }
+                Outgoing::Notice(notice) => {
+                    let _ = self.notices.send(notice); // no subscriber: nobody to tell
+                }
+            }
+        }
     }
 
     fn send(&mut self, id: WorkerId, frame: Vec<u8>) {
@@ -411,25 +448,19 @@ impl Driver {
                 if let Some(p) = self.pending.remove(&call) {
                     let elapsed = p.sent_at.map(|t| t.elapsed()).unwrap_or_default();
                     let (rows, role, backend) = p.result.unwrap_or((Vec::new(), Role::Primary, String::new()));
-                    let _ = p.reply.send(Ok(RunOutput { rows, role, backend, elapsed }));
+                    self.outbox.push(Outgoing::Reply(p.reply, Ok(RunOutput { rows, role, backend, elapsed })));
                 }
             }
             Action::Reject(call, error) => {
                 self.probe_calls.remove(&call);
                 self.sent.remove(&call);
                 if let Some(p) = self.pending.remove(&call) {
-                    let _ = p.reply.send(Err(error));
+                    self.outbox.push(Outgoing::Reply(p.reply, Err(error)));
                 }
             }
             Action::Restarted(role, reason) => {
                 // Logged once, with its notice (Action::Notify), which always follows.
-                if let Ok(mut log) = self.restarts.lock() {
-                    log.total += 1;
-                    log.recent.push_back(RestartRecord { role, reason });
-                    if log.recent.len() > RESTARTS_KEPT {
-                        log.recent.pop_front();
-                    }
-                }
+                self.outbox.push(Outgoing::Restart(RestartRecord { role, reason }));
                 if let Ok(mut s) = self.status.lock() {
                     s.restarts = self.sup.restart_counts().iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
                 }
@@ -450,7 +481,7 @@ impl Driver {
                         )
                     }
                 }
-                let _ = self.notices.send(notice); // no subscriber: nobody to tell
+                self.outbox.push(Outgoing::Notice(notice));
             }
             Action::Probe => return self.probe(),
         }

@@ -263,6 +263,32 @@ async fn with_all_defaults_six_kill_9s_degrade_and_questions_are_answered_again_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoever_hears_of_a_restart_then_reads_the_status_never_sees_the_dead_worker_serving() {
+    // The status is published before the restart log, the notice and the answers of the same
+    // event: a reader who learns of a restart (by the count or the notice) and then reads the
+    // status sees the worker gone, never the dead one as the serving, ready worker.
+    let engine = Engine::start(with_health(defaults(|e| e.max_restarts = 100), ""));
+    let mut notices = engine.notices();
+    for i in 0..12u64 {
+        engine.run(vec![row(1)], None).await.expect("answered");
+        let pid = engine.status().worker_pid.expect("a worker after an answer");
+        kill_9(pid);
+        let by_count = i % 2 == 1;
+        if by_count {
+            // Polled, as the six-kill test below does before reading the status again.
+            let counted = wait_for(Duration::from_secs(20), || engine.restart_total() > i).await;
+            assert!(counted, "kill {i}");
+        }
+        let seen = engine.status();
+        let notice =
+            tokio::time::timeout(Duration::from_secs(20), notices.recv()).await.expect("a notice").expect("open");
+        assert_eq!(notice.kind, NoticeKind::WorkerRestart);
+        let seen = if by_count { seen } else { engine.status() };
+        assert!(seen.worker_pid != Some(pid) && seen.state != BackendState::Ready, "kill {i}: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_all_defaults_a_hang_on_the_second_call_after_start_is_killed_at_a_deadline_of_at_most_1_s() {
     // Call 1 of each worker is its health call, call 2 the first question, call 3 the second.
     let engine = Engine::start(with_health(defaults(|_| {}), "hang@3"));
@@ -660,18 +686,17 @@ async fn busy_with(engine: &Engine, rows: Vec<Row>) -> tokio::task::JoinHandle<R
     call
 }
 
-/// Starts a one-row call per row, and waits until all of them are queued.
+/// Starts a one-row call per row, each once the one before is queued, so they queue in order.
 async fn queue_behind(engine: &Engine, rows: &[Row]) -> Vec<tokio::task::JoinHandle<Result<RunOutput, EngineError>>> {
-    let queued = engine.status().queued;
-    let calls = rows
-        .iter()
-        .map(|r| {
-            let (e, r) = (engine.clone(), r.clone());
-            tokio::spawn(async move { e.run(vec![r], None).await })
-        })
-        .collect();
-    let all = wait_for(Duration::from_secs(5), || engine.status().queued == queued + rows.len()).await;
-    assert!(all, "not all queued behind the running call: {:?}", engine.status());
+    let mut calls = Vec::new();
+    for r in rows {
+        // One at a time: tasks spawned together reach the queue in any order.
+        let queued = engine.status().queued;
+        let (e, r) = (engine.clone(), r.clone());
+        calls.push(tokio::spawn(async move { e.run(vec![r], None).await }));
+        let one_more = wait_for(Duration::from_secs(5), || engine.status().queued == queued + 1).await;
+        assert!(one_more, "not queued behind the running call: {:?}", engine.status());
+    }
     calls
 }
 
