@@ -193,9 +193,16 @@ fn version_names_the_commit_the_features_the_laya_semantics_and_the_cpu_kernels(
     );
     assert!(line("features: ").split(", ").any(|f| f == "demo"), "{text}");
     assert_eq!(line("laya semantics: "), "0.3.20 (default), 0.4.15");
-    // The kernel set is chosen at run time: FMA on an x86-64 that has it, NEON on aarch64.
+    // The kernel set is chosen at run time: AVX-512 or FMA on an x86-64 that has it, NEON on
+    // aarch64.
     #[cfg(target_arch = "x86_64")]
-    let want = if std::arch::is_x86_feature_detected!("fma") { "fma" } else { "scalar" };
+    let want = if std::arch::is_x86_feature_detected!("avx512f") {
+        "avx512f"
+    } else if std::arch::is_x86_feature_detected!("fma") {
+        "fma"
+    } else {
+        "scalar"
+    };
     #[cfg(target_arch = "aarch64")]
     let want = "neon";
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]

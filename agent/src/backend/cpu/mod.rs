@@ -29,7 +29,7 @@ pub use encoder::Encoder;
 pub use head::{Head, HeadOutput};
 pub use model::{CpuModel, ModelError, check_row, refuse_layout};
 
-/// The set of `gemm` microkernels the linear layers run on this CPU (`fma`, `neon` or
+/// The set of `gemm` microkernels the linear layers run on this CPU (`avx512f`, `fma`, `neon` or
 /// `scalar`), chosen at run time: for reports and benchmarks.
 pub fn kernel_set() -> &'static str {
     panels::Kernel::detect().name

@@ -8,8 +8,9 @@
 //! blocked one: depth blocks of [`DEPTH_BLOCK`], token blocks of [`TOKEN_BLOCK`]), and each
 //! microkernel call is `gemm`'s own (`gemm_f32::microkernel`: the float arithmetic stays in the
 //! maintained library); row blocks of [`ROW_BLOCK`] keep the output's share of a block in L2
-//! across the depth blocks. The kernel set is picked at run time as `gemm` picks it: FMA (AVX2-width)
-//! kernels on an x86-64 with FMA, NEON kernels on aarch64, the portable scalar ones elsewhere.
+//! across the depth blocks. The kernel set is picked at run time as `gemm` picks it: AVX-512
+//! kernels on an x86-64 with AVX-512F, FMA (AVX2-width) kernels on one with FMA, NEON kernels on
+//! aarch64, the portable scalar ones elsewhere.
 //!
 //! Layout of the packed weights: the depth is cut in blocks of [`DEPTH_BLOCK`]; within a block,
 //! the rows are cut in panels of `mr` (the microkernel's register-block height, zero-padded at
@@ -41,12 +42,22 @@ pub const ROW_BLOCK: usize = 128;
 /// every tile width.
 #[derive(Clone, Copy)]
 pub struct Kernel {
-    /// The set's name, for reports (`fma`, `neon`, `scalar`).
+    /// The set's name, for reports (`avx512f`, `fma`, `neon`, `scalar`).
     pub name: &'static str,
     /// Rows of a weight panel: the kernel's register-block height.
     mr: usize,
     /// `by_width[w - 1]` multiplies a panel by a tile of `w` tokens (`1..=nr`).
     by_width: &'static [MicroKernelFn<f32>],
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use gemm_f32::microkernel::avx512f::f32 as k;
+    /// The tallest AVX-512 kernels (4 vectors of 16 floats), by tile width.
+    pub static TALLEST: [super::MicroKernelFn<f32>; k::NR] = k::UKR[k::MR_DIV_N - 1];
+    /// Floats in one AVX-512 register.
+    pub const MR: usize = k::MR_DIV_N * 16;
+    const _: () = assert!(super::TOKEN_BLOCK.is_multiple_of(k::NR));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -56,6 +67,7 @@ mod fma {
     pub static TALLEST: [super::MicroKernelFn<f32>; k::NR] = k::UKR[k::MR_DIV_N - 1];
     /// Floats in one AVX register.
     pub const MR: usize = k::MR_DIV_N * 8;
+    const _: () = assert!(super::TOKEN_BLOCK.is_multiple_of(k::NR));
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -65,6 +77,7 @@ mod neon {
     pub static TALLEST: [super::MicroKernelFn<f32>; k::NR] = k::UKR[k::MR_DIV_N - 1];
     /// Floats in one NEON register.
     pub const MR: usize = k::MR_DIV_N * 4;
+    const _: () = assert!(super::TOKEN_BLOCK.is_multiple_of(k::NR));
 }
 
 mod scalar {
@@ -72,6 +85,7 @@ mod scalar {
     /// The tallest scalar kernels, by tile width.
     pub static TALLEST: [super::MicroKernelFn<f32>; k::NR] = k::UKR[k::MR_DIV_N - 1];
     pub const MR: usize = k::MR_DIV_N;
+    const _: () = assert!(super::TOKEN_BLOCK.is_multiple_of(k::NR));
 }
 
 impl Kernel {
@@ -84,6 +98,11 @@ impl Kernel {
     /// Every kernel set this CPU can run, widest first (the tests hold each to the same results).
     pub fn available() -> Vec<Kernel> {
         let mut sets = Vec::new();
+        // gemm's AVX-512 kernels ask for AVX-512F alone (`gemm_common`'s dispatch does the same).
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            sets.push(Kernel { name: "avx512f", mr: avx512::MR, by_width: &avx512::TALLEST });
+        }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("fma") {
             sets.push(Kernel { name: "fma", mr: fma::MR, by_width: &fma::TALLEST });
@@ -336,6 +355,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_kernel_set_this_cpu_has_is_offered_widest_first_and_the_widest_is_chosen() {
+        let names: Vec<&str> = Kernel::available().iter().map(|k| k.name).collect();
+        #[cfg(target_arch = "x86_64")]
+        let want: Vec<&str> = [
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("scalar", true),
+        ]
+        .into_iter()
+        .filter_map(|(name, has)| has.then_some(name))
+        .collect();
+        #[cfg(target_arch = "aarch64")]
+        let want = vec!["neon", "scalar"];
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let want = vec!["scalar"];
+        assert_eq!(names, want);
+        assert_eq!(Kernel::detect().name, want[0]);
     }
 
     #[test]
