@@ -7,6 +7,7 @@ linear layer is. 1 thread unless --threads.
     python tools/bench/ort_matmul.py [--threads 1] [--iters 10]
 """
 import argparse
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -21,8 +22,6 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    import time
-
     for rows, depth, n in SHAPES:
         w = rng.random((depth, rows), dtype=np.float32) - 0.5
         x = rng.random((n, depth), dtype=np.float32)
