@@ -25,19 +25,19 @@ pub fn run(config: Config) -> Result<(), String> {
     let outputs =
         backend.backend().run(&rows).map_err(|e| format!("the {} backend failed on the probe: {e}", backend.name()))?;
     let report = probe.judge(&outputs, probed_graphs(&bundle.capacity).as_deref());
-    println!("{} on {}: {}", backend.name(), config.model.dir.display(), report.overall());
+    println!("{} on {}: {}", backend.name(), config.model.dir.display(), report.figures);
     for g in report.graphs.iter().filter(|g| g.seq_len.is_some()) {
-        let outcome = match (g.rows, g.passed) {
+        let outcome = match (g.figures.rows, g.passed) {
             (0, _) => String::new(),
             (_, true) => ": passed".to_owned(),
             (_, false) => format!(": FAILED ({})", g.verdict),
         };
         println!("  {g}{outcome}");
-        if (1..MIN_ROWS_PER_GRAPH).contains(&g.rows) {
+        if (1..MIN_ROWS_PER_GRAPH).contains(&g.figures.rows) {
             println!(
                 "  {}: only {} probe rows, fewer than the {MIN_ROWS_PER_GRAPH} a graph is judged on reliably: assemble the bundle again",
                 graph_name(g.seq_len),
-                g.rows
+                g.figures.rows
             );
         }
     }

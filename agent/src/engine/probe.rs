@@ -95,11 +95,9 @@ pub fn graph_name(seq_len: Option<usize>) -> String {
     seq_len.map_or_else(|| "all rows".to_owned(), |l| format!("graph {l}"))
 }
 
-/// The figures of one graph's probe rows (or of all rows, for a backend without graphs).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GraphReport {
-    /// The graph's sequence length; `None` for a backend that runs rows of any length (the CPU).
-    pub seq_len: Option<usize>,
+/// The figures of a set of probe rows against the float model's: one graph's, or every row's.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Figures {
     pub rows: usize,
     /// Rows whose best option agrees with the float model's.
     pub agree: usize,
@@ -111,41 +109,11 @@ pub struct GraphReport {
     pub max_dp: f64,
     /// Mean cosine of the option logits.
     pub mean_cosine: f64,
-    /// Why this graph's outputs look collapsed (near-uniform, or the same for different inputs).
+    /// Why the outputs look collapsed (near-uniform, or the same for different inputs).
     pub collapse: Option<String>,
-    /// Whether this graph's figures meet the thresholds (and nothing collapsed). A graph no probe
-    /// row runs on passes unchecked (`rows` 0): `laya-edge bundle` and `check` refuse such a probe.
-    pub passed: bool,
-    /// What failed, in a sentence (empty when passed).
-    pub verdict: String,
 }
 
-/// The figures of one probe run: over every row, and per graph.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Report {
-    pub rows: usize,
-    /// Rows whose best option agrees with the float model's.
-    pub agree: usize,
-    /// Rows the float model decides clearly, and how many of those agree.
-    pub clear: usize,
-    pub clear_agree: usize,
-    /// Mean and largest per-row max |dp| over the options (see the module doc).
-    pub mean_dp: f64,
-    pub max_dp: f64,
-    /// Mean cosine of the option logits.
-    pub mean_cosine: f64,
-    /// Why the outputs look collapsed (near-uniform, or the same for different inputs), over
-    /// every row; each graph's own is in `graphs`.
-    pub collapse: Option<String>,
-    /// Whether every graph passed (and nothing collapsed over all rows).
-    pub passed: bool,
-    /// What failed, in a sentence naming the graph (empty when passed).
-    pub verdict: String,
-    /// Each graph's own figures and verdict, shortest graph first.
-    pub graphs: Vec<GraphReport>,
-}
-
-impl Report {
+impl Figures {
     pub fn agreement(&self) -> f64 {
         ratio(self.agree, self.rows)
     }
@@ -155,67 +123,64 @@ impl Report {
     }
 }
 
-/// `argmax 87/88, clear decisions 80/80, mean |dp| 0.0040 (max 0.0300), mean cosine 0.9990`.
-#[allow(clippy::too_many_arguments)]
-fn figures(
-    f: &mut std::fmt::Formatter<'_>,
-    agree: usize,
-    rows: usize,
-    clear_agree: usize,
-    clear: usize,
-    mean_dp: f64,
-    max_dp: f64,
-    mean_cosine: f64,
-) -> std::fmt::Result {
-    write!(
-        f,
-        "argmax {agree}/{rows}, clear decisions {clear_agree}/{clear}, mean |dp| {mean_dp:.4} (max {max_dp:.4}), mean cosine {mean_cosine:.4}"
-    )
+impl std::fmt::Display for Figures {
+    /// `argmax 87/88, clear decisions 80/80, mean |dp| 0.0040 (max 0.0300), mean cosine 0.9990`,
+    /// then `, collapsed: ...` where they did.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Figures { rows, agree, clear, clear_agree, mean_dp, max_dp, mean_cosine, collapse } = self;
+        write!(
+            f,
+            "argmax {agree}/{rows}, clear decisions {clear_agree}/{clear}, mean |dp| {mean_dp:.4} (max {max_dp:.4}), mean cosine {mean_cosine:.4}"
+        )?;
+        if let Some(c) = collapse {
+            write!(f, ", collapsed: {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One graph's probe rows (or all rows, for a backend without graphs) and their verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphReport {
+    /// The graph's sequence length; `None` for a backend that runs rows of any length (the CPU).
+    pub seq_len: Option<usize>,
+    pub figures: Figures,
+    /// Whether this graph's figures meet the thresholds (and nothing collapsed). A graph no probe
+    /// row runs on passes unchecked (`rows` 0): `laya-edge bundle` and `check` refuse such a probe.
+    pub passed: bool,
+    /// What failed, in a sentence (empty when passed).
+    pub verdict: String,
+}
+
+/// One probe run: the figures over every row (a collapse there is over every row; each graph's
+/// own is in `graphs`), the verdict, and each graph's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub figures: Figures,
+    /// Whether every graph passed (and nothing collapsed over all rows).
+    pub passed: bool,
+    /// What failed, in a sentence naming the graph (empty when passed).
+    pub verdict: String,
+    /// Each graph's own figures and verdict, shortest graph first.
+    pub graphs: Vec<GraphReport>,
 }
 
 impl std::fmt::Display for GraphReport {
     /// `graph 256 (24 rows): argmax 24/24, ...`, or `graph 256: no probe rows (not checked)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let name = graph_name(self.seq_len);
-        if self.rows == 0 {
+        if self.figures.rows == 0 {
             return write!(f, "{name}: no probe rows (not checked)");
         }
-        write!(f, "{name} ({} rows): ", self.rows)?;
-        figures(f, self.agree, self.rows, self.clear_agree, self.clear, self.mean_dp, self.max_dp, self.mean_cosine)?;
-        if let Some(c) = &self.collapse {
-            write!(f, ", collapsed: {c}")?;
-        }
-        Ok(())
-    }
-}
-
-/// The figures over every row, without the graphs'.
-struct Overall<'a>(&'a Report);
-
-impl std::fmt::Display for Overall<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let r = self.0;
-        figures(f, r.agree, r.rows, r.clear_agree, r.clear, r.mean_dp, r.max_dp, r.mean_cosine)?;
-        if let Some(c) = &r.collapse {
-            write!(f, ", collapsed: {c}")?;
-        }
-        Ok(())
-    }
-}
-
-impl Report {
-    /// The figures over every row: `argmax 87/88, clear decisions 80/80, mean |dp| 0.0040 (max
-    /// 0.0300), mean cosine 0.9990`.
-    pub fn overall(&self) -> String {
-        Overall(self).to_string()
+        write!(f, "{name} ({} rows): {}", self.figures.rows, self.figures)
     }
 }
 
 impl std::fmt::Display for Report {
-    /// Like the model cards: the figures over every row ([`Report::overall`]), then each graph's
-    /// when the backend has graphs (`; graph 128 (32 rows): argmax 32/32, ...`).
+    /// Like the model cards: the figures over every row, then each graph's when the backend has
+    /// graphs (`; graph 128 (32 rows): argmax 32/32, ...`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", Overall(self))?;
+        write!(f, "{}", self.figures)?;
         for g in self.graphs.iter().filter(|g| g.seq_len.is_some()) {
             write!(f, "; {g}")?;
         }
@@ -321,6 +286,20 @@ impl Tally {
         self.cos_sum / self.rows.max(1) as f64
     }
 
+    /// The figures, with what collapsed.
+    fn figures(&self, collapse: Option<String>) -> Figures {
+        Figures {
+            rows: self.rows,
+            agree: self.agree,
+            clear: self.clear,
+            clear_agree: self.clear_agree,
+            mean_dp: self.mean_dp(),
+            max_dp: self.max_dp,
+            mean_cosine: self.mean_cosine(),
+            collapse,
+        }
+    }
+
     /// What falls short of `t` (empty: nothing).
     fn failures(&self, t: &Thresholds, collapse: Option<&str>) -> Vec<String> {
         let mut failed = Vec::new();
@@ -361,14 +340,7 @@ impl Probe {
     /// `None` for a backend without graphs: one set of figures for all rows).
     pub fn judge(&self, outputs: &[RowResult], shapes: Option<&[RowShape]>) -> Report {
         let mut r = Report {
-            rows: self.rows.len(),
-            agree: 0,
-            clear: 0,
-            clear_agree: 0,
-            mean_dp: 0.0,
-            max_dp: 0.0,
-            mean_cosine: 0.0,
-            collapse: None,
+            figures: Figures { rows: self.rows.len(), ..Figures::default() },
             passed: false,
             verdict: String::new(),
             graphs: Vec::new(),
@@ -419,14 +391,7 @@ impl Probe {
             }
             r.graphs.push(GraphReport {
                 seq_len: *seq_len,
-                rows: tally.rows,
-                agree: tally.agree,
-                clear: tally.clear,
-                clear_agree: tally.clear_agree,
-                mean_dp: tally.mean_dp(),
-                max_dp: tally.max_dp,
-                mean_cosine: tally.mean_cosine(),
-                collapse,
+                figures: tally.figures(collapse),
                 passed: failures.is_empty(),
                 verdict,
             });
@@ -436,17 +401,11 @@ impl Probe {
         for row in &per_row {
             tally.add(row);
         }
-        r.agree = tally.agree;
-        r.clear = tally.clear;
-        r.clear_agree = tally.clear_agree;
-        r.mean_dp = tally.mean_dp();
-        r.max_dp = tally.max_dp;
-        r.mean_cosine = tally.mean_cosine();
-        r.collapse = self.collapse(&all, outputs, tally.uniform_got, tally.uniform_expected);
+        r.figures = tally.figures(self.collapse(&all, outputs, tally.uniform_got, tally.uniform_expected));
         // A collapse over every row that no graph saw on its own (one vector for rows of
         // different graphs) fails the run too.
-        if let Some(c) = &r.collapse
-            && r.graphs.iter().all(|g| g.collapse.is_none())
+        if let Some(c) = &r.figures.collapse
+            && r.graphs.iter().all(|g| g.figures.collapse.is_none())
         {
             failed.push(format!("collapsed: {c}"));
         }
@@ -527,11 +486,11 @@ mod tests {
         let p = probe(&FLOAT);
         let r = p.judge(&p.expected, None);
         assert!(r.passed, "{r}: {}", r.verdict);
-        assert_eq!((r.agree, r.clear, r.clear_agree), (4, 4, 4));
-        assert_eq!((r.mean_dp, r.max_dp), (0.0, 0.0));
-        assert!((r.mean_cosine - 1.0).abs() < 1e-12);
+        assert_eq!((r.figures.agree, r.figures.clear, r.figures.clear_agree), (4, 4, 4));
+        assert_eq!((r.figures.mean_dp, r.figures.max_dp), (0.0, 0.0));
+        assert!((r.figures.mean_cosine - 1.0).abs() < 1e-12);
         assert_eq!(r.graphs.len(), 1, "one set of figures for a backend without graphs");
-        assert_eq!((r.graphs[0].seq_len, r.graphs[0].rows), (None, 4));
+        assert_eq!((r.graphs[0].seq_len, r.graphs[0].figures.rows), (None, 4));
     }
 
     #[test]
@@ -544,7 +503,7 @@ mod tests {
             .collect();
         let r = p.judge(&noisy, None);
         assert!(r.passed, "{r}: {}", r.verdict);
-        assert!(r.mean_dp > 0.0 && r.max_dp < 0.01, "{r}");
+        assert!(r.figures.mean_dp > 0.0 && r.figures.max_dp < 0.01, "{r}");
     }
 
     #[test]
@@ -554,7 +513,7 @@ mod tests {
             p.expected.iter().map(|o| out(&o.logits.iter().rev().copied().collect::<Vec<_>>())).collect();
         let r = p.judge(&flipped, None);
         assert!(!r.passed);
-        assert!(r.agree < 4 && r.verdict.contains("argmax agreement"), "{r}: {}", r.verdict);
+        assert!(r.figures.agree < 4 && r.verdict.contains("argmax agreement"), "{r}: {}", r.verdict);
     }
 
     #[test]
@@ -564,7 +523,7 @@ mod tests {
         let flat: Vec<RowResult> = p.expected.iter().map(|o| out(&vec![0.001; o.logits.len()])).collect();
         let r = p.judge(&flat, None);
         assert!(!r.passed);
-        assert!(r.collapse.as_deref().is_some_and(|c| c.contains("near-uniform")), "{r}");
+        assert!(r.figures.collapse.as_deref().is_some_and(|c| c.contains("near-uniform")), "{r}");
     }
 
     #[test]
@@ -574,8 +533,8 @@ mod tests {
         let p = probe(&[&[2.0, -1.0], &[1.0, 0.0], &[3.0, -2.0], &[0.9, 0.1]]);
         let constant: Vec<RowResult> = p.expected.iter().map(|_| out(&[1.5, -0.5])).collect();
         let r = p.judge(&constant, None);
-        assert_eq!(r.agree, 4, "every argmax agrees, so only the collapse check can catch it");
-        assert!(!r.passed && r.collapse.is_some(), "{r}");
+        assert_eq!(r.figures.agree, 4, "every argmax agrees, so only the collapse check can catch it");
+        assert!(!r.passed && r.figures.collapse.is_some(), "{r}");
     }
 
     #[test]
@@ -624,14 +583,14 @@ mod tests {
         assert!(!r.passed, "the broken 256 graph passed: {r}");
         assert_eq!(r.graphs.len(), 2, "{r}");
         let (g128, g256) = (&r.graphs[0], &r.graphs[1]);
-        assert_eq!((g128.seq_len, g128.rows, g128.passed), (Some(128), 47, true), "{g128}: {}", g128.verdict);
-        assert_eq!((g256.seq_len, g256.rows, g256.passed), (Some(256), 1, false), "{g256}");
+        assert_eq!((g128.seq_len, g128.figures.rows, g128.passed), (Some(128), 47, true), "{g128}: {}", g128.verdict);
+        assert_eq!((g256.seq_len, g256.figures.rows, g256.passed), (Some(256), 1, false), "{g256}");
         assert!(r.verdict.starts_with("graph 256: "), "the verdict names the graph: {}", r.verdict);
         assert!(!r.verdict.contains("graph 128"), "{}", r.verdict);
         assert!(r.to_string().contains("graph 256 (1 rows): argmax 0/1"), "{r}");
         // What the whole-bundle judgement said of it: 47/48 and a passed probe.
         let whole = p.judge(&outputs, None);
-        assert_eq!((whole.agree, whole.rows), (47, 48));
+        assert_eq!((whole.figures.agree, whole.figures.rows), (47, 48));
     }
 
     #[test]
@@ -639,7 +598,7 @@ mod tests {
         let p = short_and_long(4, 0);
         let r = p.judge(&p.expected, Some(&QNN_GRAPHS));
         assert!(r.passed, "{}", r.verdict);
-        assert_eq!(r.graphs.iter().map(|g| g.rows).collect::<Vec<_>>(), [4, 0]);
+        assert_eq!(r.graphs.iter().map(|g| g.figures.rows).collect::<Vec<_>>(), [4, 0]);
         assert!(r.to_string().ends_with("graph 256: no probe rows (not checked)"), "{r}");
     }
 
@@ -677,8 +636,8 @@ mod tests {
             .map(|o| out(&o.logits.iter().map(|v| if *v > 1.0 { v - 0.45 } else { *v }).collect::<Vec<_>>()))
             .collect();
         let r = p.judge(&moved, None);
-        assert_eq!((r.agree, r.clear_agree), (20, 20), "{r}");
-        assert!(r.mean_cosine > 0.98, "{r}");
+        assert_eq!((r.figures.agree, r.figures.clear_agree), (20, 20), "{r}");
+        assert!(r.figures.mean_cosine > 0.98, "{r}");
         assert!(!r.passed && r.verdict.contains("mean |dp|"), "{r}: {}", r.verdict);
     }
 

@@ -64,7 +64,7 @@ pub fn takeover_event(named: bool, times: u64, client_id: &str) -> EngineEvent {
 
 /// The wire figures of a probe run.
 pub fn probe_figures(run: &ProbeRun) -> ProbeFigures {
-    let r = run.report.as_ref();
+    let r = run.report.as_ref().map(|r| &r.figures);
     ProbeFigures {
         role: run.role,
         backend: run.backend.clone(),
@@ -78,7 +78,7 @@ pub fn probe_figures(run: &ProbeRun) -> ProbeFigures {
         collapse: r.and_then(|r| r.collapse.clone()),
         passed: run.passed(),
         verdict: run.verdict(),
-        graphs: r.map(|r| r.graphs.iter().map(probe_graph).collect()).unwrap_or_default(),
+        graphs: run.report.as_ref().map(|r| r.graphs.iter().map(probe_graph).collect()).unwrap_or_default(),
     }
 }
 
@@ -86,14 +86,14 @@ pub fn probe_figures(run: &ProbeRun) -> ProbeFigures {
 fn probe_graph(g: &GraphReport) -> ProbeGraph {
     ProbeGraph {
         seq_len: g.seq_len.map(|l| l as u64),
-        rows: g.rows as u64,
-        agree: g.agree as u64,
-        clear: g.clear as u64,
-        clear_agree: g.clear_agree as u64,
-        mean_dp: g.mean_dp,
-        max_dp: g.max_dp,
-        mean_cosine: g.mean_cosine,
-        collapse: g.collapse.clone(),
+        rows: g.figures.rows as u64,
+        agree: g.figures.agree as u64,
+        clear: g.figures.clear as u64,
+        clear_agree: g.figures.clear_agree as u64,
+        mean_dp: g.figures.mean_dp,
+        max_dp: g.figures.max_dp,
+        mean_cosine: g.figures.mean_cosine,
+        collapse: g.figures.collapse.clone(),
         passed: g.passed,
         verdict: g.verdict.clone(),
     }

@@ -594,9 +594,9 @@ async fn the_probe_runs_on_every_new_worker_and_every_interval_and_a_failed_run_
     assert_eq!(passed, [true, true, false, true, true], "{seen:#?}");
     let failed = &seen[2];
     let report = failed.report.as_ref().expect("the failing run has figures");
-    assert!(report.collapse.is_some(), "a constant answer is a collapse: {report:?}");
+    assert!(report.figures.collapse.is_some(), "a constant answer is a collapse: {report:?}");
     assert_eq!(failed.backend, "null");
-    assert_eq!(seen[0].report.as_ref().map(|r| r.agree), Some(4));
+    assert_eq!(seen[0].report.as_ref().map(|r| r.figures.agree), Some(4));
     // The failed run restarted the worker, with the probe's verdict as the reason.
     let restart = loop {
         let n = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await.expect("a notice").expect("open");

@@ -132,10 +132,10 @@ fn worst(what: &str, probe: &Probe, outputs: &[RowResult], origins: &[String]) {
             thresholds: Thresholds::default(),
         };
         let r = single.judge(std::slice::from_ref(got), None);
-        if r.max_dp > 0.1 || r.clear_agree < r.clear {
+        if r.figures.max_dp > 0.1 || r.figures.clear_agree < r.figures.clear {
             eprintln!(
                 "    {what} worst: {} |dp| {:.3} agree {} float {:?} got {:?}",
-                origins[i], r.max_dp, r.agree, want.logits, got.logits
+                origins[i], r.figures.max_dp, r.figures.agree, want.logits, got.logits
             );
         }
     }
@@ -146,20 +146,24 @@ fn worst(what: &str, probe: &Probe, outputs: &[RowResult], origins: &[String]) {
 /// cosine's distance from 1. The others are only printed.
 fn shortfalls(what: &str, report: &Report, sound: impl Fn(Option<usize>) -> bool) -> Vec<String> {
     let t = Thresholds::default();
-    eprintln!("{what}: {}", report.overall());
+    eprintln!("{what}: {}", report.figures);
     let mut short = Vec::new();
-    for g in report.graphs.iter().filter(|g| g.rows > 0) {
-        eprintln!("  {what} {g}: {} of {} clear decisions flipped", g.clear - g.clear_agree, g.clear);
+    for g in report.graphs.iter().filter(|g| g.figures.rows > 0) {
+        eprintln!(
+            "  {what} {g}: {} of {} clear decisions flipped",
+            g.figures.clear - g.figures.clear_agree,
+            g.figures.clear
+        );
         if !sound(g.seq_len) {
             continue;
         }
         if !g.passed {
             short.push(format!("{what} {g}: the defaults fail a sound graph: {}", g.verdict));
         }
-        if g.mean_dp > ROOM * t.max_mean_dp {
+        if g.figures.mean_dp > ROOM * t.max_mean_dp {
             short.push(format!("{what} {g}: mean |dp| uses more than {ROOM} of its bound {}", t.max_mean_dp));
         }
-        if 1.0 - g.mean_cosine > ROOM * (1.0 - t.min_cosine) {
+        if 1.0 - g.figures.mean_cosine > ROOM * (1.0 - t.min_cosine) {
             short.push(format!("{what} {g}: the cosine uses more than {ROOM} of its bound {}", t.min_cosine));
         }
     }
@@ -211,7 +215,7 @@ fn the_demo_bundles_128_graph_passes_the_defaults_with_room_and_its_256_graph_ca
                 let report = judged_on_the_simulator(&demo_bundle(flavour), libs, &requests, flavour);
                 short.extend(shortfalls(&format!("demo {flavour}"), &report, |g| g == Some(128)));
                 let long = report.graphs.iter().find(|g| g.seq_len == Some(256)).expect("the 256 graph");
-                assert!(long.rows >= 20 && !long.passed, "demo {flavour}: {long}");
+                assert!(long.figures.rows >= 20 && !long.passed, "demo {flavour}: {long}");
             }
             assert!(short.is_empty(), "{short:#?}");
         },
