@@ -36,12 +36,22 @@ fn ms(d: Duration) -> String {
 }
 
 /// Multiply-add FLOPs (2 per MAC) of the head's layers on one row of `l` tokens with `k`
-/// markers; `reduced`: the last layer at position 0 and the markers only.
+/// markers; `reduced`: the last layer at position 0 and the markers only (through the key and
+/// value weights where that costs less, as `head.rs` chooses).
 fn head_flops(d: usize, layers: usize, l: usize, k: usize, reduced: bool) -> f64 {
+    let heads = (d / 64).max(1) as f64;
     let (d, l, s) = (d as f64, l as f64, (k + 1) as f64);
     // in_proj 3d^2, out_proj d^2, FFN 8d^2 per row; attention 2 l d per query row.
     let whole = 2.0 * (12.0 * l * d * d + 2.0 * l * l * d);
-    let last = if reduced { 2.0 * (2.0 * l * d * d + 10.0 * s * d * d + 2.0 * s * l * d) } else { whole };
+    let last = if !reduced {
+        whole
+    } else if s * (d + heads * l) < l * (d + s) {
+        // q, out, FFN 10 d^2 and through the weights 2 d^2 a read row; scores and weighted
+        // states 2 H l d a read row.
+        2.0 * (12.0 * s * d * d + 2.0 * heads * s * l * d)
+    } else {
+        2.0 * (2.0 * l * d * d + 10.0 * s * d * d + 2.0 * s * l * d)
+    };
     whole * (layers.max(1) - 1) as f64 + last
 }
 

@@ -8,7 +8,14 @@
 //! output are ever read, so the last layer computes keys and values for every position but
 //! queries, attention, the output projection and the feed-forward only for those rows (exact:
 //! each output row of a layer depends on every key and value but on its own query alone). At
-//! L=128 with 4 markers this removes about 40% of a 2-layer head's FLOPs.
+//! L=128 with 4 markers this removes about 40% of a 2-layer head's FLOPs. Where the read rows
+//! are few, it does not compute the keys and values at every position either: each read row's
+//! query goes through each head's key weights (`q . (W_k x + b_k) = (q W_k) . x + q . b_k`, and
+//! `q . b_k`, the same for every key of the query, is lost in the softmax), meets the normed
+//! states themselves, and the weighted sum of those goes through the value weights after
+//! (`sum_j p_j (W_v x_j + b_v) = W_v sum_j p_j x_j + b_v`, the probabilities summing to 1):
+//! `S (2d^2 + 2 H L d)` multiply-adds for `S` read rows instead of `2 L d^2` (at d=1024, 16 heads,
+//! L=128 and 5 read rows, 31M instead of 268M). Exact but for the order of the sums.
 //!
 //! The rows run packed end to end, as the encoder's do: the key-padding mask becomes each row's
 //! tokens attending to that row's alone (the packed attention op, `attention.rs`, without RoPE),
@@ -35,16 +42,80 @@ pub const MISSING_MARKER_LOGIT: f32 = -1e4;
 
 struct HeadLayer {
     norm1: LayerNorm,
-    /// Queries, keys and values at once (`in_proj_weight`), for the layers before the last.
-    in_proj: Dense,
-    /// The same weights split (shared, no copy): queries alone and keys with values, for the
-    /// last layer, which needs queries for a few rows only.
-    q_proj: Dense,
-    kv_proj: Dense,
+    in_proj: InProj,
     out_proj: Dense,
     norm2: LayerNorm,
     linear1: Dense,
     linear2: Dense,
+}
+
+/// A head layer's query, key and value projections (`in_proj_weight` and `in_proj_bias`).
+enum InProj {
+    /// The layers before the last: all three at once, packed.
+    Fused(Dense),
+    /// The last layer's.
+    Last(LastProj),
+}
+
+impl InProj {
+    /// Queries, keys and values at every token of `x` `[T, d]`: `[T, 3d]`.
+    fn qkv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            InProj::Fused(dense) => dense.forward(x),
+            InProj::Last(p) => Tensor::cat(&[p.q.forward(x)?, p.kv(x)?], 1),
+        }
+    }
+}
+
+/// The last layer's projections: the queries packed (they run at the read rows), the keys and
+/// values as plain per-head matrices, which the read rows' queries are multiplied through
+/// (module doc). Together the same 12 d^2 bytes as the fused layers' packed weights.
+struct LastProj {
+    q: Dense,
+    /// `[heads, head_dim, d]`: each head's rows of the key weight, and of the value weight.
+    k: Tensor,
+    v: Tensor,
+    /// `[d]`.
+    k_bias: Tensor,
+    v_bias: Tensor,
+}
+
+impl LastProj {
+    /// From the `[3d, d]` `in_proj_weight` and `[3d]` `in_proj_bias`, for `heads` heads.
+    fn new(weight: &Tensor, bias: &Tensor, heads: usize) -> candle_core::Result<LastProj> {
+        let d = weight.dim(1)?;
+        if weight.dims2()? != (3 * d, d) || bias.dims1()? != 3 * d || heads == 0 || d % heads != 0 {
+            candle_core::bail!("head in_proj {:?} and bias {:?} for {heads} heads", weight.shape(), bias.shape());
+        }
+        // Copies of their own: views would keep the whole `[3d, d]` tensor alive beside them.
+        let own = |t: &Tensor, i: usize, shape: &[usize]| -> candle_core::Result<Tensor> {
+            let part = t.narrow(0, i * d, d)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            Tensor::from_vec(part, shape, &Device::Cpu)
+        };
+        let per_head = [heads, d / heads, d];
+        Ok(LastProj {
+            q: Dense::new(&weight.narrow(0, 0, d)?, Some(&bias.narrow(0, 0, d)?))?,
+            k: own(weight, 1, &per_head)?,
+            v: own(weight, 2, &per_head)?,
+            k_bias: own(bias, 1, &[d])?,
+            v_bias: own(bias, 2, &[d])?,
+        })
+    }
+
+    /// Keys and values at every token of `x` `[T, d]`: `[T, 2d]`.
+    fn kv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let d = x.dim(1)?;
+        let k = x.matmul(&self.k.reshape((d, d))?.t()?)?.broadcast_add(&self.k_bias)?;
+        let v = x.matmul(&self.v.reshape((d, d))?.t()?)?.broadcast_add(&self.v_bias)?;
+        Tensor::cat(&[k, v], 1)
+    }
+
+    /// Whether `s` read rows of rows up to `l` tokens cost fewer multiply-adds through the
+    /// weights (`s (d + H l)`, per `2d`) than with keys and values at every token (`l (d + s)`).
+    fn through_weights(&self, s: usize, l: usize) -> bool {
+        let (heads, _, d) = self.k.dims3().unwrap_or((1, 1, 1));
+        s * (d + heads * l) < l * (d + s)
+    }
 }
 
 /// The decision head's weights.
@@ -112,16 +183,19 @@ impl Head {
     /// Loads the head's tensors (already verified).
     pub fn load(d: usize, head_layers: usize, w: &Weights) -> Result<Head, ModelError> {
         let mut layers = Vec::with_capacity(head_layers);
+        let nhead = (d / 64).max(1);
         for l in 0..head_layers {
             let p = format!("head.layers.{l}");
-            let in_proj = Dense::new(
-                &w.get(&format!("{p}.self_attn.in_proj_weight"))?,
-                Some(&w.get(&format!("{p}.self_attn.in_proj_bias"))?),
-            )?;
+            let (weight, bias) =
+                (w.get(&format!("{p}.self_attn.in_proj_weight"))?, w.get(&format!("{p}.self_attn.in_proj_bias"))?);
+            let in_proj = if l + 1 == head_layers {
+                InProj::Last(LastProj::new(&weight, &bias, nhead)?)
+            } else {
+                InProj::Fused(Dense::new(&weight, Some(&bias))?)
+            };
+            drop((weight, bias));
             layers.push(HeadLayer {
                 norm1: norm(w, &format!("{p}.norm1"))?,
-                q_proj: in_proj.narrow(0, d)?,
-                kv_proj: in_proj.narrow(d, 2 * d)?,
                 in_proj,
                 out_proj: linear(w, &format!("{p}.self_attn.out_proj"))?,
                 norm2: norm(w, &format!("{p}.norm2"))?,
@@ -130,7 +204,7 @@ impl Head {
             });
         }
         Ok(Head {
-            nhead: (d / 64).max(1),
+            nhead,
             type_emb: w.get("type_emb.weight")?,
             layers,
             scorer_norm: norm(w, "scorer.0")?,
@@ -188,7 +262,7 @@ impl Head {
     /// tokens attending to that row's alone (what the key-padding mask does in a padded batch).
     fn layer(&self, layer: &HeadLayer, h: &Tensor, rows: &[Range<usize>]) -> Result<Tensor, ModelError> {
         let d = h.dim(1)?;
-        let qkv = layer.in_proj.forward(&layer.norm1.forward(h)?)?;
+        let qkv = layer.in_proj.qkv(&layer.norm1.forward(h)?)?;
         let heads = self.nhead;
         let op = Attention { rows, heads, head_dim: d / heads, rope: None, mask: Mask::Sequential { window: None } };
         let attn = qkv.apply_op1_no_bwd(&op)?;
@@ -197,10 +271,11 @@ impl Head {
         self.feed_forward(layer, &h)
     }
 
-    /// The last layer at the tokens `picks` (`B * S` indices into the packed `[T]`) only: keys
-    /// and values from every token (padded per row to `[B, L, 2d]`, masked by `key_bias`), the
-    /// rest for the picked tokens. `[B, S, d]`, equal to the whole layer's output gathered at
-    /// `picks`.
+    /// The last layer at the tokens `picks` (`B * S` indices into the packed `[T]`) only: the
+    /// queries, the output projection and the feed-forward for the picked tokens, the attention
+    /// through the key and value weights where that costs less (module doc), over keys and values
+    /// from every token (padded per row to `[B, L, 2d]`, masked by `key_bias`) otherwise.
+    /// `[B, S, d]`, equal to the whole layer's output gathered at `picks`.
     fn last_layer(
         &self,
         layer: &HeadLayer,
@@ -209,16 +284,78 @@ impl Head {
         picks: &Tensor,
         key_bias: &Tensor,
     ) -> Result<Tensor, ModelError> {
+        let through = match &layer.in_proj {
+            InProj::Last(p) => {
+                let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+                p.through_weights(picks.dim(0)? / rows.len().max(1), longest)
+            }
+            InProj::Fused(_) => false,
+        };
+        self.last_layer_with(layer, h, rows, picks, key_bias, through)
+    }
+
+    /// [`Head::last_layer`], the attention through the weights or not as `through` says.
+    fn last_layer_with(
+        &self,
+        layer: &HeadLayer,
+        h: &Tensor,
+        rows: &[Range<usize>],
+        picks: &Tensor,
+        key_bias: &Tensor,
+        through: bool,
+    ) -> Result<Tensor, ModelError> {
         let d = h.dim(1)?;
         let b = rows.len();
         let s = picks.dim(0)? / b;
         let x = layer.norm1.forward(h)?;
-        let kv = pad_rows(&layer.kv_proj.forward(&x)?, rows)?;
         let gather = |t: &Tensor| -> candle_core::Result<Tensor> { t.index_select(picks, 0)?.reshape((b, s, d)) };
-        let q = self.split_heads(&layer.q_proj.forward(&gather(&x)?)?, 1, 0)?;
-        let (k, v) = (self.split_heads(&kv, 2, 0)?, self.split_heads(&kv, 2, 1)?);
-        let h = self.attend(layer, &gather(h)?, &q, &k, &v, key_bias)?;
+        let h = match &layer.in_proj {
+            InProj::Last(p) if through => {
+                let out = self.attend_through(p, &x, &p.q.forward(&gather(&x)?)?, rows)?;
+                layer.out_proj.forward_add(&out, &gather(h)?)?
+            }
+            in_proj => {
+                let (q, kv) = match in_proj {
+                    InProj::Fused(dense) => {
+                        (dense.narrow(0, d)?.forward(&gather(&x)?)?, dense.narrow(d, 2 * d)?.forward(&x)?)
+                    }
+                    InProj::Last(p) => (p.q.forward(&gather(&x)?)?, p.kv(&x)?),
+                };
+                let kv = pad_rows(&kv, rows)?;
+                let q = self.split_heads(&q, 1, 0)?;
+                let (k, v) = (self.split_heads(&kv, 2, 0)?, self.split_heads(&kv, 2, 1)?);
+                self.attend(layer, &gather(h)?, &q, &k, &v, key_bias)?
+            }
+        };
         self.feed_forward(layer, &h)
+    }
+
+    /// The attention of the read rows' queries `q` `[B, S, d]` over their rows of the normed
+    /// states `x` `[T, d]`, through the key and value weights (module doc): `[B, S, d]`, before
+    /// the output projection. Row by row, so no padding.
+    fn attend_through(
+        &self,
+        p: &LastProj,
+        x: &Tensor,
+        q: &Tensor,
+        rows: &[Range<usize>],
+    ) -> candle_core::Result<Tensor> {
+        let (_, s, d) = q.dims3()?;
+        let (heads, hd, _) = p.k.dims3()?;
+        let scale = (hd as f64).powf(-0.5);
+        let mut out = Vec::with_capacity(rows.len());
+        for (row, r) in rows.iter().enumerate() {
+            let xr = x.narrow(0, r.start, r.len())?;
+            // [H, S, hd] through each head's key rows: [H, S, d].
+            let qk = q.get(row)?.reshape((s, heads, hd))?.transpose(0, 1)?.contiguous()?.matmul(&p.k)?;
+            let scores = (qk.reshape((heads * s, d))?.matmul(&xr.t()?)? * scale)?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            // The weighted states [H, S, d], through each head's value rows: [H, S, hd].
+            let z = probs.matmul(&xr)?.reshape((heads, s, d))?;
+            let o = z.matmul(&p.v.transpose(1, 2)?)?;
+            out.push(o.transpose(0, 1)?.reshape((s, d))?.broadcast_add(&p.v_bias)?);
+        }
+        Tensor::stack(&out, 0)
     }
 
     /// Stage 3: `[B, L, d]` encoder states of rows with the given lengths (padded to `L`), types
@@ -354,12 +491,15 @@ mod tests {
         LayerNorm::new((random(&[d]) + 1.0).unwrap(), random(&[d]), HEAD_EPS)
     }
 
-    fn random_layer(d: usize) -> HeadLayer {
-        let in_proj = random_linear(3 * d, d);
+    /// A layer, the last of its head or not (the random heads have 2 heads).
+    fn random_layer(d: usize, last: bool) -> HeadLayer {
+        let in_proj = if last {
+            InProj::Last(LastProj::new(&random(&[3 * d, d]), &random(&[3 * d]), 2).unwrap())
+        } else {
+            InProj::Fused(random_linear(3 * d, d))
+        };
         HeadLayer {
             norm1: random_norm(d),
-            q_proj: in_proj.narrow(0, d).unwrap(),
-            kv_proj: in_proj.narrow(d, 2 * d).unwrap(),
             in_proj,
             out_proj: random_linear(d, d),
             norm2: random_norm(d),
@@ -372,7 +512,7 @@ mod tests {
         Head {
             nhead: 2,
             type_emb: random(&[3, d]),
-            layers: (0..layers).map(|_| random_layer(d)).collect(),
+            layers: (0..layers).map(|l| random_layer(d, l + 1 == layers)).collect(),
             scorer_norm: random_norm(d),
             scorer1: random_linear(d, d),
             scorer2: random_linear(1, d),
@@ -422,12 +562,32 @@ mod tests {
         let h = random(&[15, d]);
         let whole = head.layer(layer, &h, &rows).unwrap();
         let want: Vec<f32> = whole.index_select(&picks, 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let got: Vec<f32> =
-            head.last_layer(layer, &h, &rows, &picks, &key_bias).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(got.len(), want.len());
-        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(worst <= 1e-4, "largest difference {worst}");
+        // Over keys and values at every token, and through the key and value weights.
+        for through in [false, true] {
+            let got = head.last_layer_with(layer, &h, &rows, &picks, &key_bias, through).unwrap();
+            let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(got.len(), want.len());
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let top = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            // The same sums in another order: a relative tolerance (a wrong head or a lost bias
+            // is off by whole units).
+            assert!(worst <= 1e-5 * top, "through the weights {through}: largest difference {worst} of {top}");
+        }
         // And the outputs differ per row: the check compares something.
         assert!(want[..d].iter().zip(&want[d..2 * d]).any(|(a, b)| (a - b).abs() > 1e-3));
+    }
+
+    #[test]
+    fn the_last_layer_goes_through_the_weights_for_few_read_rows_and_not_for_many() {
+        // The QCS6490 head's dimensions: d=1024, 16 heads.
+        let (d, heads) = (1024, 16);
+        let p = LastProj::new(&random(&[3 * d, d]), &random(&[3 * d]), heads).unwrap();
+        // 5 read rows (4 markers): through the weights at every length from 32 tokens up.
+        for l in [32, 128, 256, 512] {
+            assert!(p.through_weights(5, l), "5 read rows of {l} tokens");
+        }
+        // 64 markers of a 128-token row: keys and values at every token cost less.
+        assert!(!p.through_weights(65, 128));
+        assert!(!p.through_weights(5, 4), "a 4-token row");
     }
 }
