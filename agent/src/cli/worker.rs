@@ -48,6 +48,8 @@ impl Args {
 pub fn run(args: Args, config: Config) -> Result<(), String> {
     // Everything this worker logs names its backend (the agent adds its pid and role).
     let _lifetime = tracing::info_span!("worker", backend = args.backend.name()).entered();
+    // Before the backend's thread pool starts: its threads share one arena's freed blocks.
+    crate::platform::heap::one_arena();
     die_with_parent(args.parent)?;
     if args.parent.is_some() {
         leave_stopping_to_the_agent();

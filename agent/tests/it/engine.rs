@@ -217,6 +217,57 @@ async fn a_crash_loop_degrades_to_the_cpu_fallback_and_the_reply_names_who_answe
     assert!(engine.restarts().iter().all(|r| r.reason.label() == "load_failed" && r.role == Role::Primary));
 }
 
+/// glibc's malloc arenas besides the main one in process `pid`: each is an anonymous mapping at a
+/// 64 MiB boundary that reserves 64 MiB (its used part read-write, the rest `---p`).
+fn malloc_arenas(pid: u32) -> usize {
+    const HEAP_MAX: u64 = 64 << 20;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the worker's maps");
+    let anon: Vec<(u64, u64, &str)> = maps
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (start, end) = f.first()?.split_once('-')?;
+            let start = u64::from_str_radix(start, 16).ok()?;
+            let end = u64::from_str_radix(end, 16).ok()?;
+            (f.len() == 5).then_some((start, end, *f.get(1)?))
+        })
+        .collect();
+    anon.iter()
+        .enumerate()
+        .filter(|(i, (start, end, perms))| {
+            let reserved_to = match anon.get(i + 1) {
+                Some((next, next_end, "---p")) if next == end => *next_end,
+                _ => *end,
+            };
+            start % HEAP_MAX == 0 && perms.starts_with("rw") && reserved_to == start + HEAP_MAX
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_workers_threads_share_one_malloc_arena() {
+    // Its two threads each allocate and free a call's buffers; with an arena per thread (glibc's
+    // default), each would keep its own freed blocks resident (platform::heap).
+    let mut spec = worker("cpu", &model("bpe-small"), None);
+    spec.args.extend(["--threads".into(), "2".into()]);
+    let engine = Engine::start(EngineConfig::new(defaults(|_| {}), spec));
+    let rows: Vec<Row> = (0..8)
+        .map(|i| Row {
+            input_ids: vec![1, 50 + i, 60, 2, 4, 70, 2],
+            marker_pos: vec![4],
+            qtype: QType::Noul,
+            layout: None,
+        })
+        .collect();
+    for _ in 0..3 {
+        engine.run(rows.clone(), None).await.expect("answered");
+    }
+    let pid = engine.status().worker_pid.expect("a worker");
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+    assert!(threads >= 3, "the worker runs its pool: {threads} threads");
+    assert_eq!(malloc_arenas(pid), 0, "{}", std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_reports_a_load_failure_and_exits_is_never_taken_for_a_crash() {
     // The LoadFailed frame and the process exit reach the driver on different paths; the exit
