@@ -77,13 +77,29 @@ async fn watch(args: Args) -> Result<(), String> {
     tokio::pin!(window);
     let mut refresh = tokio::time::interval(Duration::from_secs(args.refresh_s.max(1)));
     let mut connected = false;
+    // `--once` prints early only once every subscription is acknowledged: a broker answers a
+    // SUBSCRIBE, then sends its retained messages, before it takes the next SUBSCRIBE on the same
+    // connection (mosquitto does), so by the last SUBACK every device's retained status (the first
+    // subscription) is in. Before that, the first status in (an offline device's) looked like the
+    // whole fleet. A broker that sends them later leaves it to the window.
+    let subscriptions = fleet.subscriptions();
+    let mut acked = 0;
     loop {
         tokio::select! {
             event = eventloop.poll() => match event {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     connected = true;
-                    for filter in fleet.subscriptions() {
+                    acked = 0;
+                    for filter in &subscriptions {
                         client.subscribe(filter, QoS::AtMostOnce).await.map_err(|e| e.to_string())?;
+                    }
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    acked += 1;
+                    if args.once && acked >= subscriptions.len() && !fleet.awaiting_telemetry() {
+                        print(&fleet, &args, false);
+                        let _ = client.disconnect().await;
+                        return Ok(());
                     }
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
@@ -91,7 +107,7 @@ async fn watch(args: Args) -> Result<(), String> {
                     let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
                     let doc = Encoding::detect(ct.as_deref(), &p.payload).decode(&p.payload, 32).ok();
                     fleet.handle(Instant::now(), &topic, doc.as_ref());
-                    if args.once && !fleet.awaiting_telemetry() {
+                    if args.once && acked >= subscriptions.len() && !fleet.awaiting_telemetry() {
                         print(&fleet, &args, false);
                         let _ = client.disconnect().await;
                         return Ok(());

@@ -363,6 +363,26 @@ async fn fleet_once_json_lists_three_agents_trouble_first_with_the_killed_one_of
     assert_eq!(fleet_snapshot(&broker, &[]).len(), 4);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_once_waits_for_every_retained_status_when_the_first_is_an_offline_device() {
+    // mosquitto sends retained messages in the order their topics were first published: the
+    // device killed first comes first. Its offline status alone must not pass for the fleet.
+    let broker = Broker::start("tm-fleet-order", "");
+    let mut gone = Agent::start(&broker, "fo-gone", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "fo-gone").await;
+    let mut watch = Client::connect(broker.port, "fleet-order-watch").await;
+    watch.subscribe("laya/v1/fo-gone/status").await;
+    gone.kill9();
+    next_where(&mut watch, "fo-gone/status", "the Last Will", |v| v.get("state") == Some(&Value::from("offline")))
+        .await;
+    let _up = Agent::start(&broker, "fo-up", "[engine]\nbackend = \"null\"\n");
+    wait_online(broker.port, "fo-up").await;
+    let devices = fleet_snapshot(&broker, &[]);
+    let mut got: Vec<&str> = devices.iter().filter_map(|d| d.get("device").and_then(Value::as_str)).collect();
+    got.sort();
+    assert_eq!(got, ["fo-gone", "fo-up"], "{devices:?}");
+}
+
 /// `serve` with `--log FILTER`, its stderr in a file: asks one good question and one bad one,
 /// stops the agent and returns what it logged.
 async fn serve_log(filter: &str, engine: &str) -> String {
