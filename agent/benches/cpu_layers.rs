@@ -83,18 +83,8 @@ fn main() {
             std::hint::black_box(m.head.forward(&hidden, &[l], &[0], &[markers.as_slice()]).expect("head"));
         }
         let t = t0.elapsed().as_secs_f64() / RUNS as f64;
-        let hl = bundle.config.head_layers as f64;
-        let (lf, rows) = (l as f64, 5.0);
-        let heads = (d / 64.0).floor().max(1.0);
-        // Layers before the last: all rows. The last at the 5 read rows: queries, output and
-        // feed-forward (10 d^2 a row) and the attention through the key and value weights (2 d^2
-        // and 2 H L d a row), or, where that costs more, keys and values for all rows.
-        let last = if rows * (d + heads * lf) < lf * (d + rows) {
-            rows * 2.0 * (12.0 * d * d + 2.0 * heads * lf * d)
-        } else {
-            lf * 2.0 * 2.0 * d * d + rows * (2.0 * 10.0 * d * d + 4.0 * lf * d)
-        };
-        let flops = (hl - 1.0) * lf * (2.0 * 12.0 * d * d + 4.0 * lf * d) + last;
+        let hl = bundle.config.head_layers;
+        let flops = m.head.flops(l, markers.len() + 1, true);
         let g = flops / t / 1e9;
         println!(
             "L {l:>3} head ({hl} layers): {:>7.2} ms, {:>5.2} GFLOP, {g:>6.1} GFLOP/s{}",

@@ -35,26 +35,6 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
-/// Multiply-add FLOPs (2 per MAC) of the head's layers on one row of `l` tokens with `k`
-/// markers; `reduced`: the last layer at position 0 and the markers only (through the key and
-/// value weights where that costs less, as `head.rs` chooses).
-fn head_flops(d: usize, layers: usize, l: usize, k: usize, reduced: bool) -> f64 {
-    let heads = (d / 64).max(1) as f64;
-    let (d, l, s) = (d as f64, l as f64, (k + 1) as f64);
-    // in_proj 3d^2, out_proj d^2, FFN 8d^2 per row; attention 2 l d per query row.
-    let whole = 2.0 * (12.0 * l * d * d + 2.0 * l * l * d);
-    let last = if !reduced {
-        whole
-    } else if s * (d + heads * l) < l * (d + s) {
-        // q, out, FFN 10 d^2 and through the weights 2 d^2 a read row; scores and weighted
-        // states 2 H l d a read row.
-        2.0 * (12.0 * s * d * d + 2.0 * heads * s * l * d)
-    } else {
-        2.0 * (2.0 * l * d * d + 10.0 * s * d * d + 2.0 * s * l * d)
-    };
-    whole * (layers.max(1) - 1) as f64 + last
-}
-
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/laya-0.3.20/models/bpe-t5");
     let dir = std::env::var_os("LAYA_BENCH_MODEL").map(PathBuf::from).unwrap_or(root);
@@ -109,9 +89,7 @@ fn main() {
             ms(t_whole),
             100.0 * (1.0 - t_head.as_secs_f64() / t_whole.as_secs_f64()),
             100.0
-                * (1.0
-                    - head_flops(d, bundle.config.head_layers, l, markers.len(), true)
-                        / head_flops(d, bundle.config.head_layers, l, markers.len(), false)),
+                * (1.0 - model.head.flops(l, markers.len() + 1, true) / model.head.flops(l, markers.len() + 1, false)),
             ms(t_in_u16 + t_out_u16 + t_head)
         );
     }

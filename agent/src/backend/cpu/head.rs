@@ -40,30 +40,33 @@ const HEAD_EPS: f64 = 1e-5;
 /// The logit of a marker slot a row does not have.
 pub const MISSING_MARKER_LOGIT: f32 = -1e4;
 
-struct HeadLayer {
+/// One `TransformerEncoderLayer`; `P`, its query, key and value projections (`in_proj_weight`
+/// and `in_proj_bias`): packed together ([`Dense`]) for the layers before the last, a
+/// [`LastProj`] for the last.
+struct HeadLayer<P> {
     norm1: LayerNorm,
-    in_proj: InProj,
+    in_proj: P,
     out_proj: Dense,
     norm2: LayerNorm,
     linear1: Dense,
     linear2: Dense,
 }
 
-/// A head layer's query, key and value projections (`in_proj_weight` and `in_proj_bias`).
-enum InProj {
-    /// The layers before the last: all three at once, packed.
-    Fused(Dense),
-    /// The last layer's.
-    Last(LastProj),
+/// Queries, keys and values at every token, for a whole layer.
+trait Projections {
+    /// `[T, 3d]` for `x` `[T, d]`.
+    fn qkv(&self, x: &Tensor) -> candle_core::Result<Tensor>;
 }
 
-impl InProj {
-    /// Queries, keys and values at every token of `x` `[T, d]`: `[T, 3d]`.
+impl Projections for Dense {
     fn qkv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            InProj::Fused(dense) => dense.forward(x),
-            InProj::Last(p) => Tensor::cat(&[p.q.forward(x)?, p.kv(x)?], 1),
-        }
+        self.forward(x)
+    }
+}
+
+impl Projections for LastProj {
+    fn qkv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        Tensor::cat(&[self.q.forward(x)?, self.kv(x)?], 1)
     }
 }
 
@@ -122,7 +125,9 @@ impl LastProj {
 pub struct Head {
     nhead: usize,
     type_emb: Tensor,
-    layers: Vec<HeadLayer>,
+    /// The layers before the last.
+    layers: Vec<HeadLayer<Dense>>,
+    last: Option<HeadLayer<LastProj>>,
     scorer_norm: LayerNorm,
     scorer1: Dense,
     scorer2: Dense,
@@ -182,31 +187,39 @@ impl Head {
 
     /// Loads the head's tensors (already verified).
     pub fn load(d: usize, head_layers: usize, w: &Weights) -> Result<Head, ModelError> {
-        let mut layers = Vec::with_capacity(head_layers);
         let nhead = (d / 64).max(1);
-        for l in 0..head_layers {
+        // Layer `l`, its projections made by `proj` from the in_proj weight and bias.
+        fn layer<P>(
+            w: &Weights,
+            l: usize,
+            proj: impl FnOnce(&Tensor, &Tensor) -> candle_core::Result<P>,
+        ) -> Result<HeadLayer<P>, ModelError> {
             let p = format!("head.layers.{l}");
-            let (weight, bias) =
-                (w.get(&format!("{p}.self_attn.in_proj_weight"))?, w.get(&format!("{p}.self_attn.in_proj_bias"))?);
-            let in_proj = if l + 1 == head_layers {
-                InProj::Last(LastProj::new(&weight, &bias, nhead)?)
-            } else {
-                InProj::Fused(Dense::new(&weight, Some(&bias))?)
-            };
-            drop((weight, bias));
-            layers.push(HeadLayer {
+            Ok(HeadLayer {
                 norm1: norm(w, &format!("{p}.norm1"))?,
-                in_proj,
+                in_proj: proj(
+                    &w.get(&format!("{p}.self_attn.in_proj_weight"))?,
+                    &w.get(&format!("{p}.self_attn.in_proj_bias"))?,
+                )?,
                 out_proj: linear(w, &format!("{p}.self_attn.out_proj"))?,
                 norm2: norm(w, &format!("{p}.norm2"))?,
                 linear1: linear(w, &format!("{p}.linear1"))?,
                 linear2: linear(w, &format!("{p}.linear2"))?,
-            });
+            })
         }
+        let before = head_layers.saturating_sub(1);
+        let layers = (0..before)
+            .map(|l| layer(w, l, |weight, bias| Dense::new(weight, Some(bias))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let last = match head_layers {
+            0 => None,
+            _ => Some(layer(w, before, |weight, bias| LastProj::new(weight, bias, nhead))?),
+        };
         Ok(Head {
             nhead,
             type_emb: w.get("type_emb.weight")?,
             layers,
+            last,
             scorer_norm: norm(w, "scorer.0")?,
             scorer1: linear(w, "scorer.1")?,
             scorer2: linear(w, "scorer.3")?,
@@ -214,6 +227,27 @@ impl Head {
             act2: linear(w, "act_head.2")?,
             reduce_last: true,
         })
+    }
+
+    /// Benchmark-only: the multiply-add FLOPs (2 per MAC) of the head's layers on one row of `l`
+    /// tokens of which `reads` are read (position 0 and the markers), the last layer as
+    /// `forward` runs it (`reduced`: at the read rows, through the weights where it chooses so)
+    /// or whole.
+    #[doc(hidden)]
+    pub fn flops(&self, l: usize, reads: usize, reduced: bool) -> f64 {
+        let d = self.type_emb.dim(1).unwrap_or(0) as f64;
+        let (heads, lf, s) = (self.nhead as f64, l as f64, reads as f64);
+        // in_proj 3 d^2, out_proj d^2, feed-forward 8 d^2 a row; attention 2 l d a query row.
+        let whole = 2.0 * (12.0 * lf * d * d + 2.0 * lf * lf * d);
+        let last = match &self.last {
+            None => 0.0,
+            Some(_) if !reduced => whole,
+            // Queries, output and feed-forward 10 d^2 a read row; through the key and value
+            // weights 2 d^2 and the scores and weighted states 2 H l d a read row.
+            Some(last) if last.in_proj.through_weights(reads, l) => 2.0 * s * (12.0 * d * d + 2.0 * heads * lf * d),
+            Some(_) => 2.0 * (2.0 * lf * d * d + 10.0 * s * d * d + 2.0 * s * lf * d),
+        };
+        whole * self.layers.len() as f64 + last
     }
 
     /// Benchmark-only: run the last layer at every position, then gather (the head before the
@@ -238,7 +272,7 @@ impl Head {
     /// `[B, H, L, hd]`, through the output projection, added to `residual`: `[B, S, d]`.
     fn attend(
         &self,
-        layer: &HeadLayer,
+        layer: &HeadLayer<LastProj>,
         residual: &Tensor,
         q: &Tensor,
         k: &Tensor,
@@ -253,14 +287,19 @@ impl Head {
     }
 
     /// The feed-forward block with its residual: `h + linear2(relu(linear1(norm2(h))))`.
-    fn feed_forward(&self, layer: &HeadLayer, h: &Tensor) -> Result<Tensor, ModelError> {
+    fn feed_forward<P>(&self, layer: &HeadLayer<P>, h: &Tensor) -> Result<Tensor, ModelError> {
         let ff = FeedForward { up: &layer.linear1, down: &layer.linear2, activation: Activation::Relu, gated: false };
         Ok(ff.forward(&layer.norm2.forward(h)?, h)?)
     }
 
     /// A whole layer over packed rows: every token of `h` `[T, d]` in and out, each row's
     /// tokens attending to that row's alone (what the key-padding mask does in a padded batch).
-    fn layer(&self, layer: &HeadLayer, h: &Tensor, rows: &[Range<usize>]) -> Result<Tensor, ModelError> {
+    fn layer<P: Projections>(
+        &self,
+        layer: &HeadLayer<P>,
+        h: &Tensor,
+        rows: &[Range<usize>],
+    ) -> Result<Tensor, ModelError> {
         let d = h.dim(1)?;
         let qkv = layer.in_proj.qkv(&layer.norm1.forward(h)?)?;
         let heads = self.nhead;
@@ -272,32 +311,14 @@ impl Head {
     }
 
     /// The last layer at the tokens `picks` (`B * S` indices into the packed `[T]`) only: the
-    /// queries, the output projection and the feed-forward for the picked tokens, the attention
-    /// through the key and value weights where that costs less (module doc), over keys and values
-    /// from every token (padded per row to `[B, L, 2d]`, masked by `key_bias`) otherwise.
-    /// `[B, S, d]`, equal to the whole layer's output gathered at `picks`.
+    /// queries, the output projection and the feed-forward for the picked tokens; the attention
+    /// through the key and value weights with `through` (module doc,
+    /// [`LastProj::through_weights`]), over keys and values from every token (padded per row to
+    /// `[B, L, 2d]`, masked by `key_bias`) otherwise. `[B, S, d]`, equal to the whole layer's
+    /// output gathered at `picks`.
     fn last_layer(
         &self,
-        layer: &HeadLayer,
-        h: &Tensor,
-        rows: &[Range<usize>],
-        picks: &Tensor,
-        key_bias: &Tensor,
-    ) -> Result<Tensor, ModelError> {
-        let through = match &layer.in_proj {
-            InProj::Last(p) => {
-                let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-                p.through_weights(picks.dim(0)? / rows.len().max(1), longest)
-            }
-            InProj::Fused(_) => false,
-        };
-        self.last_layer_with(layer, h, rows, picks, key_bias, through)
-    }
-
-    /// [`Head::last_layer`], the attention through the weights or not as `through` says.
-    fn last_layer_with(
-        &self,
-        layer: &HeadLayer,
+        layer: &HeadLayer<LastProj>,
         h: &Tensor,
         rows: &[Range<usize>],
         picks: &Tensor,
@@ -307,25 +328,16 @@ impl Head {
         let d = h.dim(1)?;
         let b = rows.len();
         let s = picks.dim(0)? / b;
+        let p = &layer.in_proj;
         let x = layer.norm1.forward(h)?;
         let gather = |t: &Tensor| -> candle_core::Result<Tensor> { t.index_select(picks, 0)?.reshape((b, s, d)) };
-        let h = match &layer.in_proj {
-            InProj::Last(p) if through => {
-                let out = self.attend_through(p, &x, &p.q.forward(&gather(&x)?)?, rows)?;
-                layer.out_proj.forward_add(&out, &gather(h)?)?
-            }
-            in_proj => {
-                let (q, kv) = match in_proj {
-                    InProj::Fused(dense) => {
-                        (dense.narrow(0, d)?.forward(&gather(&x)?)?, dense.narrow(d, 2 * d)?.forward(&x)?)
-                    }
-                    InProj::Last(p) => (p.q.forward(&gather(&x)?)?, p.kv(&x)?),
-                };
-                let kv = pad_rows(&kv, rows)?;
-                let q = self.split_heads(&q, 1, 0)?;
-                let (k, v) = (self.split_heads(&kv, 2, 0)?, self.split_heads(&kv, 2, 1)?);
-                self.attend(layer, &gather(h)?, &q, &k, &v, key_bias)?
-            }
+        let q = p.q.forward(&gather(&x)?)?;
+        let h = if through {
+            layer.out_proj.forward_add(&self.attend_through(p, &x, &q, rows)?, &gather(h)?)?
+        } else {
+            let kv = pad_rows(&p.kv(&x)?, rows)?;
+            let (k, v) = (self.split_heads(&kv, 2, 0)?, self.split_heads(&kv, 2, 1)?);
+            self.attend(layer, &gather(h)?, &self.split_heads(&q, 1, 0)?, &k, &v, key_bias)?
         };
         self.feed_forward(layer, &h)
     }
@@ -418,19 +430,15 @@ impl Head {
             }
         }
         let picks = Tensor::from_vec(index, b * s, &dev)?;
-        let read = match self.layers.split_last() {
-            Some((last, before)) if self.reduce_last => {
-                for layer in before {
-                    h = self.layer(layer, &h, rows)?;
-                }
-                self.last_layer(last, &h, rows, &picks, &key_bias)?
+        for layer in &self.layers {
+            h = self.layer(layer, &h, rows)?;
+        }
+        let read = match &self.last {
+            Some(last) if self.reduce_last => {
+                let through = last.in_proj.through_weights(s, l);
+                self.last_layer(last, &h, rows, &picks, &key_bias, through)?
             }
-            Some(_) => {
-                for layer in &self.layers {
-                    h = self.layer(layer, &h, rows)?;
-                }
-                h.index_select(&picks, 0)?.reshape((b, s, d))?
-            }
+            Some(last) => self.layer(last, &h, rows)?.index_select(&picks, 0)?.reshape((b, s, d))?,
             None => h.index_select(&picks, 0)?.reshape((b, s, d))?,
         };
         let pooled = read.narrow(1, 0, 1)?.squeeze(1)?;
@@ -491,13 +499,8 @@ mod tests {
         LayerNorm::new((random(&[d]) + 1.0).unwrap(), random(&[d]), HEAD_EPS)
     }
 
-    /// A layer, the last of its head or not (the random heads have 2 heads).
-    fn random_layer(d: usize, last: bool) -> HeadLayer {
-        let in_proj = if last {
-            InProj::Last(LastProj::new(&random(&[3 * d, d]), &random(&[3 * d]), 2).unwrap())
-        } else {
-            InProj::Fused(random_linear(3 * d, d))
-        };
+    /// A layer with the projections `in_proj`.
+    fn random_layer<P>(d: usize, in_proj: P) -> HeadLayer<P> {
         HeadLayer {
             norm1: random_norm(d),
             in_proj,
@@ -512,7 +515,10 @@ mod tests {
         Head {
             nhead: 2,
             type_emb: random(&[3, d]),
-            layers: (0..layers).map(|l| random_layer(d, l + 1 == layers)).collect(),
+            layers: (1..layers).map(|_| random_layer(d, random_linear(3 * d, d))).collect(),
+            // The random heads have 2 heads.
+            last: (layers > 0)
+                .then(|| random_layer(d, LastProj::new(&random(&[3 * d, d]), &random(&[3 * d]), 2).unwrap())),
             scorer_norm: random_norm(d),
             scorer1: random_linear(d, d),
             scorer2: random_linear(1, d),
@@ -550,7 +556,7 @@ mod tests {
     fn the_last_layer_computed_at_the_read_rows_equals_the_whole_layer_gathered_there() {
         let (d, l) = (128, 9);
         let head = random_head(d, 1);
-        let layer = &head.layers[0];
+        let Some(layer) = &head.last else { panic!("a head of one layer") };
         // Two rows packed, the second shorter (6 tokens): position 0, markers, a repeated slot.
         let lengths = [9, 6];
         let rows = [0..9, 9..15];
@@ -564,7 +570,7 @@ mod tests {
         let want: Vec<f32> = whole.index_select(&picks, 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         // Over keys and values at every token, and through the key and value weights.
         for through in [false, true] {
-            let got = head.last_layer_with(layer, &h, &rows, &picks, &key_bias, through).unwrap();
+            let got = head.last_layer(layer, &h, &rows, &picks, &key_bias, through).unwrap();
             let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
             assert_eq!(got.len(), want.len());
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
