@@ -85,49 +85,45 @@ async fn watch(args: Args) -> Result<(), String> {
     let subscriptions = fleet.subscriptions();
     let mut acked = 0;
     loop {
-        tokio::select! {
-            event = eventloop.poll() => match event {
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    connected = true;
-                    acked = 0;
-                    for filter in &subscriptions {
-                        client.subscribe(filter, QoS::AtMostOnce).await.map_err(|e| e.to_string())?;
+        // Whether the `--once` snapshot is complete.
+        let done = tokio::select! {
+            event = eventloop.poll() => {
+                match event {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        connected = true;
+                        acked = 0;
+                        for filter in &subscriptions {
+                            client.subscribe(filter, QoS::AtMostOnce).await.map_err(|e| e.to_string())?;
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => acked += 1,
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let topic = String::from_utf8_lossy(&p.topic).into_owned();
+                        let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
+                        let doc = Encoding::detect(ct.as_deref(), &p.payload).decode(&p.payload, 32).ok();
+                        fleet.handle(Instant::now(), &topic, doc.as_ref());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if args.once && !connected {
+                            return Err(format!("cannot reach the broker {}: {e}", args.broker));
+                        }
+                        tracing::warn!(error = %e, "broker connection lost; reconnecting");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    acked += 1;
-                    if args.once && acked >= subscriptions.len() && !fleet.awaiting_telemetry() {
-                        print(&fleet, &args, false);
-                        let _ = client.disconnect().await;
-                        return Ok(());
-                    }
-                }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let topic = String::from_utf8_lossy(&p.topic).into_owned();
-                    let ct = p.properties.as_ref().and_then(|x| x.content_type.clone());
-                    let doc = Encoding::detect(ct.as_deref(), &p.payload).decode(&p.payload, 32).ok();
-                    fleet.handle(Instant::now(), &topic, doc.as_ref());
-                    if args.once && acked >= subscriptions.len() && !fleet.awaiting_telemetry() {
-                        print(&fleet, &args, false);
-                        let _ = client.disconnect().await;
-                        return Ok(());
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    if args.once && !connected {
-                        return Err(format!("cannot reach the broker {}: {e}", args.broker));
-                    }
-                    tracing::warn!(error = %e, "broker connection lost; reconnecting");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            },
-            _ = &mut window, if args.once => {
-                print(&fleet, &args, false);
-                let _ = client.disconnect().await;
-                return Ok(());
+                args.once && acked >= subscriptions.len() && !fleet.awaiting_telemetry()
             }
-            _ = refresh.tick(), if !args.once => print(&fleet, &args, true),
+            _ = &mut window, if args.once => true,
+            _ = refresh.tick(), if !args.once => {
+                print(&fleet, &args, true);
+                false
+            }
+        };
+        if done {
+            print(&fleet, &args, false);
+            let _ = client.disconnect().await;
+            return Ok(());
         }
     }
 }
