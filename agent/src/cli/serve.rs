@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::service;
 use laya_topics::topic::Schema;
-use laya_topics::wire::Encoding;
+use laya_topics::wire::{Encoding, ReloadRef};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -224,7 +224,8 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, EngineConfig), String> {
 /// SIGHUP (`systemctl reload`, an OTA tool that installed a new model) re-reads the configuration
 /// file and the model bundle, with the command line's flags applied again, and hands the result
 /// to the service, which starts it beside the serving engine (`service::Reload`). Loading
-/// runs in the blocking pool: it reads and hashes the bundle's files.
+/// runs in the blocking pool: it reads and hashes the bundle's files. Each SIGHUP acted on is
+/// one reload request, numbered from 1 (signals that come while one is being read are one).
 fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
     args: Args,
@@ -233,10 +234,15 @@ fn reload_on_sighup(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let args = Arc::new(args);
     tokio::spawn(async move {
+        let mut request = 0u64;
         while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the configuration and the model");
+            request += 1;
+            tracing::info!(request, "SIGHUP: reloading the configuration and the model");
             let args = args.clone();
             let started_with = started_with.clone();
+            // The model directory the new configuration names, once it is read.
+            let model = Arc::new(std::sync::Mutex::new(None::<String>));
+            let named = model.clone();
             let prepared = tokio::task::spawn_blocking(move || {
                 let mut config = args.config()?;
                 if args.demo {
@@ -247,20 +253,26 @@ fn reload_on_sighup(
                     config.engine.backend = started_with.engine.backend;
                     config.mqtt.telemetry_interval_s = started_with.mqtt.telemetry_interval_s;
                 }
+                let dir = config.model.dir.display().to_string();
+                if let Ok(mut m) = named.lock() {
+                    *m = Some(dir.clone());
+                }
                 let (bundle, engine) = prepare(&config)?;
+                let request = ReloadRef { request, model: Some(dir) };
                 Ok::<_, String>(service::Reload::Candidate {
+                    request,
                     config: Box::new(config),
                     bundle,
                     engine: Box::new(engine),
                 })
             })
             .await;
+            let model = model.lock().ok().and_then(|m| m.clone());
+            let failed = |why| service::Reload::Failed { request: ReloadRef { request, model: model.clone() }, why };
             let reload = match prepared {
                 Ok(Ok(candidate)) => candidate,
-                Ok(Err(why)) => {
-                    service::Reload::Failed(format!("the new configuration or model cannot be used: {why}"))
-                }
-                Err(e) => service::Reload::Failed(format!("loading the new configuration failed: {e}")),
+                Ok(Err(why)) => failed(format!("the new configuration or model cannot be used: {why}")),
+                Err(e) => failed(format!("loading the new configuration failed: {e}")),
             };
             if tx.send(reload).is_err() {
                 return;

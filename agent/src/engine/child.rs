@@ -24,6 +24,10 @@ pub(super) enum WorkerMsg {
     Exited(String),
 }
 
+/// Held by an engine's driver and by each of its workers' reaper tasks; the engine has stopped
+/// once every holder is gone (`Engine::stopped`): nothing is ever sent on it.
+pub(super) type Lifetime = std::sync::Arc<tokio::sync::watch::Sender<()>>;
+
 /// A running worker process, as the driver holds it.
 pub(super) struct Worker {
     pub(super) role: Role,
@@ -65,6 +69,7 @@ pub(super) fn spawn(
     role: Role,
     spec: &WorkerSpec,
     to_driver: &mpsc::Sender<(WorkerId, WorkerMsg)>,
+    lifetime: Lifetime,
 ) -> Result<Worker, String> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
@@ -111,6 +116,8 @@ pub(super) fn spawn(
     let (kill_tx, kill_rx) = oneshot::channel::<()>();
     let exits = to_driver.clone();
     tokio::spawn(async move {
+        // Until this task ends (the worker reaped), its engine has not stopped.
+        let _lifetime = lifetime;
         tokio::select! {
             status = child.wait() => {
                 let how = match status {

@@ -49,6 +49,8 @@ pub(super) struct Shared {
     pub(super) notices: broadcast::Sender<Notice>,
     pub(super) probes: broadcast::Sender<ProbeRun>,
     pub(super) state: watch::Sender<BackendState>,
+    /// Held until the driver ends; each worker's reaper holds a clone until it reaped its worker.
+    pub(super) lifetime: child::Lifetime,
 }
 
 pub(super) struct Driver {
@@ -77,6 +79,8 @@ pub(super) struct Driver {
     /// status shows the state they lead to: whoever hears of a restart or gets an answer and
     /// then reads the status never sees the state before it (a dead worker's pid as serving).
     outbox: Vec<Outgoing>,
+    /// Dropped with the driver; see [`Shared::lifetime`].
+    lifetime: child::Lifetime,
 }
 
 /// One thing the driver tells the outside, once the status is published.
@@ -95,7 +99,7 @@ impl Driver {
         rx: mpsc::Receiver<Request>,
         shared: Shared,
     ) -> Driver {
-        let Shared { status, restarts, notices, probes, state } = shared;
+        let Shared { status, restarts, notices, probes, state, lifetime } = shared;
         Driver {
             config,
             sup,
@@ -114,6 +118,7 @@ impl Driver {
             sent: HashMap::new(),
             probes,
             outbox: Vec::new(),
+            lifetime,
         }
     }
 
@@ -400,7 +405,7 @@ impl Driver {
             Role::Primary => &self.config.primary,
             Role::Fallback => self.config.fallback.as_ref().unwrap_or(&self.config.primary),
         };
-        match child::spawn(id, role, spec, wtx) {
+        match child::spawn(id, role, spec, wtx, self.lifetime.clone()) {
             Ok(worker) => {
                 self.workers.insert(id, worker);
                 None

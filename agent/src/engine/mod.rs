@@ -302,6 +302,8 @@ pub struct Engine {
     /// health call and probe, its restarts) is not lost.
     first: Arc<Mutex<FirstReceivers>>,
     state: watch::Receiver<BackendState>,
+    /// Closed once the driver ended and every worker it started was reaped ([`Engine::stopped`]).
+    stopped: watch::Receiver<()>,
 }
 
 /// See [`Engine::notices`] and [`Engine::probe_runs`].
@@ -338,16 +340,18 @@ impl Engine {
         let (probes, first_probes) = broadcast::channel(64);
         let first = Arc::new(Mutex::new(FirstReceivers { notices: Some(first_notices), probes: Some(first_probes) }));
         let (state_tx, state) = watch::channel(BackendState::Starting);
+        let (lifetime, stopped) = watch::channel(());
         let shared = Shared {
             status: status.clone(),
             restarts: restarts.clone(),
             notices: notices.clone(),
             probes: probes.clone(),
             state: state_tx,
+            lifetime: Arc::new(lifetime),
         };
         let driver = Driver::new(config, sup, health_rows, rx, shared);
         tokio::spawn(driver.run());
-        Engine { tx, status, restarts, notices, probes, first, state }
+        Engine { tx, status, restarts, notices, probes, first, state, stopped }
     }
 
     /// Runs a batch of rows; waits for the result however the workers fare. A call whose
@@ -393,6 +397,15 @@ impl Engine {
     pub fn busy_time(&self) -> Duration {
         let s = self.status();
         s.busy_total + s.busy_since.map(|t| t.elapsed()).unwrap_or_default()
+    }
+
+    /// Resolves once this engine has stopped: its last handle dropped, its driver ended and every
+    /// worker process it started killed and reaped. The future holds no handle, so it can be
+    /// awaited after the engine is dropped (a reload waits on it before it starts another
+    /// candidate: never two candidate models loaded at once).
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut lifetime = self.stopped.clone();
+        async move { while lifetime.changed().await.is_ok() {} }
     }
 
     /// The backend's state (`starting | ready | degraded`), to be told when it changes.

@@ -25,17 +25,29 @@ impl From<&NoticeKind> for EventKind {
 
 /// An event with only a kind, a message and a role (the rest null).
 fn plain(event: EventKind, message: String, role: Option<wire::Role>) -> EngineEvent {
-    EngineEvent { event, reason: None, code: None, name: None, message, deadline_ms: None, role, probe: None }
+    EngineEvent {
+        event,
+        reason: None,
+        code: None,
+        name: None,
+        message,
+        deadline_ms: None,
+        role,
+        probe: None,
+        reload: None,
+    }
 }
 
-/// A reload's event: `reloaded` or `reload_rejected`, with what happened.
-pub fn reload_event(kind: EventKind, message: String) -> EngineEvent {
-    if kind == EventKind::Reloaded {
-        tracing::info!(%message, "reloaded");
-    } else {
-        tracing::warn!(%message, "reload rejected: the serving engine goes on");
+/// A reload request's one outcome: `reloaded`, `reload_rejected` or `reload_superseded`, naming
+/// the request, with what happened.
+pub fn reload_event(kind: EventKind, request: wire::ReloadRef, message: String) -> EngineEvent {
+    let n = request.request;
+    match kind {
+        EventKind::Reloaded => tracing::info!(request = n, %message, "reloaded"),
+        EventKind::ReloadSuperseded => tracing::info!(request = n, %message, "reload superseded"),
+        _ => tracing::warn!(request = n, %message, "reload rejected: the serving engine goes on"),
     }
-    plain(kind, message, None)
+    EngineEvent { reload: Some(request), ..plain(kind, message, None) }
 }
 
 /// `session_taken_over`: another client connected with this agent's client id; `named` when the
@@ -59,6 +71,7 @@ pub fn takeover_event(named: bool, times: u64, client_id: &str) -> EngineEvent {
         deadline_ms: None,
         role: None,
         probe: None,
+        reload: None,
     }
 }
 
@@ -113,6 +126,7 @@ pub fn probe_histories(runs: &[ProbeRuns]) -> Vec<ProbeHistory> {
 pub fn probe_event(run: &ProbeRun) -> EngineEvent {
     EngineEvent {
         probe: Some(probe_figures(run)),
+        reload: None,
         ..plain(
             EventKind::ProbeFailed,
             format!("the {} backend does not answer like the float model: {}", run.backend, run.verdict()),
@@ -139,6 +153,7 @@ pub fn runtime_rejected_event(n: &Notice) -> Option<EngineEvent> {
         deadline_ms: None,
         role: Some(n.role),
         probe: None,
+        reload: None,
     })
 }
 
@@ -157,6 +172,7 @@ pub fn engine_event(n: &Notice) -> EngineEvent {
         },
         role: Some(n.role),
         probe: None,
+        reload: None,
     }
 }
 
@@ -266,10 +282,10 @@ mod tests {
 
     #[test]
     fn reload_events_concern_the_whole_agent() {
-        let e = reload_event(EventKind::ReloadRejected, "no".into());
+        let e = reload_event(EventKind::ReloadRejected, wire::ReloadRef { request: 2, model: None }, "no".into());
         assert_eq!(
             text(&e),
-            r#"{"event":"reload_rejected","reason":null,"code":null,"name":null,"message":"no","deadline_ms":null,"role":""}"#
+            r#"{"event":"reload_rejected","reason":null,"code":null,"name":null,"message":"no","deadline_ms":null,"role":"","reload":{"request":2,"model":null}}"#
         );
     }
 

@@ -60,7 +60,7 @@ use liveness::{Liveness, Part};
 use outbox::{Item, Outbox};
 use poller::Net;
 use question::Questions;
-use reload::{Current, reload_allowance, reload_refusal, until_ready};
+use reload::{Current, Reloads, Settled};
 use telemetry::{Birth, Counters, Interval, Reporter};
 
 use crate::bundle::HostBundle;
@@ -241,8 +241,9 @@ pub async fn run(
         let engine = &current.get().engine;
         (engine.notices(), engine.probe_runs(), engine.backend_state())
     };
-    // A reload's candidate being health-checked beside the serving engine, and its verdict.
-    let (verdict_tx, mut verdicts) = mpsc::unbounded_channel::<(Box<Config>, Arc<Serving>, Result<(), String>)>();
+    // Reloads as transactions: at most one candidate, health-checked beside the serving engine.
+    let (verdict_tx, mut verdicts) = mpsc::unbounded_channel();
+    let mut transactions = Reloads::new(verdict_tx);
     tokio::pin!(shutdown);
     // Whether the broker connection is up now (the shutdown says goodbye only over one).
     let mut connected = false;
@@ -304,23 +305,10 @@ pub async fn run(
                 Err(RecvError::Lagged(missed)) => tracing::warn!(missed, "probe results were not published (too many at once)"),
             },
             Ok(()) = backend_state.changed() => outbox.push(Item::Status(reporter.status(true))),
-            Some(reload) = reloads.recv() => match reload {
-                Reload::Failed(why) => publish_event(&reload_event(EventKind::ReloadRejected, why)),
-                Reload::Candidate { config: new, bundle, engine } => match reload_refusal(&config, &new) {
-                    Some(why) => publish_event(&reload_event(EventKind::ReloadRejected, why)),
-                    None => {
-                        tracing::info!(model = %bundle.dir.display(), "reload: starting the new engine beside the serving one");
-                        let candidate = Arc::new(Serving::new(bundle, Engine::start(*engine), new.engine.backend.name()));
-                        let (verdicts, within) = (verdict_tx.clone(), reload_allowance(&new));
-                        tokio::spawn(async move {
-                            let verdict = until_ready(&candidate.engine, within).await;
-                            let _ = verdicts.send((new, candidate, verdict));
-                        });
-                    }
-                },
-            },
-            Some((new, candidate, verdict)) = verdicts.recv() => match verdict {
-                Ok(()) => {
+            Some(reload) = reloads.recv() => transactions.request(reload, &config).iter().for_each(&publish_event),
+            Some(verdict) = verdicts.recv() => match transactions.settle(verdict) {
+                Settled::TakeOver(request, taken) => {
+                    let candidate = taken.serving;
                     let message = format!(
                         "now serving {} on the {} backend (the new engine passed its health call)",
                         candidate.bundle.dir.display(),
@@ -334,12 +322,14 @@ pub async fn run(
                         i.engine_changed(candidate.engine.busy_time());
                     }
                     current.replace(candidate);
-                    config = *new;
-                    publish_event(&reload_event(EventKind::Reloaded, message));
+                    config = *taken.config;
+                    let _ = taken.taken.send(());
+                    publish_event(&reload_event(EventKind::Reloaded, request, message));
                     outbox.push(Item::Status(reporter.status(true)));
                 }
-                // Dropping the candidate stops its worker; the serving engine never paused.
-                Err(why) => publish_event(&reload_event(EventKind::ReloadRejected, format!("the new engine failed its health call: {why}"))),
+                // Dropping the candidate stopped its worker; the serving engine never paused.
+                Settled::Rejected(event) => publish_event(&event),
+                Settled::Stale => {}
             },
             _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {
                 outbox.push(Item::Telemetry(reporter.telemetry(), reporter.telemetry_properties()));

@@ -1,14 +1,28 @@
-//! What answers questions, and replacing it while serving (SIGHUP).
+//! What answers questions, and replacing it while serving (SIGHUP) as a transaction.
 //!
 //! [`Serving`] is a bundle with the engine running it; [`Current`] holds the one in use. A
-//! [`Reload`] candidate is started beside it and takes over only once its engine passed its
-//! health call ([`until_ready`]); a question keeps the `Serving` it started with, so the old
-//! engine lives until its last question is answered. A reload applies only what can change
-//! without a restart ([`reload_refusal`]).
+//! [`Reload`] request's candidate is started beside it and takes over only once its engine passed
+//! its health call and probe ([`until_ready`]); a question keeps the `Serving` it started with, so
+//! the old engine lives until its last question is answered. A reload applies only what can
+//! change without a restart ([`reload_refusal`]).
+//!
+//! Reloads are transactions (systemd's job queue, Kubernetes' rollouts): [`Transaction`], without
+//! I/O, keeps at most one request pending; a newer request supersedes it (its candidate is
+//! stopped, a `reload_superseded` event names it), and a verdict that comes for a superseded
+//! request is stale and ignored, so a slow older candidate can never overtake a newer one. Each
+//! request is settled exactly once: `reloaded`, `reload_rejected` or `reload_superseded`.
+//! [`Reloads`] does the I/O: a candidate's task starts only once the candidate before it has
+//! stopped (its workers reaped), so at most one candidate model is ever loaded beside the
+//! serving one, however fast SIGHUPs come.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use laya_topics::wire::{EngineEvent, EventKind, ReloadRef};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use super::events::reload_event;
 use super::telemetry::{Identity, Served};
 use crate::bundle::HostBundle;
 use crate::config::Config;
@@ -59,11 +73,225 @@ impl Current {
     }
 }
 
-/// A reload's candidate, made by the command line from the re-read configuration: the new
-/// configuration, its bundle and the engine to start for it; or why none could be made.
+/// A reload request, made by the command line from the re-read configuration (one per SIGHUP it
+/// acts on, numbered from 1 in `request`): the new configuration, its bundle and the engine to
+/// start for it; or why none could be made.
 pub enum Reload {
-    Candidate { config: Box<Config>, bundle: Arc<HostBundle>, engine: Box<EngineConfig> },
-    Failed(String),
+    Candidate { request: ReloadRef, config: Box<Config>, bundle: Arc<HostBundle>, engine: Box<EngineConfig> },
+    Failed { request: ReloadRef, why: String },
+}
+
+/// The reload transaction's state, without I/O: the one pending request, if any, and the newest
+/// request seen.
+#[derive(Debug, Default)]
+pub struct Transaction {
+    pending: Option<ReloadRef>,
+    newest: u64,
+}
+
+/// What a new request does to the transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Begun {
+    /// It is the newest: it goes on, superseding the pending one if any.
+    Newest { superseded: Option<ReloadRef> },
+    /// A request older than one already seen (never from one command line): ignored.
+    Stale,
+}
+
+impl Transaction {
+    /// A request arrived. It becomes the pending one only if it starts a candidate
+    /// (`starts`); a request that fails or is refused at once supersedes the pending one all the
+    /// same (the configuration it read is the newest) and is settled by its caller.
+    pub fn begin(&mut self, request: &ReloadRef, starts: bool) -> Begun {
+        if request.request <= self.newest {
+            return Begun::Stale;
+        }
+        self.newest = request.request;
+        let superseded = self.pending.take();
+        if starts {
+            self.pending = Some(request.clone());
+        }
+        Begun::Newest { superseded }
+    }
+
+    /// A candidate's verdict for `request`: `true` if it settles the pending request, `false`
+    /// for a verdict of a superseded request (already settled as superseded).
+    pub fn settle(&mut self, request: u64) -> bool {
+        match &self.pending {
+            Some(p) if p.request == request => {
+                self.pending = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The request whose candidate is being started or health-checked.
+    pub fn pending(&self) -> Option<&ReloadRef> {
+        self.pending.as_ref()
+    }
+}
+
+/// A candidate's verdict, from its task to the service loop.
+pub struct Verdict {
+    pub request: ReloadRef,
+    pub outcome: Result<Taken, String>,
+}
+
+/// A candidate that passed, for the service to take over: the new configuration and what serves
+/// it. Answer `taken` when it is taken; dropping it unanswered (a stale verdict) lets the
+/// candidate's task wait for the engine to stop.
+pub struct Taken {
+    pub config: Box<Config>,
+    pub serving: Arc<Serving>,
+    pub taken: oneshot::Sender<()>,
+}
+
+/// What the service loop does with a verdict.
+pub enum Settled {
+    /// Serve this candidate from now on, then publish `reloaded`.
+    TakeOver(ReloadRef, Taken),
+    /// Publish this `reload_rejected`.
+    Rejected(EngineEvent),
+    /// A superseded request's verdict: nothing (it was settled when it was superseded).
+    Stale,
+}
+
+/// The bound on waiting for a stopped candidate's workers to be reaped (a SIGKILL and a wait).
+const STOP_BOUND: Duration = Duration::from_secs(10);
+
+/// The reload transactions of one service: the pure [`Transaction`] and the candidates' tasks.
+pub struct Reloads {
+    tx: Transaction,
+    /// Cancels the pending candidate's task (sent or dropped).
+    cancel: Option<oneshot::Sender<()>>,
+    /// The newest candidate's task: the next candidate starts only once it has ended, and it ends
+    /// only once its engine stopped or was taken over.
+    last_task: Option<JoinHandle<()>>,
+    verdicts: mpsc::UnboundedSender<Verdict>,
+}
+
+impl Reloads {
+    /// Verdicts go to `verdicts`, for the service loop's [`Reloads::settle`].
+    pub fn new(verdicts: mpsc::UnboundedSender<Verdict>) -> Reloads {
+        Reloads { tx: Transaction::default(), cancel: None, last_task: None, verdicts }
+    }
+
+    /// A new request: the events to publish now (what it supersedes, and its own refusal if it
+    /// cannot be applied); its candidate, if it has one, is started once the one before it has
+    /// stopped.
+    pub fn request(&mut self, reload: Reload, serving: &Config) -> Vec<EngineEvent> {
+        let (request, refused) = match &reload {
+            Reload::Failed { request, why } => (request.clone(), Some(why.clone())),
+            Reload::Candidate { request, config, .. } => (request.clone(), reload_refusal(serving, config)),
+        };
+        let superseded = match self.tx.begin(&request, refused.is_none()) {
+            Begun::Stale => {
+                tracing::warn!(request = request.request, "an older reload request came after a newer one: ignored");
+                return Vec::new();
+            }
+            Begun::Newest { superseded } => superseded,
+        };
+        let mut events = Vec::new();
+        if let Some(old) = superseded {
+            // Its task stops its engine; the next candidate waits for that.
+            self.cancel = None;
+            let message = format!(
+                "reload {} ({}) was superseded by reload {} before its engine passed its health call; its worker was stopped",
+                old.request,
+                old.model.as_deref().unwrap_or("?"),
+                request.request
+            );
+            events.push(reload_event(EventKind::ReloadSuperseded, old, message));
+        }
+        match (reload, refused) {
+            (_, Some(why)) => events.push(reload_event(EventKind::ReloadRejected, request, why)),
+            (Reload::Candidate { request, config, bundle, engine }, None) => {
+                tracing::info!(request = request.request, model = %bundle.dir.display(), "reload: starting the new engine beside the serving one");
+                let (cancel, cancelled) = oneshot::channel();
+                self.cancel = Some(cancel);
+                let before = self.last_task.take();
+                let verdicts = self.verdicts.clone();
+                self.last_task =
+                    Some(tokio::spawn(candidate(before, cancelled, request, config, bundle, engine, verdicts)));
+            }
+            (Reload::Failed { .. }, None) => {}
+        }
+        events
+    }
+
+    /// A candidate's verdict, settled: a stale one is dropped (its task then waits for its
+    /// engine to stop).
+    pub fn settle(&mut self, verdict: Verdict) -> Settled {
+        if !self.tx.settle(verdict.request.request) {
+            tracing::debug!(request = verdict.request.request, "a superseded reload's verdict: ignored");
+            return Settled::Stale;
+        }
+        self.cancel = None;
+        match verdict.outcome {
+            Ok(taken) => Settled::TakeOver(verdict.request, taken),
+            Err(why) => Settled::Rejected(reload_event(
+                EventKind::ReloadRejected,
+                verdict.request,
+                format!("the new engine failed its health call: {why}"),
+            )),
+        }
+    }
+}
+
+/// A candidate's task: waits for the candidate before it to stop, starts the engine, waits for
+/// its verdict (or its cancellation) and sends it; it ends once its engine has stopped, or was
+/// taken over.
+async fn candidate(
+    before: Option<JoinHandle<()>>,
+    mut cancelled: oneshot::Receiver<()>,
+    request: ReloadRef,
+    config: Box<Config>,
+    bundle: Arc<HostBundle>,
+    engine: Box<EngineConfig>,
+    verdicts: mpsc::UnboundedSender<Verdict>,
+) {
+    // Never two candidates loaded at once: the one before has stopped (bounded: its task ends
+    // within STOP_BOUND of being cancelled).
+    if let Some(before) = before {
+        let _ = before.await;
+    }
+    if !matches!(cancelled.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+        return; // superseded while it waited: never started
+    }
+    let serving = Arc::new(Serving::new(bundle, Engine::start(*engine), config.engine.backend.name()));
+    let stopped = serving.engine.stopped();
+    let within = reload_allowance(&config);
+    let n = request.request;
+    let verdict = tokio::select! {
+        verdict = until_ready(&serving.engine, within) => Some(verdict),
+        _ = &mut cancelled => None,
+    };
+    match verdict {
+        Some(Ok(())) => {
+            let (taken, was_taken) = oneshot::channel();
+            let _ = verdicts.send(Verdict { request, outcome: Ok(Taken { config, serving, taken }) });
+            if was_taken.await.is_ok() {
+                return; // the service's engine now
+            }
+        }
+        Some(Err(why)) => {
+            // The rejection is published once the rejected worker is gone.
+            drop(serving);
+            stop_within(stopped, n).await;
+            let _ = verdicts.send(Verdict { request, outcome: Err(why) });
+            return;
+        }
+        None => drop(serving),
+    }
+    stop_within(stopped, n).await;
+}
+
+/// Waits for a dropped candidate's engine to stop, up to [`STOP_BOUND`].
+async fn stop_within(stopped: impl std::future::Future<Output = ()>, request: u64) {
+    if tokio::time::timeout(STOP_BOUND, stopped).await.is_err() {
+        tracing::warn!(request, "a reload candidate's worker was not reaped within {} s", STOP_BOUND.as_secs());
+    }
 }
 /// Why a reload's configuration cannot be applied without a restart, if it cannot: the broker
 /// connection (`[mqtt]`), the queue and limits it announced and admits by (`[limits]`) and the
@@ -150,6 +378,42 @@ mod tests {
         let why = reload_refusal(&serving, &new).expect("refused");
         assert!(why.contains("[mqtt], [limits]"), "{why}");
         assert!(why.contains("only a restart applies"), "{why}");
+    }
+
+    fn req(n: u64) -> ReloadRef {
+        ReloadRef { request: n, model: Some(format!("/m/{n}")) }
+    }
+
+    #[test]
+    fn a_newer_request_supersedes_the_pending_one_and_its_late_verdict_is_stale() {
+        let mut t = Transaction::default();
+        assert_eq!(t.begin(&req(1), true), Begun::Newest { superseded: None });
+        assert_eq!(t.begin(&req(2), true), Begun::Newest { superseded: Some(req(1)) });
+        assert_eq!(t.pending(), Some(&req(2)));
+        assert!(!t.settle(1), "the older candidate's verdict, coming late, settles nothing");
+        assert_eq!(t.pending(), Some(&req(2)));
+        assert!(t.settle(2));
+        assert!(!t.settle(2), "a request is settled once");
+        assert_eq!(t.pending(), None);
+    }
+
+    #[test]
+    fn a_newer_request_that_fails_at_once_still_supersedes_the_pending_one() {
+        let mut t = Transaction::default();
+        t.begin(&req(1), true);
+        assert_eq!(t.begin(&req(2), false), Begun::Newest { superseded: Some(req(1)) });
+        assert_eq!(t.pending(), None, "nothing pending: the failed request is settled by its caller");
+        assert!(!t.settle(1));
+        assert_eq!(t.begin(&req(3), true), Begun::Newest { superseded: None });
+    }
+
+    #[test]
+    fn an_older_request_after_a_newer_one_is_ignored() {
+        let mut t = Transaction::default();
+        t.begin(&req(5), true);
+        assert_eq!(t.begin(&req(4), true), Begun::Stale);
+        assert_eq!(t.begin(&req(5), true), Begun::Stale);
+        assert_eq!(t.pending(), Some(&req(5)));
     }
 
     #[test]

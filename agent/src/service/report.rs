@@ -35,6 +35,7 @@ pub fn config_error_event(message: &str) -> EngineEvent {
         deadline_ms: None,
         role: Some(Role::Primary),
         probe: None,
+        reload: None,
     }
 }
 

@@ -141,3 +141,168 @@ async fn ask(c: &Client, id: String) {
 fn text_of(v: &Value, key: &str) -> String {
     v.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
 }
+
+/// The reload events `seen` carries, in order: (event, request number, model).
+fn reload_outcomes(seen: &[(String, Value)]) -> Vec<(String, i64, String)> {
+    seen.iter()
+        .filter(|(t, v)| is_event(t, v, &["reloaded", "reload_rejected", "reload_superseded"]))
+        .map(|(_, v)| {
+            let reload = v.get("reload").cloned().unwrap_or(Value::Null);
+            (
+                text_of(v, "event"),
+                reload.get("request").and_then(Value::as_i64).unwrap_or(-1),
+                reload.get("model").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `pid` has `n` live children (its workers), for up to `within`.
+async fn until_children(pid: u32, n: usize, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if children(pid).len() == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+async fn status_of(port: u16, device: &str) -> Value {
+    let mut s = Client::connect(port, &format!("{device}-status-{}", free_port())).await;
+    s.subscribe(&format!("laya/v1/{device}/status")).await;
+    decode(&s.next(Duration::from_secs(10)).await.expect("the retained status"))
+}
+
+/// Issue #40, item 1: a reload is a transaction and the last one wins. A reload whose model
+/// takes seconds to load is superseded by a newer one that loads at once: the older candidate's
+/// worker is stopped and named by a `reload_superseded` event, the newer one serves, and when
+/// the older one's load time has passed nothing else happens: it never takes over (it did: the
+/// agent served the first configuration while the file named the second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_slower_reload_is_superseded_by_a_newer_one_and_never_overtakes_it() {
+    let broker = Broker::start("reload-race", "");
+    let engine = "[engine]\nbackend = \"null\"\n";
+    let agent = Agent::start(&broker, "dev-race", engine);
+    let text = std::fs::read_to_string(&agent.config).expect("config");
+    let pid = agent.child.as_ref().expect("running").id();
+    let hup = || assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().expect("kill").success());
+    let mut c = Client::connect(broker.port, "race-asker").await;
+    c.subscribe("laya/v1/reply/race-asker/#").await;
+    c.subscribe("laya/v1/dev-race/events").await;
+    wait_online(broker.port, "dev-race").await;
+    assert!(until_children(pid, 1, Duration::from_secs(30)).await, "one serving worker");
+
+    // 1. wp-t4, whose engine takes 8 s to load: its candidate worker starts beside the serving one.
+    let slow = "[engine]\nbackend = \"null\"\nnull_faults = \"load-sleep=8000\"\n";
+    std::fs::write(&agent.config, text.replace(engine, slow).replace("models/bpe-small", "models/wp-t4"))
+        .expect("config");
+    hup();
+    assert!(until_children(pid, 2, Duration::from_secs(30)).await, "the first reload's candidate is loading");
+
+    // 2. bpe-t5, loading at once, while the first is still loading.
+    std::fs::write(&agent.config, text.replace("models/bpe-small", "models/bpe-t5")).expect("config");
+    hup();
+    for i in 0..5 {
+        ask_as(&c, "race-asker", "dev-race", format!("r{i}")).await;
+    }
+    let (mut seen, hit) =
+        collect_until(&mut c, Duration::from_secs(60), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
+    assert!(hit, "a verdict on the second reload: {:?}", reload_outcomes(&seen));
+    let outcomes = reload_outcomes(&seen);
+    assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+    assert_eq!((outcomes[0].0.as_str(), outcomes[0].1), ("reload_superseded", 1), "{outcomes:?}");
+    assert!(outcomes[0].2.ends_with("wp-t4"), "{outcomes:?}");
+    assert_eq!((outcomes[1].0.as_str(), outcomes[1].1), ("reloaded", 2), "{outcomes:?}");
+    assert!(outcomes[1].2.ends_with("bpe-t5"), "{outcomes:?}");
+
+    // The superseded candidate's worker is gone; after its load time nothing else happens.
+    assert!(until_children(pid, 1, Duration::from_secs(30)).await, "only the serving worker left: {:?}", children(pid));
+    let (later, hit) = collect_until(&mut c, Duration::from_secs(12), |t, v| {
+        is_event(t, v, &["reloaded", "reload_rejected", "reload_superseded"])
+    })
+    .await;
+    assert!(!hit, "no outcome after the last request's: {:?}", reload_outcomes(&later));
+    seen.extend(later);
+    let status = status_of(broker.port, "dev-race").await;
+    assert_eq!(text_of(&status, "model_name"), "bpe-t5", "the last configuration read serves");
+    let answered: HashSet<String> = seen
+        .iter()
+        .filter(|(t, v)| t.contains("/reply/") && v.get("answers").is_some())
+        .map(|(_, v)| text_of(v, "id"))
+        .collect();
+    assert_eq!(answered.len(), 5, "every question answered: {answered:?}");
+}
+
+/// Issue #40, item 1: ten SIGHUPs in a row with slow-loading models never start more than one
+/// candidate beside the serving worker (they started one each: nine models loaded at once), each
+/// request is settled by exactly one event, and the last one serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_reloads_in_a_row_load_one_candidate_at_a_time_and_settle_each_request_once() {
+    let broker = Broker::start("reload-storm", "");
+    let engine = "[engine]\nbackend = \"null\"\n";
+    let agent = Agent::start(&broker, "dev-storm", engine);
+    let text = std::fs::read_to_string(&agent.config).expect("config");
+    let pid = agent.child.as_ref().expect("running").id();
+    let mut c = Client::connect(broker.port, "storm-asker").await;
+    c.subscribe("laya/v1/reply/storm-asker/#").await;
+    c.subscribe("laya/v1/dev-storm/events").await;
+    wait_online(broker.port, "dev-storm").await;
+
+    // The agent's workers, counted every few milliseconds while the reloads come.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(children(pid).len());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            most
+        }
+    });
+    let slow = "[engine]\nbackend = \"null\"\nnull_faults = \"load-sleep=3000\"\n";
+    let models = ["models/wp-t4", "models/bpe-t5"];
+    for i in 0..10 {
+        let model = models[i % 2];
+        std::fs::write(&agent.config, text.replace(engine, slow).replace("models/bpe-small", model)).expect("config");
+        assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().expect("kill").success());
+        ask_as(&c, "storm-asker", "dev-storm", format!("s{i}")).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let (mut seen, hit) =
+        collect_until(&mut c, Duration::from_secs(60), |t, v| is_event(t, v, &["reloaded", "reload_rejected"])).await;
+    assert!(hit, "a verdict on the last reload: {:?}", reload_outcomes(&seen));
+    let (later, _) = collect_until(&mut c, Duration::from_secs(8), |_, _| false).await;
+    seen.extend(later);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.join().expect("sampler");
+    assert!(most <= 2, "at most the serving worker and one candidate at once, saw {most}");
+
+    let outcomes = reload_outcomes(&seen);
+    let last = outcomes.iter().map(|o| o.1).max().expect("outcomes");
+    let mut requests: Vec<i64> = outcomes.iter().map(|o| o.1).collect();
+    requests.sort_unstable();
+    assert_eq!(requests, (1..=last).collect::<Vec<_>>(), "each request settled exactly once: {outcomes:?}");
+    for (event, request, _) in &outcomes {
+        let want = if *request == last { "reloaded" } else { "reload_superseded" };
+        assert_eq!(event, want, "{outcomes:?}");
+    }
+    assert!(last >= 2, "several requests (SIGHUPs coming while one is read are one): {outcomes:?}");
+    let status = status_of(broker.port, "dev-storm").await;
+    assert_eq!(text_of(&status, "model_name"), "bpe-t5", "the last configuration read serves");
+    let answered: HashSet<String> = seen
+        .iter()
+        .filter(|(t, v)| t.contains("/reply/") && v.get("answers").is_some())
+        .map(|(_, v)| text_of(v, "id"))
+        .collect();
+    assert_eq!(answered.len(), 10, "every question answered: {answered:?}");
+}
+
+async fn ask_as(c: &Client, asker: &str, device: &str, id: String) {
+    let body = json::to_string(&request(&id), json::Style::COMPACT).into_bytes();
+    let to = format!("laya/v1/reply/{asker}/{id}");
+    c.ask(&format!("laya/v1/{device}/ask"), body, Some(&to), Some(id.as_bytes()), Encoding::Json).await
+}

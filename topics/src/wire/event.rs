@@ -35,6 +35,9 @@ wire_names! {
         SessionTakenOver = "session_taken_over",
         /// `serve` refused its configuration at start.
         ConfigError = "config_error",
+        /// A newer reload request came before this one's engine passed its health call: its
+        /// candidate was stopped and the newer request goes on.
+        ReloadSuperseded = "reload_superseded",
     }
 }
 
@@ -98,6 +101,34 @@ pub struct EngineEvent {
     pub role: Option<Role>,
     /// The probe's figures, for `probe_failed`.
     pub probe: Option<ProbeFigures>,
+    /// Which reload request a `reloaded`, `reload_rejected` or `reload_superseded` event settles.
+    pub reload: Option<ReloadRef>,
+}
+
+/// A reload request, as its events name it: `{"request": N, "model": DIR}`. Requests are
+/// numbered from 1 in each run of the agent (one per SIGHUP it acted on); each gets exactly one
+/// outcome event. `model` is the model directory the request's configuration names (null when
+/// the configuration could not be read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadRef {
+    pub request: u64,
+    pub model: Option<String>,
+}
+
+impl ReloadRef {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("request".into(), Value::Int(self.request.into()));
+        m.insert("model".into(), self.model.as_deref().map_or(Value::Null, Value::from));
+        Value::Object(m)
+    }
+
+    /// Reads back what [`ReloadRef::to_value`] wrote (for consumers such as `model install`).
+    pub fn from_value(v: &Value) -> Option<ReloadRef> {
+        let request = v.get("request").and_then(Value::as_i64).and_then(|n| u64::try_from(n).ok())?;
+        let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+        Some(ReloadRef { request, model })
+    }
 }
 
 /// One run of a bundle's probe: how closely the backend answered like the float model.
@@ -202,6 +233,9 @@ impl EngineEvent {
         if let Some(p) = &self.probe {
             m.insert("probe".into(), p.to_value());
         }
+        if let Some(r) = &self.reload {
+            m.insert("reload".into(), r.to_value());
+        }
         Value::Object(m)
     }
 }
@@ -221,6 +255,7 @@ mod tests {
             deadline_ms: None,
             role: Some(Role::Primary),
             probe: None,
+            reload: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),
@@ -269,6 +304,7 @@ mod tests {
             deadline_ms: None,
             role: Some(Role::Primary),
             probe: Some(figures),
+            reload: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),
@@ -309,7 +345,8 @@ mod tests {
                 "reloaded",
                 "reload_rejected",
                 "session_taken_over",
-                "config_error"
+                "config_error",
+                "reload_superseded"
             ]
         );
         assert_eq!(Role::ALL.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["primary", "fallback"]);
@@ -317,6 +354,33 @@ mod tests {
             BackendState::ALL.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             ["starting", "ready", "degraded"]
         );
+    }
+
+    #[test]
+    fn a_reload_event_names_its_request_and_reads_it_back() {
+        let e = EngineEvent {
+            event: EventKind::ReloadSuperseded,
+            reason: None,
+            code: None,
+            name: None,
+            message: "superseded".into(),
+            deadline_ms: None,
+            role: None,
+            probe: None,
+            reload: Some(ReloadRef { request: 3, model: Some("/m/a".into()) }),
+        };
+        let v = e.to_value();
+        assert_eq!(
+            json::to_string(&v, json::Style::COMPACT),
+            concat!(
+                r#"{"event":"reload_superseded","reason":null,"code":null,"name":null,"message":"superseded","#,
+                r#""deadline_ms":null,"role":"","reload":{"request":3,"model":"/m/a"}}"#
+            )
+        );
+        assert_eq!(v.get("reload").and_then(ReloadRef::from_value), e.reload);
+        let unread = ReloadRef { request: 4, model: None };
+        assert_eq!(ReloadRef::from_value(&unread.to_value()), Some(unread));
+        assert_eq!(ReloadRef::from_value(&Value::Null), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use crate::value::{Map, Value};
 use crate::{cbor, json};
 
-pub use event::{BackendState, EngineEvent, EventKind, ProbeFigures, ProbeGraph, Role};
+pub use event::{BackendState, EngineEvent, EventKind, ProbeFigures, ProbeGraph, ReloadRef, Role};
 pub use laya::LayaVersion;
 pub use reply::{Reply, Timing};
 pub use status::Status;
