@@ -195,8 +195,10 @@ async fn an_older_slower_reload_is_superseded_by_a_newer_one_and_never_overtakes
     assert!(until_children(pid, 1, Duration::from_secs(30)).await, "one serving worker");
 
     // 1. wp-t4, whose engine takes 8 s to load: its candidate worker starts beside the serving one.
-    let slow = "[engine]\nbackend = \"null\"\nnull_faults = \"load-sleep=8000\"\n";
-    std::fs::write(&agent.config, text.replace(engine, slow).replace("models/bpe-small", "models/wp-t4"))
+    // Every call its workers get is recorded: none may ever reach it.
+    let record = temp_dir("reload-race-record").join("calls");
+    let slow = format!("[engine]\nbackend = \"null\"\nnull_faults = \"load-sleep=8000,record={}\"\n", record.display());
+    std::fs::write(&agent.config, text.replace(engine, &slow).replace("models/bpe-small", "models/wp-t4"))
         .expect("config");
     hup();
     assert!(until_children(pid, 2, Duration::from_secs(30)).await, "the first reload's candidate is loading");
@@ -224,6 +226,8 @@ async fn an_older_slower_reload_is_superseded_by_a_newer_one_and_never_overtakes
     })
     .await;
     assert!(!hit, "no outcome after the last request's: {:?}", reload_outcomes(&later));
+    let calls = std::fs::read_to_string(&record).unwrap_or_default();
+    assert!(calls.is_empty(), "the superseded candidate was stopped while loading, never called: {calls}");
     seen.extend(later);
     let status = status_of(broker.port, "dev-race").await;
     assert_eq!(text_of(&status, "model_name"), "bpe-t5", "the last configuration read serves");
