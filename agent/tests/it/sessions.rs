@@ -155,13 +155,13 @@ fn the_agent_pings_and_watches_the_link_at_the_keep_alive_its_broker_assigns_hig
             || s.connections.first().is_some_and(|c| c.started.elapsed() >= first)),
         "the agent connects"
     );
-    broker.seen(|s| {
-        assert_eq!(s.connections.len(), 1, "one connection while idle for three periods of 8 s: {:?}", s.connections);
-        let c = &s.connections[0];
-        assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive");
-        assert!(!c.expired, "the broker never found the link silent");
-        assert_eq!(c.pings_within(first), 3, "PINGREQs every 8 s, the broker's period: {:?}", c.pings);
-    });
+    // (Read out of the broker's lock: an assertion failing under it would poison it.)
+    let connections = broker.seen(|s| s.connections.clone());
+    assert_eq!(connections.len(), 1, "one connection while idle for three periods of 8 s: {connections:?}");
+    let c = &connections[0];
+    assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive");
+    assert!(!c.expired, "the broker never found the link silent");
+    assert_eq!(c.pings_within(first), 3, "PINGREQs every 8 s, the broker's period: {:?}", c.pings);
     // The broker restarts and assigns 2 s: four periods and a half, pings at 2, 4, 6 and 8 s (at
     // the agent's 5 s the broker would close the connection after 3 s).
     broker.drop_connection();
@@ -170,16 +170,12 @@ fn the_agent_pings_and_watches_the_link_at_the_keep_alive_its_broker_assigns_hig
             || s.connections.get(1).is_some_and(|c| c.started.elapsed() >= second)),
         "the agent connects again"
     );
-    broker.seen(|s| {
-        assert_eq!(s.connections.len(), 2, "one connection while idle for four periods of 2 s: {:?}", s.connections);
-        let c = &s.connections[1];
-        assert_eq!(
-            c.keep_alive, 5,
-            "the agent asks for its own keep-alive again, not the one the last broker assigned"
-        );
-        assert!(!c.expired, "the broker never found the link silent");
-        assert_eq!(c.pings_within(second), 4, "PINGREQs every 2 s, the broker's period: {:?}", c.pings);
-    });
+    let connections = broker.seen(|s| s.connections.clone());
+    assert_eq!(connections.len(), 2, "one connection while idle for four periods of 2 s: {connections:?}");
+    let c = &connections[1];
+    assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive again, not the one the last broker assigned");
+    assert!(!c.expired, "the broker never found the link silent");
+    assert_eq!(c.pings_within(second), 4, "PINGREQs every 2 s, the broker's period: {:?}", c.pings);
 }
 
 /// Issue #40, item 2: a CONNACK with Receive Maximum 0 (a protocol error, MQTT 5 §3.2.2.3.3) left
@@ -204,12 +200,13 @@ fn a_connack_with_receive_maximum_zero_makes_the_agent_connect_again_and_the_nex
         .ask(ask, &[(Encoding::Json.encode(&request("rm0")), reply_to.to_owned(), b"c".to_vec())])
         .expect("a question on the second connection");
     assert!(broker.wait_for(Duration::from_secs(60), |s| s.sent_on(reply_to) == 1), "the question is answered");
-    broker.seen(|s| {
-        assert_eq!(s.connections.len(), 2, "one connection refused, one served: {:?}", s.connections);
-        assert_eq!(s.subscriptions.len(), 1, "nothing was sent on the first connection: {:?}", s.subscriptions);
+    let (connections, subscriptions, online) = broker.seen(|s| {
         let online = s.sent.iter().any(|p| {
             p.topic == "laya/v1/dev-rm0/status" && String::from_utf8_lossy(&p.payload).contains(r#""state":"online""#)
         });
-        assert!(online, "the status says online on the second connection");
+        (s.connections.len(), s.subscriptions.clone(), online)
     });
+    assert_eq!(connections, 2, "one connection refused, one served");
+    assert_eq!(subscriptions.len(), 1, "nothing was sent on the first connection: {subscriptions:?}");
+    assert!(online, "the status says online on the second connection");
 }
