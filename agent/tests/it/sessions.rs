@@ -148,8 +148,9 @@ fn the_agent_pings_and_watches_the_link_at_the_keep_alive_its_broker_assigns_hig
         &format!("broker = \"{}\"\nkeep_alive_s = 5\ntelemetry_interval_s = 0\n", broker.url()),
     );
     // Three and a half periods of 8 s: pings at 8, 16 and 24 s (at the agent's own 5 s there
-    // would be five; with the silence check at 7.5 s, a second connection before the first).
-    let (first, second) = (Duration::from_secs(28), Duration::from_secs(9));
+    // would be five; with the silence check at 7.5 s, a second connection before the first). One
+    // late ping is allowed for a loaded machine: a count, not a timing.
+    let (first, second) = (Duration::from_secs(28), Duration::from_secs(11));
     assert!(
         broker.wait_for(Duration::from_secs(120), |s| s.connections.len() > 1
             || s.connections.first().is_some_and(|c| c.started.elapsed() >= first)),
@@ -161,9 +162,10 @@ fn the_agent_pings_and_watches_the_link_at_the_keep_alive_its_broker_assigns_hig
     let c = &connections[0];
     assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive");
     assert!(!c.expired, "the broker never found the link silent");
-    assert_eq!(c.pings_within(first), 3, "PINGREQs every 8 s, the broker's period: {:?}", c.pings);
-    // The broker restarts and assigns 2 s: four periods and a half, pings at 2, 4, 6 and 8 s (at
-    // the agent's 5 s the broker would close the connection after 3 s).
+    let pings = c.pings_within(first);
+    assert!((2..=3).contains(&pings), "PINGREQs every 8 s, the broker's period: {pings} in {first:?}: {:?}", c.pings);
+    // The broker restarts and assigns 2 s: five periods and a half, pings at 2, 4, 6, 8 and 10 s
+    // (at the agent's 5 s the broker would close the connection after 3 s).
     broker.drop_connection();
     assert!(
         broker.wait_for(Duration::from_secs(60), |s| s.connections.len() > 2
@@ -171,11 +173,12 @@ fn the_agent_pings_and_watches_the_link_at_the_keep_alive_its_broker_assigns_hig
         "the agent connects again"
     );
     let connections = broker.seen(|s| s.connections.clone());
-    assert_eq!(connections.len(), 2, "one connection while idle for four periods of 2 s: {connections:?}");
+    assert_eq!(connections.len(), 2, "one connection while idle for five periods of 2 s: {connections:?}");
     let c = &connections[1];
     assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive again, not the one the last broker assigned");
     assert!(!c.expired, "the broker never found the link silent");
-    assert_eq!(c.pings_within(second), 4, "PINGREQs every 2 s, the broker's period: {:?}", c.pings);
+    let pings = c.pings_within(second);
+    assert!((4..=5).contains(&pings), "PINGREQs every 2 s, the broker's period: {pings} in {second:?}: {:?}", c.pings);
 }
 
 /// Issue #40, item 2: a CONNACK with Receive Maximum 0 (a protocol error, MQTT 5 §3.2.2.3.3) left
