@@ -132,6 +132,7 @@ fn main() {
             response_topic: Some("laya/v1/reply/c/b1"),
             correlation: None,
             message_expiry_s: None,
+            retained: false,
         };
         let d = admission.decide(&m, Instant::now(), &cache);
         assert!(matches!(d, Decision::Answer { .. }));

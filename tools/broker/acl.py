@@ -66,6 +66,7 @@ def main(argv):
         "# Every authenticated user (applications): asks a device or a fleet, reads the replies on",
         "# response topics under its own user name ({prefix}/reply/{user}/{key}...), and sees which",
         "# devices are online. Nobody but a device writes replies, status, telemetry or events.",
+        "# (An ACL cannot refuse the retain flag on ask topics: the agents refuse retained questions.)",
         f"pattern write {prefix}/+/ask",
         f"pattern write {prefix}/fleet/+/ask",
         f"pattern read {prefix}/reply/%u/+/#",

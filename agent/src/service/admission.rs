@@ -11,6 +11,15 @@
 //! A redelivered question is recognised by its [`RequestKey`]: its id, its reply topic and a
 //! digest of its bytes. A reused id with new content is a new question (MQTT 3.1.1 clients share
 //! one reply topic per id and device, so they must still use unique ids).
+//!
+//! A question delivered with the retain flag is never answered, nor replied to: a retained
+//! question stays on the broker and would be delivered again to every new session of the agent,
+//! each time answered on the response topic it names (anyone allowed to ask could make a device
+//! answer a victim at every restart). It is reported on the errors topic instead and acknowledged;
+//! a copy of it delivered again in the same session (a lost acknowledgement, a reconnect) is
+//! acknowledged without a second report ([`RetainedReports`]). The agent subscribes with Retain
+//! As Published, so a live publish with the retain flag is seen as retained too, not only the
+//! copy the broker sends at subscription (docs/security.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
@@ -40,6 +49,9 @@ pub struct Incoming<'a> {
     pub correlation: Option<&'a [u8]>,
     /// Seconds left of the message's lifetime, as the broker forwarded it.
     pub message_expiry_s: Option<u32>,
+    /// Delivered with the retain flag: stored by the broker and sent at subscription, or
+    /// published with it (seen through Retain As Published).
+    pub retained: bool,
 }
 
 /// The verdict.
@@ -68,6 +80,15 @@ pub struct RequestKey {
 
 /// The longest request id usable as a reply topic level, in bytes.
 pub const MAX_ID_LEVEL: usize = 256;
+
+/// What a retained question's report says.
+pub const RETAINED_QUESTION: &str = "a question published with the retain flag is not answered: the broker would \
+     deliver it again to every new session of this device, to be answered each time; publish questions without it \
+     (an empty retained message on the topic clears it from the broker)";
+
+/// What the report of an empty retained message says: what clears a retained question, seen live.
+pub const RETAINED_CLEARED: &str =
+    "an empty retained message: a retained question was cleared from this topic (nothing to answer)";
 
 /// The agent's identity and limits, as admission needs them.
 #[derive(Debug, Clone)]
@@ -149,6 +170,22 @@ impl Admission {
         RequestKey { id: id.map(id_key).unwrap_or_default(), topic: reply_to.topic.clone(), digest: h.finish() }
     }
 
+    /// What tells one retained question from another ([`RetainedReports`]): a digest of its
+    /// bytes, content type, response topic and correlation data.
+    pub fn retained_key(&self, msg: &Incoming<'_>) -> u64 {
+        let mut h = self.digests.build_hasher();
+        for part in [
+            msg.payload,
+            msg.content_type.unwrap_or_default().as_bytes(),
+            msg.response_topic.unwrap_or_default().as_bytes(),
+            msg.correlation.unwrap_or_default(),
+        ] {
+            h.write_usize(part.len());
+            h.write(part);
+        }
+        h.finish()
+    }
+
     /// Decides what to do with a message received at `now`.
     pub fn decide(&self, msg: &Incoming<'_>, now: Instant, replies: &ReplyCache) -> Decision {
         self.decide_with(msg, now, |key| replies.get(key).map(<[u8]>::to_vec))
@@ -173,6 +210,17 @@ impl Admission {
             Some(reply_to) => Decision::Refuse { error: ErrorReply { id, code, message }, reply_to },
             None => drop(code, format!("{message} (and there is no response topic to say so on)"), id, None),
         };
+        // A retained question is answered nowhere, whatever it asks and wherever it names.
+        if msg.retained {
+            if msg.payload.is_empty() {
+                return drop(ErrorCode::BadRequest, RETAINED_CLEARED.into(), None, msg.response_topic);
+            }
+            let id = (msg.payload.len() <= self.max_payload)
+                .then(|| encoding.decode(msg.payload, self.limits.nesting_depth).ok())
+                .flatten()
+                .and_then(|doc| doc.get("id").cloned());
+            return drop(ErrorCode::BadRequest, RETAINED_QUESTION.into(), id, msg.response_topic);
+        }
         // Where a reply may go, before anything else: a refused response topic is never used.
         let response = match msg.response_topic {
             Some(t) if is_publishable(t) && self.allowlist.iter().any(|f| filter_matches(f, t)) => {
@@ -251,6 +299,36 @@ impl Admission {
             );
         }
         Decision::Answer { request: Box::new(request), reply_to, deadline, key }
+    }
+}
+
+/// The retained questions reported in this MQTT session, by [`Admission::retained_key`]: a copy
+/// delivered again in the same session is acknowledged without another report; a new session
+/// (the broker sends retained messages again at subscription) starts afresh. At most
+/// [`RetainedReports::CAPACITY`], oldest forgotten first (a forgotten one is reported again).
+#[derive(Debug, Default)]
+pub struct RetainedReports {
+    order: VecDeque<u64>,
+}
+
+impl RetainedReports {
+    pub const CAPACITY: usize = 256;
+
+    /// Whether this is the first copy of `key` in this session (then it is remembered).
+    pub fn first(&mut self, key: u64) -> bool {
+        if self.order.contains(&key) {
+            return false;
+        }
+        if self.order.len() >= RetainedReports::CAPACITY {
+            self.order.pop_front();
+        }
+        self.order.push_back(key);
+        true
+    }
+
+    /// A new MQTT session began: every retained question is reported again.
+    pub fn new_session(&mut self) {
+        self.order.clear();
     }
 }
 
@@ -337,7 +415,75 @@ mod tests {
     }
 
     fn msg(payload: &[u8]) -> Incoming<'_> {
-        Incoming { payload, content_type: None, response_topic: None, correlation: None, message_expiry_s: None }
+        Incoming {
+            payload,
+            content_type: None,
+            response_topic: None,
+            correlation: None,
+            message_expiry_s: None,
+            retained: false,
+        }
+    }
+
+    #[test]
+    fn a_retained_question_is_reported_and_not_computed_whatever_it_asks() {
+        let a = Admission { max_payload: 200, ..admission() };
+        let good = br#"{"id": "planted", "state": "s", "questions": {}}"#;
+        let to_victim = Incoming { response_topic: Some(REPLY_TOPIC), correlation: Some(b"c"), ..msg(good) };
+        assert!(matches!(a.decide(&to_victim, Instant::now(), &ReplyCache::new(4)), Decision::Answer { .. }));
+        let retained = Incoming { retained: true, ..to_victim.clone() };
+        match a.decide(&retained, Instant::now(), &ReplyCache::new(4)) {
+            Decision::Drop { report } => {
+                assert_eq!(report.error.code, ErrorCode::BadRequest);
+                assert_eq!(report.error.message, RETAINED_QUESTION);
+                assert_eq!(report.error.id, Some(Value::from("planted")));
+                assert_eq!(report.response_topic.as_deref(), Some(REPLY_TOPIC), "the topic it named, not published to");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Even one already answered (no resend), one without a response topic, one refused for
+        // its size or its content, and one whose response topic is outside the allowlist.
+        let mut cache = ReplyCache::new(4);
+        cache.put(key_of(&a, &to_victim), b"the first answer".to_vec());
+        let big = format!(r#"{{"id": "big", "state": "{}"}}"#, "x".repeat(300));
+        for m in [
+            retained.clone(),
+            Incoming { retained: true, ..msg(good) },
+            Incoming { retained: true, ..msg(big.as_bytes()) },
+            Incoming { retained: true, ..msg(b"{not json") },
+            Incoming { retained: true, response_topic: Some("factory/valves/open"), ..msg(good) },
+        ] {
+            match a.decide(&m, Instant::now(), &cache) {
+                Decision::Drop { report } => assert_eq!(report.error.message, RETAINED_QUESTION, "{m:?}"),
+                other => panic!("{m:?}: {other:?}"),
+            }
+        }
+        // An empty one is what clears a retained question: said so.
+        match a.decide(&Incoming { retained: true, ..msg(b"") }, Instant::now(), &cache) {
+            Decision::Drop { report } => assert_eq!(report.error.message, RETAINED_CLEARED),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_retained_question_is_reported_once_a_session_and_again_in_a_new_one() {
+        let a = admission();
+        let planted = Incoming { retained: true, response_topic: Some(REPLY_TOPIC), ..msg(b"{}") };
+        let other = Incoming { correlation: Some(b"other"), ..planted.clone() };
+        assert_eq!(a.retained_key(&planted), a.retained_key(&planted.clone()));
+        assert_ne!(a.retained_key(&planted), a.retained_key(&other));
+        let mut reports = RetainedReports::default();
+        assert!(reports.first(a.retained_key(&planted)));
+        assert!(!reports.first(a.retained_key(&planted)), "delivered again in the session: acknowledged only");
+        assert!(reports.first(a.retained_key(&other)));
+        reports.new_session();
+        assert!(reports.first(a.retained_key(&planted)), "a new session: reported again");
+        // Bounded: the oldest is forgotten (and would be reported again).
+        for k in 0..RetainedReports::CAPACITY as u64 {
+            reports.first(k);
+        }
+        assert_eq!(reports.order.len(), RetainedReports::CAPACITY);
+        assert!(reports.first(a.retained_key(&planted)));
     }
 
     #[test]

@@ -201,7 +201,14 @@ mod tests {
     }
 
     fn msg(payload: &[u8]) -> Incoming<'_> {
-        Incoming { payload, content_type: None, response_topic: None, correlation: None, message_expiry_s: None }
+        Incoming {
+            payload,
+            content_type: None,
+            response_topic: None,
+            correlation: None,
+            message_expiry_s: None,
+            retained: false,
+        }
     }
 
     #[test]

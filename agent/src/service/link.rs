@@ -6,7 +6,14 @@
 //! - a connection whose broker stopped answering (dropped us, or a half-open TCP link) is only
 //!   found by rumqttc at the keep-alive after an unanswered ping, two keep-alives on; here it is
 //!   declared lost once nothing came from the broker for one and a half keep-alives (MQTT 5
-//!   §3.1.2.10: the broker itself gives up on us after that long);
+//!   §3.1.2.10: the broker itself gives up on us after that long). The keep-alive is the
+//!   connection's own ([`negotiated_keep_alive`]): a broker may assign another in its CONNACK
+//!   (Server Keep Alive, MQTT 5 §3.2.2.3.14; EMQX's `mqtt.server_keepalive`, several cloud
+//!   brokers), and rumqttc then pings at the broker's value, so the silence is measured by it
+//!   too: a check at our own value would drop a healthy idle link whose broker assigned more
+//!   than one and a half times ours, before its first ping;
+//! - a CONNACK the link cannot work with ([`check_connack`]: Receive Maximum 0, a protocol
+//!   error that would leave rumqttc sending nothing at all) ends the connection at once;
 //! - a poll stuck in a write to a broker that stopped reading never returns to send a ping, so
 //!   one poll is bounded too (`poll_bound`), and the connection dropped when it runs out;
 //! - two agents with one client id (a cloned SD card) take each other's session
@@ -46,11 +53,49 @@ pub enum Loss {
     Silent,
     /// A poll of the connection made no progress within `poll_bound` (stuck writing).
     Stuck,
+    /// The broker's CONNACK broke the protocol ([`check_connack`]).
+    Protocol,
+}
+
+/// A CONNACK the link cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnAckFault {
+    /// MQTT 5 §3.2.2.3.3: "It is a Protocol Error to include the Receive Maximum value of 0".
+    /// rumqttc would take it as a window of no publish at all: not one reply, status or
+    /// acknowledgement would go out, while the pings kept the link looking healthy.
+    #[error(
+        "the broker's CONNACK has Receive Maximum 0, a protocol error (MQTT 5 §3.2.2.3.3): nothing could be published on this connection"
+    )]
+    ReceiveMaximumZero,
+}
+
+/// Whether a CONNACK with this Receive Maximum can be worked with.
+pub fn check_connack(receive_maximum: Option<u16>) -> Result<(), ConnAckFault> {
+    match receive_maximum {
+        Some(0) => Err(ConnAckFault::ReceiveMaximumZero),
+        _ => Ok(()),
+    }
+}
+
+/// The keep-alive of a connection: the broker's Server Keep Alive when it assigned one (MQTT 5
+/// §3.2.2.3.14: the client MUST use it, lower or higher than what it asked), else what we
+/// asked. rumqttc 0.25 pings at the assigned value from the CONNACK on (`mqtt_connect` writes it
+/// into its options before the ping timer starts). An assigned 0 means no keep-alive at all; we
+/// keep pinging at our own (a PINGREQ is always allowed) so that a dead link is still found,
+/// and the connection task gives rumqttc our value back (at 0 it would ping without pause).
+pub fn negotiated_keep_alive(asked: Duration, assigned: Option<u16>) -> Duration {
+    match assigned {
+        Some(0) | None => asked,
+        Some(secs) => Duration::from_secs(u64::from(secs)),
+    }
 }
 
 /// The link's state: connected or not, since when, and the backoffs.
 #[derive(Debug)]
 pub struct Link {
+    /// The keep-alive we ask for.
+    asked: Duration,
+    /// This connection's ([`negotiated_keep_alive`]); `asked` while not connected.
     keep_alive: Duration,
     min_backoff: Duration,
     max_backoff: Duration,
@@ -76,8 +121,10 @@ impl Link {
         now: Instant,
     ) -> Link {
         let min_backoff = min_backoff.max(Duration::from_millis(1));
+        let keep_alive = keep_alive.max(Duration::from_secs(1));
         Link {
-            keep_alive: keep_alive.max(Duration::from_secs(1)),
+            asked: keep_alive,
+            keep_alive,
             min_backoff,
             max_backoff: max_backoff.max(min_backoff),
             jitter,
@@ -90,10 +137,17 @@ impl Link {
         }
     }
 
-    /// A CONNACK arrived.
-    pub fn connected(&mut self, now: Instant) {
+    /// A CONNACK arrived; the connection's keep-alive is `keep_alive` (what rumqttc pings at,
+    /// [`negotiated_keep_alive`]).
+    pub fn connected(&mut self, now: Instant, keep_alive: Duration) {
         self.connected_at = Some(now);
         self.last_incoming = now;
+        self.keep_alive = keep_alive.max(Duration::from_secs(1));
+    }
+
+    /// The keep-alive the link watches now: the connection's, else the one we ask for.
+    pub fn keep_alive(&self) -> Duration {
+        self.keep_alive
     }
 
     /// Any packet from the broker.
@@ -133,6 +187,7 @@ impl Link {
     /// The connection ended: how long to wait before the next attempt.
     pub fn lost(&mut self, loss: &Loss, now: Instant) -> Duration {
         let lasted = self.connected_at.take().map(|at| now.duration_since(at));
+        self.keep_alive = self.asked;
         if lasted.is_some_and(|d| d >= STABLE) {
             self.backoff = self.min_backoff;
             self.takeover_backoff = TAKEOVER_MIN;
@@ -158,7 +213,8 @@ impl Link {
         self.early_closes >= 2
     }
 
-    /// The longest one turn of the connection task can take: a poll's bound or a backoff.
+    /// The longest one turn of the connection task can take: a poll's bound (by this
+    /// connection's keep-alive) or a backoff.
     pub fn longest_turn(&self, connect_timeout: Duration) -> Duration {
         let poll = (self.keep_alive * 3 / 2).max(connect_timeout + CONNECT_SLACK);
         poll.max(self.max_backoff.max(TAKEOVER_MAX) + self.jitter)
@@ -195,10 +251,10 @@ mod tests {
         assert_eq!(waits[1], S);
         assert_eq!(waits[7], 30 * S);
         // Accepted and dropped at once: still backing off.
-        l.connected(t0);
+        l.connected(t0, 30 * S);
         assert_eq!(l.lost(&Loss::Error, t0 + S), 30 * S);
         // A connection that lasted STABLE starts again from the minimum.
-        l.connected(t0);
+        l.connected(t0, 30 * S);
         assert_eq!(l.lost(&Loss::Error, t0 + STABLE), Duration::from_millis(500));
     }
 
@@ -209,7 +265,7 @@ mod tests {
         let mut at = t0;
         let mut waits = Vec::new();
         for _ in 0..7 {
-            l.connected(at);
+            l.connected(at, 30 * S);
             at += S; // the clone takes the session over a second later
             let w = l.lost(&Loss::TakenOver, at);
             waits.push(w);
@@ -228,10 +284,10 @@ mod tests {
     fn connections_the_broker_closes_soon_after_accepting_them_count_as_takeovers_from_the_second() {
         let t0 = Instant::now();
         let mut l = link(t0);
-        l.connected(t0);
+        l.connected(t0, 30 * S);
         assert_eq!(l.lost(&Loss::Closed, t0 + S), Duration::from_millis(500), "one early close: a broker restart");
         assert!(!l.suspected_takeover());
-        l.connected(t0 + 2 * S);
+        l.connected(t0 + 2 * S, 30 * S);
         assert_eq!(l.lost(&Loss::Closed, t0 + 3 * S), TAKEOVER_MIN, "two in a row: a clone");
         assert!(l.suspected_takeover());
         assert_eq!(l.takeovers, 1);
@@ -239,7 +295,7 @@ mod tests {
         assert_eq!(l.lost(&Loss::Error, t0 + 9 * S), 2 * S);
         assert!(!l.suspected_takeover());
         // A close after a stable connection is an ordinary loss.
-        l.connected(t0 + 10 * S);
+        l.connected(t0 + 10 * S, 30 * S);
         assert_eq!(l.lost(&Loss::Closed, t0 + 10 * S + STABLE), Duration::from_millis(500));
     }
 
@@ -248,13 +304,65 @@ mod tests {
         let t0 = Instant::now();
         let mut l = link(t0);
         assert_eq!(l.poll_bound(t0, 5 * S), 15 * S, "connecting: the connect timeout and slack");
-        l.connected(t0);
+        l.connected(t0, 30 * S);
         assert_eq!(l.poll_bound(t0, 5 * S), 45 * S);
         l.incoming(t0 + 30 * S); // the PINGRESP
         assert_eq!(l.poll_bound(t0 + 31 * S, 5 * S), 44 * S);
         assert_eq!(l.poll_timed_out(t0 + 50 * S), Loss::Stuck);
         assert_eq!(l.poll_timed_out(t0 + 75 * S), Loss::Silent);
         assert_eq!(l.poll_bound(t0 + 80 * S, 5 * S), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_keep_alive_is_the_one_the_broker_assigned_lower_or_higher_and_ours_without_one() {
+        let ours = 30 * S;
+        assert_eq!(negotiated_keep_alive(ours, None), ours);
+        assert_eq!(negotiated_keep_alive(ours, Some(60)), 60 * S);
+        assert_eq!(negotiated_keep_alive(ours, Some(2)), 2 * S);
+        assert_eq!(negotiated_keep_alive(ours, Some(u16::MAX)), Duration::from_secs(u64::from(u16::MAX)));
+        // 0 is "no keep-alive": we go on pinging (and watching) at our own.
+        assert_eq!(negotiated_keep_alive(ours, Some(0)), ours);
+    }
+
+    #[test]
+    fn a_link_whose_broker_assigned_a_keep_alive_is_silent_only_after_one_and_a_half_of_the_broker_s() {
+        let t0 = Instant::now();
+        let mut l = link(t0);
+        // The broker assigned 60 s against our 30: rumqttc pings every 60 s, so a link that heard
+        // nothing for 45 s is healthy, and the turn the liveness watch allows grows with it.
+        let turn = l.longest_turn(5 * S);
+        l.connected(t0, negotiated_keep_alive(30 * S, Some(60)));
+        assert_eq!(l.keep_alive(), 60 * S);
+        assert_eq!(l.poll_bound(t0, 5 * S), 90 * S);
+        assert_eq!(l.poll_timed_out(t0 + 50 * S), Loss::Stuck);
+        assert_eq!(l.poll_timed_out(t0 + 90 * S), Loss::Silent);
+        let long = 1000 * S;
+        l.connected(t0, long);
+        assert_eq!(l.longest_turn(5 * S), long * 3 / 2);
+        assert!(l.longest_turn(5 * S) > turn);
+        // Lost: the next connection starts from what we ask.
+        l.lost(&Loss::Closed, t0 + S);
+        assert_eq!(l.keep_alive(), 30 * S);
+        assert_eq!(l.longest_turn(5 * S), turn);
+        // Lower: 2 s assigned, silent after 3.
+        l.connected(t0, negotiated_keep_alive(30 * S, Some(2)));
+        assert_eq!(l.poll_bound(t0, 5 * S), 3 * S);
+        assert_eq!(l.poll_timed_out(t0 + 3 * S), Loss::Silent);
+    }
+
+    #[test]
+    fn a_connack_with_receive_maximum_zero_is_a_protocol_error_and_any_other_is_accepted() {
+        assert_eq!(check_connack(Some(0)), Err(ConnAckFault::ReceiveMaximumZero));
+        assert!(check_connack(Some(0)).unwrap_err().to_string().contains("Receive Maximum 0"));
+        for ok in [None, Some(1), Some(64), Some(u16::MAX)] {
+            assert_eq!(check_connack(ok), Ok(()), "{ok:?}");
+        }
+        // Lost for it: an ordinary backoff, not a takeover.
+        let t0 = Instant::now();
+        let mut l = link(t0);
+        assert_eq!(l.lost(&Loss::Protocol, t0), Duration::from_millis(500));
+        assert_eq!(l.lost(&Loss::Protocol, t0), S);
+        assert_eq!(l.takeovers, 0);
     }
 
     #[test]

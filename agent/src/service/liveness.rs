@@ -54,6 +54,9 @@ pub struct Liveness {
     epoch: Instant,
     service_loop: AtomicU64,
     link: AtomicU64,
+    /// Milliseconds the connection task's bound is lengthened by now: a broker that assigns a
+    /// longer keep-alive than ours lengthens a poll of an idle link (`Liveness::extend_link`).
+    link_extra: AtomicU64,
     stopped: AtomicBool,
 }
 
@@ -63,6 +66,7 @@ impl Liveness {
             epoch: now,
             service_loop: AtomicU64::new(0),
             link: AtomicU64::new(0),
+            link_extra: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
         }
     }
@@ -79,10 +83,19 @@ impl Liveness {
         }
     }
 
+    /// From now on the connection task may go `extra` beyond its bound (and the systemd
+    /// watchdog's freshness) without a beat: this connection's keep-alive, which the broker
+    /// assigned, makes its polls that much longer than the bound was made for. Replaces the
+    /// previous extension (a later connection may assign less).
+    pub fn extend_link(&self, extra: Duration) {
+        self.link_extra.store(extra.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    }
+
     /// The part furthest beyond its bound at `now`, if any.
     pub fn check(&self, now: Instant, bounds: Bounds) -> Option<Stall> {
         let now = self.at(now);
-        [(Part::Loop, &self.service_loop, bounds.service_loop), (Part::Link, &self.link, bounds.link)]
+        let link_bound = bounds.link.saturating_add(Duration::from_millis(self.link_extra.load(Ordering::Relaxed)));
+        [(Part::Loop, &self.service_loop, bounds.service_loop), (Part::Link, &self.link, link_bound)]
             .into_iter()
             .filter_map(|(part, beat, bound)| {
                 let silent_for = Duration::from_millis(now.saturating_sub(beat.load(Ordering::Relaxed)));
@@ -156,6 +169,21 @@ mod tests {
         assert_eq!(l.check(t0 + 1500 * MS, bounds), Some(Stall { part: Part::Loop, silent_for: 1500 * MS }));
         assert_eq!(l.check(t0 + 4000 * MS, bounds).map(|s| s.part), Some(Part::Loop));
         assert!(!l.fresh(t0 + 1500 * MS, 1000 * MS));
+    }
+
+    #[test]
+    fn a_link_extended_by_its_broker_s_keep_alive_is_not_a_stall_within_the_extension() {
+        let t0 = Instant::now();
+        let l = Liveness::new(t0);
+        let bounds = Bounds { service_loop: 100_000 * MS, link: 1000 * MS };
+        l.beat(Part::Loop);
+        assert_eq!(l.check(t0 + 1500 * MS, bounds).map(|s| s.part), Some(Part::Link));
+        l.extend_link(1000 * MS);
+        assert_eq!(l.check(t0 + 1500 * MS, bounds), None);
+        assert_eq!(l.check(t0 + 2500 * MS, bounds).map(|s| s.part), Some(Part::Link));
+        // A later connection with a shorter keep-alive takes the extension back.
+        l.extend_link(Duration::ZERO);
+        assert_eq!(l.check(t0 + 1500 * MS, bounds).map(|s| s.part), Some(Part::Link));
     }
 
     #[test]

@@ -188,6 +188,7 @@ pub async fn run(
             current: current.clone(),
             replies: Mutex::new(ReplyCache::bounded(config.limits.remember_replies, config.limits.remember_bytes)),
             in_flight: Default::default(),
+            retained: Default::default(),
             preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
             device: device.clone(),
             errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
@@ -252,10 +253,12 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             msg = net_rx.recv() => match msg {
-                Some(Net::Connected { session_present }) => {
+                Some(Net::Connected { session_present, keep_alive }) => {
                     connected = true;
-                    tracing::info!(broker = %config.mqtt.broker, session_present, "connected to the broker");
+                    let keep_alive_s = keep_alive.as_secs();
+                    tracing::info!(broker = %config.mqtt.broker, session_present, keep_alive_s, "connected to the broker");
                     if !session_present {
+                        handler.questions.new_session();
                         outbox.push(Item::Subscribe(ask_topic.clone()));
                         if let Some(f) = &fleet_filter {
                             outbox.push(Item::Subscribe(f.clone()));

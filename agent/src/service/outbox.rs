@@ -16,15 +16,30 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rumqttc::v5::AsyncClient;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use rumqttc::v5::mqttbytes::v5::{Filter, PublishProperties, RetainForwardRule};
 use tokio::sync::Notify;
 
 /// Events kept waiting at most; older ones are dropped beyond this.
 pub const EVENTS: usize = 256;
 
+/// A subscription to questions: QoS 1, and Retain As Published, so that a question published with
+/// the retain flag arrives with it even while we are subscribed (a broker clears the flag for
+/// existing subscribers otherwise) and is refused like the retained copy the broker sends at
+/// subscription (`admission`, docs/security.md).
+pub fn question_filter(topic: String) -> Filter {
+    Filter {
+        path: topic,
+        qos: QoS::AtLeastOnce,
+        nolocal: false,
+        preserve_retain: true,
+        retain_forward_rule: RetainForwardRule::OnEverySubscribe,
+    }
+}
+
 /// One thing to send.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Item {
+    /// A subscription to questions ([`question_filter`]).
     Subscribe(String),
     /// The retained status document.
     Status(Vec<u8>),
@@ -150,7 +165,7 @@ impl Outbox {
         loop {
             while let Some(item) = self.pop() {
                 let sent = match item {
-                    Item::Subscribe(t) => client.subscribe(t, QoS::AtLeastOnce).await,
+                    Item::Subscribe(t) => client.subscribe_many([question_filter(t)]).await,
                     Item::Status(s) => client.publish(topics.status.clone(), QoS::AtLeastOnce, true, s).await,
                     Item::Event(e) => client.publish(topics.events.clone(), QoS::AtLeastOnce, false, e).await,
                     Item::Telemetry(t, p) => {

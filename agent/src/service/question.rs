@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Timing, Undeliverable};
 
-use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey};
+use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey, RetainedReports};
 use super::delivery::Outbound;
 use super::flow::{self, WhenFull};
 use super::reload::Current;
@@ -112,6 +112,8 @@ pub struct Questions {
     /// Replies of answered questions, for redelivered copies.
     pub replies: Mutex<ReplyCache>,
     pub in_flight: InFlight,
+    /// Retained questions reported in this MQTT session (each is reported once a session).
+    pub retained: Mutex<RetainedReports>,
     /// Slots for decoding and laying out large requests ([`flow::PREPARING_AT_ONCE`]).
     pub preparing: Arc<Semaphore>,
     pub device: String,
@@ -137,11 +139,22 @@ impl Questions {
             self.replies.lock().unwrap_or_else(|e| e.into_inner()).get(key).map(<[u8]>::to_vec)
         });
         match decision {
+            // A retained copy reported already in this session: acknowledged, not reported again.
+            Decision::Drop { .. }
+                if incoming.retained
+                    && !self
+                        .retained
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .first(self.admission.retained_key(&incoming)) =>
+            {
+                None
+            }
             Decision::Drop { report } => {
                 tracing::warn!(
                     topic = %String::from_utf8_lossy(&publish.topic),
                     reason = %report.error.message,
-                    "a question with nowhere to reply to, reported on the errors topic"
+                    "a question not answered where it asks (nowhere allowed to reply to, or retained), reported on the errors topic"
                 );
                 Some(self.report(&report))
             }
@@ -186,6 +199,11 @@ impl Questions {
                 }
             }
         }
+    }
+
+    /// A new MQTT session began (the broker sends retained messages again at subscription).
+    pub fn new_session(&self) {
+        self.retained.lock().unwrap_or_else(|e| e.into_inner()).new_session();
     }
 
     /// The error reply to a question (counted by code, and logged).
@@ -325,6 +343,7 @@ pub fn incoming(p: &Publish) -> Incoming<'_> {
         response_topic: props.and_then(|x| x.response_topic.as_deref()),
         correlation: props.and_then(|x| x.correlation_data.as_deref()),
         message_expiry_s: props.and_then(|x| x.message_expiry_interval),
+        retained: p.retain,
     }
 }
 
@@ -341,8 +360,14 @@ mod tests {
 
     /// The key `a` gives a question with this payload.
     fn key_of(a: &Admission, payload: &[u8]) -> RequestKey {
-        let m =
-            Incoming { payload, content_type: None, response_topic: None, correlation: None, message_expiry_s: None };
+        let m = Incoming {
+            payload,
+            content_type: None,
+            response_topic: None,
+            correlation: None,
+            message_expiry_s: None,
+            retained: false,
+        };
         match a.decide(&m, Instant::now(), &ReplyCache::new(0)) {
             Decision::Answer { key, .. } => key,
             other => panic!("{other:?}"),

@@ -1,13 +1,15 @@
 //! Who may read and forge what: a response topic outside the allowlist is never published to,
 //! the shipped ACL (`config/mosquitto.acl`, what its generator writes) lets only devices answer,
-//! clients read their own replies and operators the fleet, and the `ask` command ignores a reply
-//! another client reflected onto its response topic.
+//! clients read their own replies and operators the fleet, the `ask` command ignores a reply
+//! another client reflected onto its response topic, and a question planted with the retain flag
+//! is reported, never answered.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
 
 use crate::support::*;
 use laya_topics::Value;
@@ -253,4 +255,116 @@ fn the_shipped_acl_is_what_its_generator_writes_for_the_fleet_it_names() {
     let out = Command::new("python3").arg(root.join(script)).args(words).output().expect("python3 runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), shipped, "config/mosquitto.acl is stale: regenerate it");
+}
+
+/// Issue #40, item 3: any client allowed to ask could publish a question with the retain flag,
+/// and the agent answered it again on every new session (1, 2, 3 replies to the victim over three
+/// starts). Here it is planted live while the agent is subscribed (mosquitto clears the flag for
+/// existing subscribers unless they asked for Retain As Published) and then sent by the broker at
+/// each new subscription: three sessions (`session_expiry_s = 0`, each start a new one), a report
+/// on the errors topic in each, nothing ever on the victim's topic, and the device answering its
+/// own questions beside it. Then an operator clears it with an empty retained publish (reported
+/// as such), and a fourth session gets nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_question_is_reported_once_a_session_and_never_answered() {
+    let broker = Broker::start("retained", "");
+    let device = "dev-retained";
+    let ask = format!("laya/v1/{device}/ask");
+    let config = agent_config(&broker.url(), device, "session_expiry_s = 0\n[engine]\nbackend = \"null\"\n");
+    let mut victim = Client::connect(broker.port, "retained-victim").await;
+    victim.subscribe("laya/v1/reply/victim/#").await;
+    let mut errors = Client::connect(broker.port, "retained-errors").await;
+    errors.subscribe(&format!("laya/v1/{device}/errors")).await;
+    let hostile = Client::connect(broker.port, "retained-hostile").await;
+    let planted_to = "laya/v1/reply/victim/planted";
+    let props = PublishProperties {
+        response_topic: Some(planted_to.into()),
+        correlation_data: Some(b"hostile".to_vec().into()),
+        content_type: Some(Encoding::Json.content_type().into()),
+        ..PublishProperties::default()
+    };
+    for session in 1..=4 {
+        let mut agent = Agent::with_config(config.clone(), Vec::new());
+        wait_online(broker.port, device).await;
+        if session == 1 {
+            let planted = Encoding::Json.encode(&request("planted"));
+            hostile
+                .client
+                .publish_with_properties(&ask, QoS::AtLeastOnce, true, planted, props.clone())
+                .await
+                .expect("publish");
+        }
+        if session <= 3 {
+            let p =
+                errors.next(Duration::from_secs(30)).await.unwrap_or_else(|| panic!("session {session}: no report"));
+            let v = decode(&p);
+            assert_eq!(v.get("id"), Some(&Value::from("planted")), "session {session}: {v:?}");
+            let error = v.get("error").expect("an error");
+            assert_eq!(error.get("code"), Some(&Value::from("bad_request")), "{v:?}");
+            assert!(error.get("message").and_then(Value::as_str).is_some_and(|m| m.contains("retain flag")), "{v:?}");
+            assert_eq!(v.get("response_topic"), Some(&Value::from(planted_to)), "{v:?}");
+        }
+        // The device answers a question of the victim's own; the planted question's topic gets
+        // nothing before it.
+        let marker = format!("laya/v1/reply/victim/marker-{session}");
+        let body = Encoding::Json.encode(&request(&format!("marker-{session}")));
+        victim.ask(&ask, body, Some(&marker), Some(b"m"), Encoding::Json).await;
+        let p = victim.next(Duration::from_secs(30)).await.expect("the victim's own question answered");
+        assert_eq!(String::from_utf8_lossy(&p.topic), marker, "session {session}: the planted question was answered");
+        if session == 3 {
+            // The operator's remedy (docs/security.md): an empty retained message clears it. The
+            // agent sees that too, and says so.
+            hostile.client.publish(&ask, QoS::AtLeastOnce, true, Vec::<u8>::new()).await.expect("publish");
+            let p = errors.next(Duration::from_secs(30)).await.expect("the clearing reported");
+            let v = decode(&p);
+            let message = v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str).unwrap_or_default();
+            assert!(message.contains("cleared"), "{v:?}");
+        }
+        assert!(
+            errors.next(Duration::from_secs(2)).await.is_none(),
+            "session {session}: one report, and nothing delivered again"
+        );
+        assert!(agent.terminate().success(), "the agent stops cleanly");
+    }
+    assert!(victim.next(Duration::from_millis(500)).await.is_none(), "nothing more on the victim's topics");
+}
+
+/// Issue #40, item 3: a retained question is reported once a session. A copy the broker delivers
+/// again in the same session (the connection dropped before the acknowledgement reached it, the
+/// session kept: DUP and RETAIN set) is acknowledged without a second report; in a new session
+/// the broker sends it at subscription again, and it is reported again. Never answered.
+#[test]
+fn a_retained_question_delivered_again_in_its_session_is_reported_once_and_again_in_a_new_session() {
+    use test_kit::rogue_broker::{Flags, RogueBroker, Terms};
+    let kept = Terms { session_present: true, ..Terms::default() };
+    let broker = RogueBroker::start_with(vec![Terms::default(), kept, Terms::default()]);
+    let device = "dev-rogue-retained";
+    let _agent = Agent::start_at(&broker.url(), device, "keep_alive_s = 5\n[engine]\nbackend = \"null\"\n");
+    let (ask, errors) = (format!("laya/v1/{device}/ask"), format!("laya/v1/{device}/errors"));
+    let planted_to = "laya/v1/reply/victim/planted";
+    let planted = [(Encoding::Json.encode(&request("planted")), planted_to.to_owned(), b"hostile".to_vec())];
+    let retained = Flags { retain: true, dup: false };
+    let subscribed = |s: &test_kit::rogue_broker::Seen, n| s.subscriptions.iter().filter(|t| **t == ask).count() == n;
+    // Each acknowledgement follows its report on the wire: once acknowledged, the report is in.
+    let acknowledged = |n: usize| broker.wait_for(Duration::from_secs(30), |s| s.acked >= n);
+
+    // Session 1: sent at subscription.
+    assert!(broker.wait_for(Duration::from_secs(60), |s| s.connacked(1) && subscribed(s, 1)), "the agent subscribes");
+    broker.ask_flagged(&ask, &planted, retained).expect("sent");
+    assert!(acknowledged(1), "the retained question is acknowledged");
+    assert_eq!(broker.seen(|s| s.sent_on(&errors)), 1, "and reported");
+    // The connection drops; the session is kept: the broker delivers it again.
+    broker.drop_connection();
+    assert!(broker.wait_for(Duration::from_secs(60), |s| s.connacked(2)), "the agent connects again");
+    broker.ask_flagged(&ask, &planted, Flags { retain: true, dup: true }).expect("sent");
+    assert!(acknowledged(2), "the copy is acknowledged");
+    assert_eq!(broker.seen(|s| s.sent_on(&errors)), 1, "and not reported again in the same session");
+    // A new session: subscribed again, sent at subscription again, reported again.
+    broker.drop_connection();
+    assert!(broker.wait_for(Duration::from_secs(60), |s| s.connacked(3) && subscribed(s, 2)), "a new session");
+    broker.ask_flagged(&ask, &planted, retained).expect("sent");
+    assert!(acknowledged(3), "acknowledged");
+    let (reports, answers) = broker.seen(|s| (s.sent_on(&errors), s.sent_on(planted_to)));
+    assert_eq!(reports, 2, "reported again in the new session");
+    assert_eq!(answers, 0, "never answered");
 }

@@ -1,6 +1,8 @@
 //! What MQTT sessions keep across an outage: a broker restarted under load and an agent killed
 //! mid-question lose no question, a byte-identical redelivery gets the remembered reply, and two
-//! agents sharing one client id (a cloned SD card) name the takeover and back off.
+//! agents sharing one client id (a cloned SD card) name the takeover and back off. And what a
+//! connection's CONNACK settles: the keep-alive a broker assigns is the one pinged at and watched,
+//! a Receive Maximum of 0 makes the agent connect again.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -123,4 +125,91 @@ async fn two_agents_with_one_client_id_name_the_takeover_and_back_off_to_one_eve
     assert!(named, "the event names the shared client id");
     assert!(most_in_status >= 1, "the status counts the takeovers");
     assert!(takeovers <= 8, "{takeovers} takeovers in {watch:?}: the clones do not back off");
+}
+
+/// Issue #40, item 2: a broker may assign its own keep-alive in its CONNACK (MQTT 5 Server Keep
+/// Alive: EMQX's `mqtt.server_keepalive`, several cloud brokers), higher or lower than the
+/// agent's. rumqttc pings at the broker's value; the link's silence check kept the agent's own,
+/// so a broker assigning 60 s against the default 30 had a healthy idle link dropped every
+/// 45.7 s before any PINGREQ (and a real broker published the Last Will each time). Here the
+/// agent asks 5 s; the broker assigns 8 s (more than one and a half times 5), then, on the next
+/// connection, 2 s, and closes a connection silent for one and a half of what it assigned, as
+/// brokers do. Idle for several periods of each, there is one connection per setting, pinged at
+/// the broker's period (counted in the broker's own clock), and the second CONNECT asks for the
+/// agent's 5 s again, not the 8 the first broker assigned.
+#[test]
+fn the_agent_pings_and_watches_the_link_at_the_keep_alive_its_broker_assigns_higher_or_lower() {
+    use test_kit::rogue_broker::{RogueBroker, Terms};
+    let assigned = |secs| Terms { server_keep_alive: Some(secs), enforce_keep_alive: true, ..Terms::default() };
+    let broker = RogueBroker::start_with(vec![assigned(8), assigned(2)]);
+    // No telemetry: nothing but the pings goes to the broker while the agent is idle.
+    let _agent = agent_with_mqtt(
+        "dev-keepalive",
+        &format!("broker = \"{}\"\nkeep_alive_s = 5\ntelemetry_interval_s = 0\n", broker.url()),
+    );
+    // Three and a half periods of 8 s: pings at 8, 16 and 24 s (at the agent's own 5 s there
+    // would be five; with the silence check at 7.5 s, a second connection before the first). One
+    // late ping is allowed for a loaded machine: a count, not a timing.
+    let (first, second) = (Duration::from_secs(28), Duration::from_secs(11));
+    assert!(
+        broker.wait_for(Duration::from_secs(120), |s| s.connections.len() > 1
+            || s.connections.first().is_some_and(|c| c.started.elapsed() >= first)),
+        "the agent connects"
+    );
+    // (Read out of the broker's lock: an assertion failing under it would poison it.)
+    let connections = broker.seen(|s| s.connections.clone());
+    assert_eq!(connections.len(), 1, "one connection while idle for three periods of 8 s: {connections:?}");
+    let c = &connections[0];
+    assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive");
+    assert!(!c.expired, "the broker never found the link silent");
+    let pings = c.pings_within(first);
+    assert!((2..=3).contains(&pings), "PINGREQs every 8 s, the broker's period: {pings} in {first:?}: {:?}", c.pings);
+    // The broker restarts and assigns 2 s: five periods and a half, pings at 2, 4, 6, 8 and 10 s
+    // (at the agent's 5 s the broker would close the connection after 3 s).
+    broker.drop_connection();
+    assert!(
+        broker.wait_for(Duration::from_secs(60), |s| s.connections.len() > 2
+            || s.connections.get(1).is_some_and(|c| c.started.elapsed() >= second)),
+        "the agent connects again"
+    );
+    let connections = broker.seen(|s| s.connections.clone());
+    assert_eq!(connections.len(), 2, "one connection while idle for five periods of 2 s: {connections:?}");
+    let c = &connections[1];
+    assert_eq!(c.keep_alive, 5, "the agent asks for its own keep-alive again, not the one the last broker assigned");
+    assert!(!c.expired, "the broker never found the link silent");
+    let pings = c.pings_within(second);
+    assert!((4..=5).contains(&pings), "PINGREQs every 2 s, the broker's period: {pings} in {second:?}: {:?}", c.pings);
+}
+
+/// Issue #40, item 2: a CONNACK with Receive Maximum 0 (a protocol error, MQTT 5 §3.2.2.3.3) left
+/// the agent connected and silent: rumqttc read it as a window of no publish at all, so not one
+/// subscription, status, reply or acknowledgement went out, while the pings kept the link alive.
+/// The agent logs it and connects again; the next CONNACK, which names no Receive Maximum (so
+/// rumqttc's own earlier 0 must not linger), is served: subscribed, online, a question answered.
+#[test]
+fn a_connack_with_receive_maximum_zero_makes_the_agent_connect_again_and_the_next_connection_serves() {
+    use test_kit::rogue_broker::{RogueBroker, Terms};
+    let broker =
+        RogueBroker::start_with(vec![Terms { receive_maximum: Some(0), ..Terms::default() }, Terms::default()]);
+    let _agent = Agent::start_at(&broker.url(), "dev-rm0", "keep_alive_s = 5\n[engine]\nbackend = \"null\"\n");
+    let ask = "laya/v1/dev-rm0/ask";
+    assert!(
+        broker.wait_for(Duration::from_secs(60), |s| s.connacked(2) && s.subscriptions.iter().any(|t| t == ask)),
+        "the agent drops the connection whose CONNACK says Receive Maximum 0 and subscribes on the next: {:?}",
+        broker.seen(|s| (s.connections.clone(), s.subscriptions.clone()))
+    );
+    let reply_to = "laya/v1/reply/rogue/rm0";
+    broker
+        .ask(ask, &[(Encoding::Json.encode(&request("rm0")), reply_to.to_owned(), b"c".to_vec())])
+        .expect("a question on the second connection");
+    assert!(broker.wait_for(Duration::from_secs(60), |s| s.sent_on(reply_to) == 1), "the question is answered");
+    let (connections, subscriptions, online) = broker.seen(|s| {
+        let online = s.sent.iter().any(|p| {
+            p.topic == "laya/v1/dev-rm0/status" && String::from_utf8_lossy(&p.payload).contains(r#""state":"online""#)
+        });
+        (s.connections.len(), s.subscriptions.clone(), online)
+    });
+    assert_eq!(connections, 2, "one connection refused, one served");
+    assert_eq!(subscriptions.len(), 1, "nothing was sent on the first connection: {subscriptions:?}");
+    assert!(online, "the status says online on the second connection");
 }

@@ -224,8 +224,9 @@ impl ErrorReply {
 /// A question that could not be answered where its client listens, published on
 /// `{prefix}/{device}/errors` (QoS 1, not retained): an MQTT 3.1.1 request whose id cannot be a
 /// topic level (empty, longer than 256 bytes, or containing `/`, `+`, `#`), one without an id,
-/// or an MQTT 5 response topic outside the allowlist. The error part is an error reply's;
-/// `response_topic` is the refused one, if there was one.
+/// an MQTT 5 response topic outside the allowlist, or a question delivered with the retain flag
+/// (never answered). The error part is an error reply's; `response_topic` is the refused one
+/// (for a retained question the one it named), if there was one.
 ///
 /// `{"id", "error": {"code", "message", "retryable"}, "response_topic"?}`.
 #[derive(Debug, Clone, PartialEq)]
