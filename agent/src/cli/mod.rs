@@ -9,6 +9,7 @@ pub mod check_config;
 pub mod fleet;
 pub mod jsonl;
 pub mod layout;
+pub mod model;
 pub mod predict;
 pub mod probe;
 pub mod serve;
@@ -151,10 +152,16 @@ impl Login {
 
 /// The configuration file, else every key's default.
 pub fn load_config(path: Option<&Path>) -> Result<Config, String> {
-    match path {
-        Some(p) => Config::load(p).map_err(|e| e.to_string()),
-        None => Ok(Config::default()),
+    let mut config = match path {
+        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    // `[model] store`: its `current` version, as it is now (a reload reads it again).
+    if let Some(store) = &config.model.store {
+        let store = crate::store::Store::open(store).map_err(|e| format!("model.store: {e}"))?;
+        config.model.dir = store.current_dir().map_err(|e| format!("model.store: {e}"))?;
     }
+    Ok(config)
 }
 
 /// A multi-threaded runtime, for `predict`'s engine and `ask`.

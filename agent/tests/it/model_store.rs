@@ -1,0 +1,161 @@
+//! `laya-edge model` on a model store (issue #42): installs that wait for the running agent's
+//! outcome, a rejected version put back, rollback and commit, `list`, and every question asked
+//! meanwhile answered once.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::support::*;
+use laya_topics::Value;
+use laya_topics::json;
+use laya_topics::wire::Encoding;
+
+/// Runs `laya-edge model ARGS...` off the runtime's threads.
+async fn model_cli(args: Vec<std::ffi::OsString>) -> (String, String, bool) {
+    tokio::task::spawn_blocking(move || {
+        let mut all: Vec<&OsStr> = vec![OsStr::new("model")];
+        all.extend(args.iter().map(|a| a.as_os_str()));
+        run_cli(&all, &[], "")
+    })
+    .await
+    .expect("the model command")
+}
+
+fn args(words: &[&dyn AsRef<OsStr>]) -> Vec<std::ffi::OsString> {
+    words.iter().map(|w| w.as_ref().to_owned()).collect()
+}
+
+/// `model list`'s lines as (version, marks).
+async fn listed(store: &Path) -> Vec<(String, String)> {
+    let (out, err, ok) = model_cli(args(&[&"list", &"--store", &store])).await;
+    assert!(ok, "model list: {err}");
+    out.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 3, "name, sha256, marks: {l:?}");
+            assert!(f[1].len() == 64 || f[1] == "-", "a sha256: {l:?}");
+            (f[0].to_owned(), f[2].to_owned())
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+}
+
+/// A copy of checkpoint `name` whose weights are all zero: it loads and passes `check` (the
+/// header and sizes are the original's), and answers every row alike.
+fn constant_copy(name: &str) -> PathBuf {
+    let from = PathBuf::from(model(name));
+    let to = temp_dir("constant-model").join(name);
+    copy_dir(&from, &to);
+    let weights = to.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).expect("weights");
+    let header = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    bytes[8 + header..].fill(0);
+    std::fs::write(&weights, bytes).expect("weights");
+    to
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("dir");
+    for e in std::fs::read_dir(from).expect("read").flatten() {
+        let (s, d) = (e.path(), to.join(e.file_name()));
+        if s.is_dir() { copy_dir(&s, &d) } else { std::fs::copy(&s, &d).map(|_| ()).expect("copy") }
+    }
+}
+
+async fn model_name(port: u16, device: &str) -> String {
+    let mut s = Client::connect(port, &format!("{device}-status-{}", free_port())).await;
+    s.subscribe(&format!("laya/v1/{device}/status")).await;
+    let status = decode(&s.next(Duration::from_secs(10)).await.expect("the retained status"));
+    status.get("model_name").and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+/// Issue #42, item 1: `model install` with no agent installs and switches `current`; with one it
+/// exits 0 only once the new version serves, and when the agent rejects a version (weights that
+/// answer every row alike fail the health call) it exits non-zero with the reason, the store is
+/// back as it was and the old version serves on; `rollback` and `commit` move the links the same
+/// way; `list` marks what serves. Every question asked throughout is answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_install_serves_a_good_version_puts_a_rejected_one_back_and_every_question_is_answered_once() {
+    let store = temp_dir("model-store").join("models");
+
+    // 1. No agent: installed, current, nothing else.
+    let (out, err, ok) =
+        model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
+    assert!(ok, "install without an agent: {out} {err}");
+    assert!(out.contains("no agent runs on this store"), "{out}");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "current")]));
+
+    // 2. An agent serving the store's current version.
+    let broker = Broker::start("model-store", "");
+    let extra = format!("[engine]\nbackend = \"cpu\"\n[model]\nstore = \"{}\"\n", store.display());
+    let agent = Agent::start(&broker, "dev-store", &extra);
+    wait_online(broker.port, "dev-store").await;
+    assert_eq!(model_name(broker.port, "dev-store").await, "v1");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "serving,current")]));
+
+    // Questions asked before each step, in flight while it runs; answered by the end.
+    let mut c = Client::connect(broker.port, "store-asker").await;
+    c.subscribe("laya/v1/reply/store-asker/#").await;
+    let mut asked = 0;
+    let mut ask_some = async |c: &Client| {
+        for _ in 0..5 {
+            let id = format!("m{asked}");
+            let body = json::to_string(&request(&id), json::Style::COMPACT).into_bytes();
+            let to = format!("laya/v1/reply/store-asker/{id}");
+            c.ask("laya/v1/dev-store/ask", body, Some(&to), Some(id.as_bytes()), Encoding::Json).await;
+            asked += 1;
+        }
+    };
+
+    // 3. A good version: the command returns once it serves.
+    ask_some(&c).await;
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("wp-t4"), &"--version", &"v2"])).await;
+    assert!(ok, "install of a good version: {out} {err}");
+    assert!(out.contains("v2 serves"), "{out}");
+    assert_eq!(model_name(broker.port, "dev-store").await, "v2");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "previous"), ("v2", "serving,current,pending")]));
+    let (_, err, ok) = model_cli(args(&[&"commit", &"--store", &store])).await;
+    assert!(ok, "commit: {err}");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+
+    // 4. A version the agent rejects: non-zero, the reason, the store as it was, v2 serving.
+    let bad = constant_copy("bpe-small");
+    ask_some(&c).await;
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &bad, &"--version", &"v3"])).await;
+    assert!(!ok, "install of a rejected version must fail: {out}");
+    assert!(err.contains("rejected") && err.contains("back as it was"), "{err}");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+    assert_eq!(model_name(broker.port, "dev-store").await, "v2");
+
+    // 5. Install v1 again (already in the store), then roll it back: v2 serves again.
+    ask_some(&c).await;
+    let (out, err, ok) =
+        model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
+    assert!(ok && out.contains("v1 serves"), "{out} {err}");
+    ask_some(&c).await;
+    let (out, err, ok) = model_cli(args(&[&"rollback", &"--store", &store])).await;
+    assert!(ok, "rollback: {out} {err}");
+    assert!(out.contains("rolled back from v1 to v2"), "{out}");
+    assert_eq!(model_name(broker.port, "dev-store").await, "v2");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+    // Nothing left to roll back: a no-op that succeeds (Mender's rollback after a failed install).
+    let (out, _, ok) = model_cli(args(&[&"rollback", &"--store", &store])).await;
+    assert!(ok && out.contains("nothing to roll back"), "{out}");
+
+    let asked = asked;
+    let mut replies: HashMap<String, usize> = HashMap::new();
+    while let Some(p) = c.next(Duration::from_secs(if replies.len() < asked { 30 } else { 3 })).await {
+        let v = decode(&p);
+        if v.get("answers").is_some() {
+            *replies.entry(v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned()).or_default() += 1;
+        }
+    }
+    assert_eq!(replies.len(), asked, "every question answered: {replies:?}");
+    assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
+    drop(agent);
+}
