@@ -159,3 +159,150 @@ async fn model_install_serves_a_good_version_puts_a_rejected_one_back_and_every_
     assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
     drop(agent);
 }
+
+/// Removes a path it made when dropped (a system path a test had to use).
+struct MadeHere(PathBuf);
+
+impl Drop for MadeHere {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Links `ota/mender/laya-model` where Debian's mender-client 3.4 reads update modules (it reads
+/// no other directory), and writes the `/etc/mender/artifact_info` it needs before its first
+/// install, each only if absent and removed afterwards.
+fn mender_module() -> (MadeHere, Option<MadeHere>) {
+    let dir = Path::new("/usr/share/mender/modules/v3");
+    std::fs::create_dir_all(dir).expect("the update modules' directory (run as root)");
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ota/mender/laya-model");
+    let link = dir.join("laya-model");
+    match std::fs::read_link(&link) {
+        Ok(t) if t == module => {}
+        Ok(_) | Err(_) if link.exists() => panic!("{} exists and is not this checkout's module", link.display()),
+        _ => std::os::unix::fs::symlink(&module, &link).expect("link the update module"),
+    }
+    let info = Path::new("/etc/mender/artifact_info");
+    let made = (!info.exists()).then(|| {
+        std::fs::create_dir_all("/etc/mender").expect("/etc/mender");
+        std::fs::write(info, "artifact_name=laya-edge-test-base\n").expect("artifact_info");
+        MadeHere(info.to_owned())
+    });
+    (MadeHere(link), made)
+}
+
+/// Runs a command off the runtime's threads: (stdout and stderr, success).
+async fn run(cmd: &'static str, args: Vec<std::ffi::OsString>, env: Vec<(String, PathBuf)>) -> (String, bool) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(cmd).args(&args).envs(env).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (text, out.status.success())
+    })
+    .await
+    .expect("the command")
+}
+
+/// A Mender artifact of `model` for the `laya-model` update module, named `version`.
+async fn artifact(model: &Path, version: &str, dir: &Path) -> PathBuf {
+    let tar = dir.join(format!("{version}.tar"));
+    let (out, ok) = run("tar", args(&[&"-C", &model, &"-cf", &tar, &"."]), vec![]).await;
+    assert!(ok, "tar: {out}");
+    let file = dir.join(format!("{version}.mender"));
+    let words: [&dyn AsRef<OsStr>; 14] = [
+        &"write", &"module-image", &"-T", &"laya-model", &"-n", &version, &"-t", &"laya-edge-test", &"-f", &tar,
+        &"-o", &file, &"--compression", &"none",
+    ];
+    let (out, ok) = run("mender-artifact", args(&words), vec![]).await;
+    assert!(ok, "mender-artifact: {out}");
+    file
+}
+
+/// Issue #42, item 3: the real Mender client (Debian 12's mender-client 3.4.0, standalone) drives
+/// `ota/mender/laya-model` against a running agent on mosquitto: a good artifact installs and
+/// serves, and commits; an artifact whose model the agent rejects makes the install fail, Mender
+/// rolls back and the old model serves on; a corrupted artifact is refused; every question asked
+/// meanwhile is answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Debian's mender-client and mender-artifact, and root for Mender's own paths (tools/test.sh installs them and runs it)"]
+async fn mender_installs_a_model_that_serves_rolls_a_rejected_one_back_and_refuses_a_corrupted_artifact() {
+    let work = temp_dir("mender");
+    let store = work.join("models");
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
+    assert!(ok, "{out} {err}");
+    let broker = Broker::start("mender", "");
+    let extra = format!("[engine]\nbackend = \"cpu\"\n[model]\nstore = \"{}\"\n", store.display());
+    let agent = Agent::start(&broker, "dev-mender", &extra);
+    wait_online(broker.port, "dev-mender").await;
+    let _module = mender_module();
+    let data = work.join("mender-data");
+    std::fs::create_dir_all(&data).expect("data");
+    std::fs::write(data.join("device_type"), "device_type=laya-edge-test\n").expect("device_type");
+    let conf = work.join("mender.conf");
+    std::fs::write(&conf, "{}\n").expect("mender.conf");
+    let env = vec![
+        ("LAYA_EDGE_BIN".to_owned(), test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"))),
+        ("LAYA_EDGE_CONFIG".to_owned(), agent.config.clone()),
+    ];
+    let mender = |verb: &'static str, file: Option<&Path>| {
+        let mut a = args(&[&"--no-syslog", &"--config", &conf, &"--data", &data, &verb]);
+        a.extend(file.map(|f| f.as_os_str().to_owned()));
+        run("mender", a, env.clone())
+    };
+    let mut c = Client::connect(broker.port, "mender-asker").await;
+    c.subscribe("laya/v1/reply/mender-asker/#").await;
+    let mut asked = 0;
+    let mut ask_some = async |c: &Client| {
+        for _ in 0..5 {
+            let id = format!("q{asked}");
+            let body = json::to_string(&request(&id), json::Style::COMPACT).into_bytes();
+            let to = format!("laya/v1/reply/mender-asker/{id}");
+            c.ask("laya/v1/dev-mender/ask", body, Some(&to), Some(id.as_bytes()), Encoding::Json).await;
+            asked += 1;
+        }
+    };
+
+    // A good artifact: installed, serving, committed.
+    let good = artifact(Path::new(&model("wp-t4")), "v2", &work).await;
+    ask_some(&c).await;
+    let (out, ok) = mender("install", Some(&good)).await;
+    assert!(ok, "mender install of a good model: {out}");
+    assert_eq!(model_name(broker.port, "dev-mender").await, "v2");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "previous"), ("v2", "serving,current,pending")]));
+    let (out, ok) = mender("commit", None).await;
+    assert!(ok, "mender commit: {out}");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+
+    // A model the agent rejects: the install fails, Mender rolls back, v2 serves on.
+    let bad = artifact(&constant_copy("bpe-small"), "v3", &work).await;
+    ask_some(&c).await;
+    let (out, ok) = mender("install", Some(&bad)).await;
+    assert!(!ok, "mender install of a rejected model must fail: {out}");
+    assert_eq!(model_name(broker.port, "dev-mender").await, "v2");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+    let (out, _) = mender("show-artifact", None).await;
+    assert!(out.lines().any(|l| l.trim() == "v2"), "Mender's installed artifact is still v2: {out}");
+
+    // A corrupted artifact: refused before the module runs.
+    let corrupted = work.join("corrupted.mender");
+    let mut bytes = std::fs::read(&good).expect("artifact");
+    let n = bytes.len();
+    bytes.truncate(n / 2);
+    std::fs::write(&corrupted, bytes).expect("corrupted");
+    ask_some(&c).await;
+    let (out, ok) = mender("install", Some(&corrupted)).await;
+    assert!(!ok, "a corrupted artifact must be refused: {out}");
+    assert_eq!(model_name(broker.port, "dev-mender").await, "v2");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+
+    let asked = asked;
+    let mut replies: HashMap<String, usize> = HashMap::new();
+    while let Some(p) = c.next(Duration::from_secs(if replies.len() < asked { 30 } else { 3 })).await {
+        let v = decode(&p);
+        if v.get("answers").is_some() {
+            *replies.entry(v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned()).or_default() += 1;
+        }
+    }
+    assert_eq!(replies.len(), asked, "every question answered: {replies:?}");
+    assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
+    drop(agent);
+}
