@@ -306,3 +306,80 @@ async fn mender_installs_a_model_that_serves_rolls_a_rejected_one_back_and_refus
     assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
     drop(agent);
 }
+
+/// Issue #42, item 4: `ota/thin-edge/laya-model` through thin-edge.io's documented plugin
+/// contract (thin-edge itself is not in the package registries here): `list` prints the current
+/// version, `install` with the bundle as a tar exits 0 once the agent serves it and 2 when the agent
+/// rejects it (the old model serving on), `finalize` commits, `remove` of a version not pending is
+/// a failure (2), wrong usage is 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_thin_edge_plugin_lists_installs_refuses_a_rejected_model_and_finalizes_by_its_exit_codes() {
+    let work = temp_dir("tedge");
+    let store = work.join("models");
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
+    assert!(ok, "{out} {err}");
+    let broker = Broker::start("tedge", "");
+    let extra = format!("[engine]\nbackend = \"cpu\"\n[model]\nstore = \"{}\"\n", store.display());
+    let agent = Agent::start(&broker, "dev-tedge", &extra);
+    wait_online(broker.port, "dev-tedge").await;
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ota/thin-edge/laya-model");
+    let env = vec![
+        ("LAYA_EDGE_BIN".to_owned(), test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge"))),
+        ("LAYA_EDGE_CONFIG".to_owned(), agent.config.clone()),
+    ];
+    let plugin_run = |words: Vec<std::ffi::OsString>| {
+        let (plugin, env) = (plugin.clone(), env.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let out = std::process::Command::new(&plugin).args(&words).envs(env).output().expect("the plugin runs");
+                let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+                (String::from_utf8_lossy(&out.stdout).into_owned(), text, out.status.code())
+            })
+            .await
+            .expect("the plugin")
+        }
+    };
+    let tar = |model: PathBuf, name: &str| {
+        let file = work.join(format!("{name}.tar"));
+        let ok = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&model)
+            .args(["-cf"])
+            .arg(&file)
+            .arg(".")
+            .status()
+            .expect("tar")
+            .success();
+        assert!(ok, "tar {name}");
+        file
+    };
+
+    let (out, all, code) = plugin_run(args(&[&"list"])).await;
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(out, "laya-model\tv1\n");
+    assert_eq!(plugin_run(args(&[&"prepare"])).await.2, Some(0));
+
+    let good = tar(PathBuf::from(model("wp-t4")), "v2");
+    let (_, all, code) =
+        plugin_run(args(&[&"install", &"laya-model", &"--module-version", &"v2", &"--file", &good])).await;
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(model_name(broker.port, "dev-tedge").await, "v2");
+    assert_eq!(plugin_run(args(&[&"list"])).await.0, "laya-model\tv2\n");
+    let (_, all, code) = plugin_run(args(&[&"finalize"])).await;
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
+
+    let bad = tar(constant_copy("bpe-small"), "v3");
+    let (_, all, code) =
+        plugin_run(args(&[&"install", &"laya-model", &"--module-version", &"v3", &"--file", &bad])).await;
+    assert_eq!(code, Some(2), "a rejected model is a failure: {all}");
+    assert_eq!(model_name(broker.port, "dev-tedge").await, "v2");
+    assert_eq!(plugin_run(args(&[&"list"])).await.0, "laya-model\tv2\n");
+
+    let (_, all, code) = plugin_run(args(&[&"remove", &"laya-model", &"--module-version", &"v2"])).await;
+    assert_eq!(code, Some(2), "the committed, serving version cannot be removed: {all}");
+    assert_eq!(plugin_run(args(&[&"install", &"laya-model"])).await.2, Some(1), "install without its options");
+    assert_eq!(plugin_run(args(&[&"update-list"])).await.2, Some(1), "no update-list");
+    assert_eq!(plugin_run(args(&[])).await.2, Some(1));
+    drop(agent);
+}
