@@ -6,9 +6,9 @@
 //!
 //! An install succeeds only when the new model serves. If the agent rejects it (its engine failed
 //! the health call or the probe), or says nothing within the bound, the links are put back as
-//! they were and the agent is asked to reload them: the reload transaction makes the newest
-//! request win, so the agent ends serving what it served before, and no question is lost on the
-//! way (each is answered by the engine it started on).
+//! they were and the agent is asked to reload them (and waited for): the reload transaction makes
+//! the newest request win, so the agent ends serving what it served before, and no question is
+//! lost on the way (each is answered by the engine it started on).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -165,8 +165,16 @@ fn install(dir: &Path, source: &Path, version: Option<String>, within: Duration)
             if staged {
                 let _ = std::fs::remove_dir_all(&target);
             }
-            let _ = signal_reload(pid);
-            Err(format!("{version} was not installed: {why}; the store is back as it was"))
+            // Returns once the agent settled on the old version again, so whoever acts on the
+            // failure (Mender's rollback) finds the board as it was.
+            let back = match &before.current {
+                Some(old) => match reload_and_wait(&store, pid, &store.version_dir(old), within) {
+                    Ok(_) => format!(", {old} serves"),
+                    Err(e) => format!(", but the agent did not confirm serving {old} again: {e}"),
+                },
+                None => String::new(),
+            };
+            Err(format!("{version} was not installed: {why}; the store is back as it was{back}"))
         }
     }
 }

@@ -181,6 +181,7 @@ pub async fn run(
         device: device.clone(),
         started,
         encoding: telemetry_encoding,
+        last_reload: Mutex::new(None),
     };
     let handler = Arc::new(Handler {
         questions: Questions {
@@ -221,11 +222,14 @@ pub async fn run(
     if let Some(m) = &mark {
         m.serving(&current.get().bundle.dir);
     }
+    // A settled reload: its event, the store's record, and the status, which names it.
     let reload_outcome = |event: &EngineEvent| {
         publish_event(event);
         if let Some(m) = &mark {
             m.reload_outcome(&event.to_value());
         }
+        reporter.reload_settled(event);
+        outbox.push(Item::Status(reporter.status(true)));
     };
 
     // The loop and the connection task watch each other from a thread (`liveness`).
@@ -346,7 +350,6 @@ pub async fn run(
                     config = *taken.config;
                     let _ = taken.taken.send(());
                     reload_outcome(&reload_event(EventKind::Reloaded, request, message));
-                    outbox.push(Item::Status(reporter.status(true)));
                 }
                 // Dropping the candidate stopped its worker; the serving engine never paused.
                 Settled::Rejected(event) => reload_outcome(&event),

@@ -67,10 +67,14 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-async fn model_name(port: u16, device: &str) -> String {
+async fn status_of(port: u16, device: &str) -> Value {
     let mut s = Client::connect(port, &format!("{device}-status-{}", free_port())).await;
     s.subscribe(&format!("laya/v1/{device}/status")).await;
-    let status = decode(&s.next(Duration::from_secs(10)).await.expect("the retained status"));
+    decode(&s.next(Duration::from_secs(10)).await.expect("the retained status"))
+}
+
+async fn model_name(port: u16, device: &str) -> String {
+    let status = status_of(port, device).await;
     status.get("model_name").and_then(Value::as_str).unwrap_or_default().to_owned()
 }
 
@@ -131,6 +135,16 @@ async fn model_install_serves_a_good_version_puts_a_rejected_one_back_and_every_
     assert!(err.contains("rejected") && err.contains("back as it was"), "{err}");
     assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
     assert_eq!(model_name(broker.port, "dev-store").await, "v2");
+    // Issue #42, item 2: the status says what serves, since when, and the last reload's outcome.
+    let status = status_of(broker.port, "dev-store").await;
+    assert_eq!(status.get("model_version").and_then(Value::as_str), Some("v2"), "{status:?}");
+    assert!(status.get("serving_since").and_then(Value::as_i64).is_some_and(|t| t > 1_700_000_000), "{status:?}");
+    // The last reload: the one the failed install asked for after putting the store back (v3's
+    // own was rejected before it).
+    let last = status.get("last_reload").cloned().unwrap_or(Value::Null);
+    assert_eq!(last.get("event").and_then(Value::as_str), Some("reloaded"), "{status:?}");
+    assert!(last.get("model").and_then(Value::as_str).is_some_and(|m| m.ends_with("/v2")), "{status:?}");
+    assert_eq!(last.get("request").and_then(Value::as_i64), Some(3), "v2, v3, v2 again: {status:?}");
 
     // 5. Install v1 again (already in the store), then roll it back: v2 serves again.
     ask_some(&c).await;
@@ -194,7 +208,8 @@ fn mender_module() -> (MadeHere, Option<MadeHere>) {
 /// Runs a command off the runtime's threads: (stdout and stderr, success).
 async fn run(cmd: &'static str, args: Vec<std::ffi::OsString>, env: Vec<(String, PathBuf)>) -> (String, bool) {
     tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(cmd).args(&args).envs(env).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        let out =
+            std::process::Command::new(cmd).args(&args).envs(env).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         (text, out.status.success())
     })
@@ -209,8 +224,20 @@ async fn artifact(model: &Path, version: &str, dir: &Path) -> PathBuf {
     assert!(ok, "tar: {out}");
     let file = dir.join(format!("{version}.mender"));
     let words: [&dyn AsRef<OsStr>; 14] = [
-        &"write", &"module-image", &"-T", &"laya-model", &"-n", &version, &"-t", &"laya-edge-test", &"-f", &tar,
-        &"-o", &file, &"--compression", &"none",
+        &"write",
+        &"module-image",
+        &"-T",
+        &"laya-model",
+        &"-n",
+        &version,
+        &"-t",
+        &"laya-edge-test",
+        &"-f",
+        &tar,
+        &"-o",
+        &file,
+        &"--compression",
+        &"none",
     ];
     let (out, ok) = run("mender-artifact", args(&words), vec![]).await;
     assert!(ok, "mender-artifact: {out}");
@@ -227,7 +254,8 @@ async fn artifact(model: &Path, version: &str, dir: &Path) -> PathBuf {
 async fn mender_installs_a_model_that_serves_rolls_a_rejected_one_back_and_refuses_a_corrupted_artifact() {
     let work = temp_dir("mender");
     let store = work.join("models");
-    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
+    let (out, err, ok) =
+        model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
     assert!(ok, "{out} {err}");
     let broker = Broker::start("mender", "");
     let extra = format!("[engine]\nbackend = \"cpu\"\n[model]\nstore = \"{}\"\n", store.display());
@@ -316,7 +344,8 @@ async fn mender_installs_a_model_that_serves_rolls_a_rejected_one_back_and_refus
 async fn the_thin_edge_plugin_lists_installs_refuses_a_rejected_model_and_finalizes_by_its_exit_codes() {
     let work = temp_dir("tedge");
     let store = work.join("models");
-    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
+    let (out, err, ok) =
+        model_cli(args(&[&"install", &"--store", &store, &model("bpe-small"), &"--version", &"v1"])).await;
     assert!(ok, "{out} {err}");
     let broker = Broker::start("tedge", "");
     let extra = format!("[engine]\nbackend = \"cpu\"\n[model]\nstore = \"{}\"\n", store.display());
