@@ -156,10 +156,17 @@ pub fn load_config(path: Option<&Path>) -> Result<Config, String> {
         Some(p) => Config::load(p).map_err(|e| e.to_string())?,
         None => Config::default(),
     };
-    // `[model] store`: its `current` version, as it is now (a reload reads it again).
-    if let Some(store) = &config.model.store {
-        let store = crate::store::Store::open(store).map_err(|e| format!("model.store: {e}"))?;
-        config.model.dir = store.current_dir().map_err(|e| format!("model.store: {e}"))?;
+    // `[model] store`: its `current` version, as it is now (a reload reads it again). A store not
+    // made yet, or with no version installed (a new board), serves `model.dir`: the image's model.
+    if let Some(dir) = &config.model.store {
+        use crate::store::{Store, StoreError};
+        match Store::open(dir).and_then(|s| s.current_dir()) {
+            Ok(current) => config.model.dir = current,
+            Err(e @ (StoreError::NoStore(_) | StoreError::NoCurrent(_))) => {
+                tracing::info!(store = %dir.display(), model = %config.model.dir.display(), "{e}: serving model.dir")
+            }
+            Err(e) => return Err(format!("model.store: {e}")),
+        }
     }
     Ok(config)
 }

@@ -412,3 +412,24 @@ async fn the_thin_edge_plugin_lists_installs_refuses_a_rejected_model_and_finali
     assert_eq!(plugin_run(args(&[])).await.2, Some(1));
     drop(agent);
 }
+
+/// A new board: the store does not exist yet, so the agent serves `model.dir` (the image's
+/// model); the first `model install` makes the store and serves its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_an_empty_store_serves_model_dir_until_the_first_install() {
+    let store = temp_dir("new-board").join("models");
+    let broker = Broker::start("new-board", "");
+    let extra = format!(
+        "[engine]\nbackend = \"cpu\"\n[model]\ndir = \"{}\"\nstore = \"{}\"\n",
+        model("bpe-small"),
+        store.display()
+    );
+    let agent = Agent::start(&broker, "dev-new", &extra);
+    wait_online(broker.port, "dev-new").await;
+    assert_eq!(model_name(broker.port, "dev-new").await, "bpe-small");
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("wp-t4"), &"--version", &"v1"])).await;
+    assert!(ok && out.contains("v1 serves"), "{out} {err}");
+    assert_eq!(model_name(broker.port, "dev-new").await, "v1");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "serving,current")]));
+    drop(agent);
+}
