@@ -14,7 +14,8 @@
 #     python3-venv (Debian's python3 keeps venv/ensurepip apart; .ci/yocto-checks.sh makes a
 #     venv), python3-pip (tools/qnn/fetch-runtime.sh downloads a wheel with pip) and systemd
 #     (systemd-analyze, for the unit checks), nodejs and npm (the Node client example, Node
-#     18.7 or later: Debian 12's will do). As root, or through sudo.
+#     18.7 or later: Debian 12's will do), mender-client and mender-artifact (the Mender update
+#     module's test drives the real client). As root, or through sudo.
 #   - the client examples' pinned packages (tools/examples.sh: a venv, `npm ci`).
 #   - Qualcomm's x86-64 QNN HTP simulator (pinned, from PyPI's onnxruntime-qnn wheel; never
 #     committed) into target/qnn-runtime with tools/qnn/fetch-runtime.sh, exported as
@@ -36,6 +37,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v mender >/dev/null 2>&1 || need+=(mender-client)
+command -v mender-artifact >/dev/null 2>&1 || need+=(mender-artifact)
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         sudo=()

@@ -10,6 +10,7 @@ pub mod config;
 pub mod decide;
 pub mod engine;
 pub mod service;
+pub mod store;
 
 pub mod pipeline;
 pub mod platform;

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use laya_edge::cli::{ask, bundle, check, check_config, fleet, layout, predict, probe, serve, worker};
+use laya_edge::cli::{ask, bundle, check, check_config, fleet, layout, model, predict, probe, serve, worker};
 
 #[derive(Parser)]
 #[command(name = "laya-edge", version = laya_edge::cli::version(), about = "Laya typed decisions on edge NPUs")]
@@ -39,6 +39,8 @@ enum Command {
     Probe(probe::Args),
     /// A live view of every device's status and telemetry, trouble first (a broker client).
     Fleet(fleet::Args),
+    /// A model store's versions: install one and wait until it serves, roll back, commit, list.
+    Model(model::Args),
     /// Host one backend for a supervising agent, speaking frames on stdin/stdout (not for humans).
     #[command(hide = true)]
     Worker(worker::Args),
@@ -52,9 +54,12 @@ fn main() -> ExitCode {
         Command::CheckConfig(a) => a.config(),
         Command::Worker(a) => a.config(),
         Command::Probe(a) => a.config(),
-        Command::Layout(_) | Command::Ask(_) | Command::Bundle(_) | Command::Check(_) | Command::Fleet(_) => {
-            Ok(Default::default())
-        }
+        Command::Layout(_)
+        | Command::Ask(_)
+        | Command::Bundle(_)
+        | Command::Check(_)
+        | Command::Fleet(_)
+        | Command::Model(_) => Ok(Default::default()),
     };
     // The flag wins over the key; folded into the configuration, it reaches the worker too.
     let config = config.and_then(|mut c| match &cli.log {
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
         Command::Check(args) => done(check::run(args)),
         Command::Probe(_) => done(probe::run(config)),
         Command::Fleet(args) => done(fleet::run(args)),
+        Command::Model(args) => done(model::run(args)),
     });
     match result {
         Ok(code) => code,

@@ -9,6 +9,7 @@ pub mod check_config;
 pub mod fleet;
 pub mod jsonl;
 pub mod layout;
+pub mod model;
 pub mod predict;
 pub mod probe;
 pub mod serve;
@@ -151,10 +152,23 @@ impl Login {
 
 /// The configuration file, else every key's default.
 pub fn load_config(path: Option<&Path>) -> Result<Config, String> {
-    match path {
-        Some(p) => Config::load(p).map_err(|e| e.to_string()),
-        None => Ok(Config::default()),
+    let mut config = match path {
+        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    // `[model] store`: its `current` version, as it is now (a reload reads it again). A store not
+    // made yet, or with no version installed (a new board), serves `model.dir`: the image's model.
+    if let Some(dir) = &config.model.store {
+        use crate::store::{Store, StoreError};
+        match Store::open(dir).and_then(|s| s.current_dir()) {
+            Ok(current) => config.model.dir = current,
+            Err(e @ (StoreError::NoStore(_) | StoreError::NoCurrent(_))) => {
+                tracing::info!(store = %dir.display(), model = %config.model.dir.display(), "{e}: serving model.dir")
+            }
+            Err(e) => return Err(format!("model.store: {e}")),
+        }
     }
+    Ok(config)
 }
 
 /// A multi-threaded runtime, for `predict`'s engine and `ask`.

@@ -181,6 +181,7 @@ pub async fn run(
         device: device.clone(),
         started,
         encoding: telemetry_encoding,
+        last_reload: Mutex::new(None),
     };
     let handler = Arc::new(Handler {
         questions: Questions {
@@ -210,6 +211,27 @@ pub async fn run(
         async move { outbox.run(client, topics).await }
     });
     let publish_event = |event: &EngineEvent| outbox.push(Item::Event(Encoding::Json.encode(&event.to_value())));
+    // Serving from a model store: the pid, what is served and each reload's outcome go into it
+    // too, for `laya-edge model install` (crate::store).
+    let mark = config.model.store.as_deref().and_then(|dir| match crate::store::Store::create(dir) {
+        Ok(store) => Some(crate::store::AgentMark::claim(store)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the model store cannot be marked as served by this agent");
+            None
+        }
+    });
+    if let Some(m) = &mark {
+        m.serving(&current.get().bundle.dir);
+    }
+    // A settled reload: its event, the store's record, and the status, which names it.
+    let reload_outcome = |event: &EngineEvent| {
+        publish_event(event);
+        if let Some(m) = &mark {
+            m.reload_outcome(&event.to_value());
+        }
+        reporter.reload_settled(event);
+        outbox.push(Item::Status(reporter.status(true)));
+    };
 
     // The loop and the connection task watch each other from a thread (`liveness`).
     let alive = Arc::new(Liveness::new(Instant::now()));
@@ -308,7 +330,7 @@ pub async fn run(
                 Err(RecvError::Lagged(missed)) => tracing::warn!(missed, "probe results were not published (too many at once)"),
             },
             Ok(()) = backend_state.changed() => outbox.push(Item::Status(reporter.status(true))),
-            Some(reload) = reloads.recv() => transactions.request(reload, &config).iter().for_each(&publish_event),
+            Some(reload) = reloads.recv() => transactions.request(reload, &config).iter().for_each(&reload_outcome),
             Some(verdict) = verdicts.recv() => match transactions.settle(verdict) {
                 Settled::TakeOver(request, taken) => {
                     let candidate = taken.serving;
@@ -324,14 +346,16 @@ pub async fn run(
                     if let Ok(mut i) = interval.lock() {
                         i.engine_changed(candidate.engine.busy_time());
                     }
+                    if let Some(m) = &mark {
+                        m.serving(&candidate.bundle.dir);
+                    }
                     current.replace(candidate);
                     config = *taken.config;
                     let _ = taken.taken.send(());
-                    publish_event(&reload_event(EventKind::Reloaded, request, message));
-                    outbox.push(Item::Status(reporter.status(true)));
+                    reload_outcome(&reload_event(EventKind::Reloaded, request, message));
                 }
                 // Dropping the candidate stopped its worker; the serving engine never paused.
-                Settled::Rejected(event) => publish_event(&event),
+                Settled::Rejected(event) => reload_outcome(&event),
                 Settled::Stale => {}
             },
             _ = telemetry.tick(), if config.mqtt.telemetry_interval_s > 0 => {

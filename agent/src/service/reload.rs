@@ -46,30 +46,42 @@ impl Serving {
         Serving { bundle, engine, backend: backend.to_owned(), identity }
     }
 
-    /// What the status document says is served.
+    /// What the status document says is served (since when and the last reload are the
+    /// service's to add).
     pub fn served(&self) -> Served<'_> {
-        Served { backend: &self.backend, model: self.bundle.dir.display().to_string(), identity: &self.identity }
+        Served {
+            backend: &self.backend,
+            model: self.bundle.dir.display().to_string(),
+            identity: &self.identity,
+            since: 0,
+            last_reload: None,
+        }
     }
 }
 
-/// The [`Serving`] in use. A std lock, held only to clone or swap the `Arc` (never across an
-/// await).
-pub struct Current(RwLock<Arc<Serving>>);
+/// The [`Serving`] in use, and since when (seconds since the epoch). A std lock, held only to
+/// clone or swap the `Arc` (never across an await).
+pub struct Current(RwLock<(Arc<Serving>, u64)>);
 
 impl Current {
     pub fn new(serving: Serving) -> Current {
-        Current(RwLock::new(Arc::new(serving)))
+        Current(RwLock::new((Arc::new(serving), super::telemetry::epoch_s())))
     }
 
     /// What answers questions now.
     pub fn get(&self) -> Arc<Serving> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().unwrap_or_else(|e| e.into_inner()).0.clone()
+    }
+
+    /// Since when it answers them.
+    pub fn since(&self) -> u64 {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).1
     }
 
     /// Serves `next` from now on; the one it replaces stops once its last question is answered
     /// (its last handle is dropped then).
     pub fn replace(&self, next: Arc<Serving>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = next;
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = (next, super::telemetry::epoch_s());
     }
 }
 

@@ -52,6 +52,8 @@ pub async fn config_error(config: &Config, message: &str) -> Result<(), String> 
         backend: config.engine.backend.name(),
         model: config.model.dir.display().to_string(),
         identity: &unknown,
+        since: 0,
+        last_reload: None,
     };
     let offline = telemetry::status(false, &served, &Birth::now(&config.mqtt.fleet), None, 0);
     let mut own = config.clone();

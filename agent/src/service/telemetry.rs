@@ -81,6 +81,8 @@ pub struct Identity {
     pub bundle_sha256: Option<String>,
     /// The laya whose semantics the model is answered with.
     pub laya: laya_topics::wire::LayaVersion,
+    /// The manifest's `version`, else the model directory's name (a store's version name).
+    pub model_version: String,
 }
 
 impl Identity {
@@ -97,11 +99,11 @@ impl Identity {
         } else {
             None
         };
-        let named = bundle.manifest.as_ref().and_then(|m| m.raw.get("name")).and_then(|v| v.as_str());
-        let model_name = named
-            .map(str::to_owned)
-            .unwrap_or_else(|| bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-        Identity { model_name, bundle_sha256, laya: bundle.laya }
+        let field = |key| bundle.manifest.as_ref().and_then(|m| m.raw.get(key)).and_then(|v| v.as_str());
+        let dir_name = || bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let model_name = field("name").map_or_else(dir_name, str::to_owned);
+        let model_version = field("version").map_or_else(dir_name, str::to_owned);
+        Identity { model_name, bundle_sha256, laya: bundle.laya, model_version }
     }
 }
 
@@ -124,11 +126,14 @@ impl Birth {
     }
 }
 
-/// What is served: the backend's name, the model directory and its identity.
+/// What is served: the backend's name, the model directory and its identity, since when (seconds
+/// since the epoch; 0: not serving yet), and the last reload's outcome.
 pub struct Served<'a> {
     pub backend: &'a str,
     pub model: String,
     pub identity: &'a Identity,
+    pub since: u64,
+    pub last_reload: Option<wire::LastReload>,
 }
 
 /// The status document. `engine` is the serving engine's state; none before it has any (the
@@ -155,7 +160,15 @@ pub fn status(
         fleet: birth.fleet.clone(),
         takeovers,
         laya: Some(served.identity.laya),
+        model_version: served.identity.model_version.clone(),
+        serving_since: served.since,
+        last_reload: served.last_reload.clone(),
     }
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn epoch_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
 }
 
 /// One telemetry interval in the making.
@@ -197,6 +210,8 @@ pub struct Reporter {
     pub started: Instant,
     /// How telemetry documents are encoded (`mqtt.telemetry_encoding`).
     pub encoding: Encoding,
+    /// The last reload request's outcome, for the status document.
+    pub last_reload: Mutex<Option<wire::LastReload>>,
 }
 
 impl Reporter {
@@ -204,8 +219,17 @@ impl Reporter {
     pub fn status(&self, online: bool) -> Vec<u8> {
         let serving = self.current.get();
         let es = serving.engine.status();
-        let served = serving.served();
+        let mut served = serving.served();
+        served.since = self.current.since();
+        served.last_reload = self.last_reload.lock().map(|l| l.clone()).unwrap_or_else(|e| e.into_inner().clone());
         Encoding::Json.encode(&status(online, &served, &self.birth, Some(&es), self.counters.takeovers()).to_value())
+    }
+
+    /// A reload request was settled: the status names it from now on.
+    pub fn reload_settled(&self, event: &wire::EngineEvent) {
+        let Some(request) = event.reload.clone() else { return };
+        let last = wire::LastReload { event: event.event, request, at: epoch_s() };
+        *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(last);
     }
 
     /// The load figures of the interval that ends now, and the start of the next.
@@ -289,14 +313,20 @@ mod tests {
     use super::*;
 
     fn identity() -> Identity {
-        Identity { model_name: "tickets".into(), bundle_sha256: Some("ab".repeat(32)), laya: Default::default() }
+        Identity {
+            model_name: "tickets".into(),
+            bundle_sha256: Some("ab".repeat(32)),
+            laya: Default::default(),
+            model_version: "v3".into(),
+        }
     }
 
     #[test]
     fn a_status_before_the_engine_has_a_state_says_starting_and_not_degraded() {
         let birth = Birth { started_at: 1_700_000_000, birth: 1_700_000_000_123, fleet: "line-3".into() };
         let id = identity();
-        let served = Served { backend: "rknn", model: "/opt/laya/bundle".into(), identity: &id };
+        let served =
+            Served { backend: "rknn", model: "/opt/laya/bundle".into(), identity: &id, since: 0, last_reload: None };
         let s = status(false, &served, &birth, None, 0);
         assert_eq!(s.backend_state, Some(wire::BackendState::Starting));
         assert!(!s.online && !s.degraded && s.runtime.is_empty());

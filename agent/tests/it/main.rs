@@ -13,6 +13,7 @@ mod fixtures_cli;
 mod front_end_limits;
 mod healing;
 mod laya_0_4_15;
+mod model_store;
 mod newcomer;
 #[cfg(feature = "qnn")]
 mod probe_graphs;

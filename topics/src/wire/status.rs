@@ -2,7 +2,7 @@
 //! reads back (`laya-edge fleet`), so it is the one with a `from_value`.
 
 use super::LayaVersion;
-use super::event::BackendState;
+use super::event::{BackendState, EventKind, ReloadRef};
 use crate::value::{Map, Value};
 
 /// The retained status document.
@@ -37,6 +37,43 @@ pub struct Status {
     /// The laya whose semantics the model is answered with (`[model] laya`); none when read
     /// back from an older agent's status, which served laya 0.3.20.
     pub laya: Option<LayaVersion>,
+    /// The served model's version: its bundle manifest's `version`, else its directory's name (in
+    /// a model store, the version's name). Empty from an older agent.
+    pub model_version: String,
+    /// Since when (seconds since the Unix epoch) this model serves: the start, or the reload that
+    /// took it over. 0 from an older agent.
+    pub serving_since: u64,
+    /// The last reload request's outcome in this run (none: no reload yet).
+    pub last_reload: Option<LastReload>,
+}
+
+/// A reload request's outcome, as the status document carries the last one:
+/// `{"event": "reloaded" | "reload_rejected" | "reload_superseded", "request", "model", "at"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastReload {
+    pub event: EventKind,
+    pub request: ReloadRef,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+impl LastReload {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("event".into(), self.event.as_str().into());
+        m.insert("request".into(), Value::Int(self.request.request.into()));
+        m.insert("model".into(), self.request.model.as_deref().map_or(Value::Null, Value::from));
+        m.insert("at".into(), Value::Int(self.at.into()));
+        Value::Object(m)
+    }
+
+    pub fn from_value(v: &Value) -> Option<LastReload> {
+        Some(LastReload {
+            event: v.get("event")?.as_str()?.parse().ok()?,
+            request: ReloadRef::from_value(v)?,
+            at: v.get("at").and_then(Value::as_i64).and_then(|x| u64::try_from(x).ok()).unwrap_or(0),
+        })
+    }
 }
 
 impl Status {
@@ -56,6 +93,9 @@ impl Status {
         m.insert("fleet".into(), self.fleet.as_str().into());
         m.insert("takeovers".into(), Value::Int(self.takeovers.into()));
         m.insert("laya".into(), self.laya.map_or("", LayaVersion::as_str).into());
+        m.insert("model_version".into(), self.model_version.as_str().into());
+        m.insert("serving_since".into(), Value::Int(self.serving_since.into()));
+        m.insert("last_reload".into(), self.last_reload.as_ref().map_or(Value::Null, LastReload::to_value));
         Value::Object(m)
     }
 
@@ -79,6 +119,9 @@ impl Status {
             fleet: s("fleet"),
             takeovers: u("takeovers"),
             laya: v.get("laya").and_then(Value::as_str).and_then(|s| s.parse().ok()),
+            model_version: s("model_version"),
+            serving_since: u("serving_since"),
+            last_reload: v.get("last_reload").and_then(LastReload::from_value),
         })
     }
 }
@@ -105,12 +148,20 @@ mod tests {
             fleet: "line-3".into(),
             takeovers: 3,
             laya: Some(LayaVersion::V0_4_15),
+            model_version: "v3".into(),
+            serving_since: 1_700_000_100,
+            last_reload: Some(LastReload {
+                event: EventKind::ReloadRejected,
+                request: ReloadRef { request: 2, model: Some("/var/lib/laya-edge/models/v4".into()) },
+                at: 1_700_000_200,
+            }),
         };
         assert_eq!(Status::from_value(&s.to_value()), Some(s));
         let old = json::parse_str(r#"{"state":"offline","backend":"cpu"}"#, Default::default()).unwrap();
         let read = Status::from_value(&old).unwrap();
         assert!(!read.online);
         assert_eq!((read.backend.as_str(), read.birth, read.bundle_sha256, read.laya), ("cpu", 0, None, None));
+        assert_eq!((read.model_version.as_str(), read.serving_since, read.last_reload), ("", 0, None));
         assert_eq!(Status::from_value(&Value::Object(Map::new())), None);
     }
 
