@@ -8,7 +8,11 @@
 #   2. laya-edge-crates.inc matches Cargo.lock (tools/yocto/crates_inc.py --check);
 #      laya-edge_git.bb's SRCREV is a full hash of HEAD or an ancestor, its PV that commit's
 #      version, and the crates.inc that commit's crate list (tools/yocto/pin_srcrev.py --check;
-#      in a shallow clone without the commit, or outside git: skipped with a message);
+#      in a shallow clone without the commit, or outside git: skipped with a message); and the
+#      agent at that commit has what the layer uses: every cargo feature a PACKAGECONFIG option
+#      passes is in its agent/Cargo.toml, and it handles every signal the unit sends it (SIGHUP
+#      for ExecReload=, SIGTERM to stop) (tools/yocto/pin_agent.py; a shallow clone without the
+#      commit fails: fetch the history);
 #   3. the recipe's LICENSE covers every crate linked into laya-edge (tools/yocto/licenses.py,
 #      which asks `cargo metadata`; skipped without cargo);
 #   4. LIC_FILES_CHKSUM's md5 of the repository's LICENSE (tools/yocto/lic_files_chksum.py);
@@ -71,6 +75,8 @@ say "laya-edge-crates.inc against Cargo.lock"
 "$vpy" tools/yocto/crates_inc.py --check
 say "laya-edge_git.bb's pinned SRCREV"
 "$vpy" tools/yocto/pin_srcrev.py --check
+say "the pinned agent has what the layer uses"
+"$vpy" tools/yocto/pin_agent.py
 
 # --- 3. licences --------------------------------------------------------------------------
 if command -v cargo >/dev/null 2>&1; then

@@ -56,6 +56,105 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    #[error("invalid configuration: {key} = {value} is outside its range, {range}")]
+    OutOfRange { key: &'static str, value: u64, range: Range },
+}
+
+/// The values a numeric key accepts: `min` to `max`, both included, in the key's own unit (the
+/// suffix of its name). Written `min to max`, as docs/config.md's range column writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub key: &'static str,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Range {
+    const fn new(key: &'static str, min: u64, max: u64) -> Range {
+        Range { key, min, max }
+    }
+
+    /// `value`, if it is in the range.
+    pub fn check(&self, value: u64) -> Result<u64, ConfigError> {
+        if (self.min..=self.max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(ConfigError::OutOfRange { key: self.key, value, range: *self })
+        }
+    }
+}
+
+impl std::fmt::Display for Range {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} to {}", self.min, self.max)
+    }
+}
+
+/// The longest string MQTT carries (its length is two bytes): a client id, a user name, a
+/// password, a topic name or filter, a Last Will's payload.
+pub const MQTT_STRING_MAX: usize = 65_535;
+
+/// The largest MQTT packet (its length is a variable byte integer of at most four bytes).
+const MQTT_PACKET_MAX: u64 = 268_435_455;
+/// What `serve` announces as its Maximum Packet Size beyond `mqtt.max_payload`
+/// (`service::connection::PACKET_HEADROOM`).
+const PACKET_HEADROOM: u64 = 16 * 1024;
+const DAY_S: u64 = 86_400;
+const HOUR_S: u64 = 3_600;
+const HOUR_MS: u64 = 3_600_000;
+const GIB: u64 = 1 << 30;
+
+/// Every numeric key, its range and its value: the one table [`Config::check`] reads (and
+/// docs/config.md's range column says, a test compares them). The bounds are what an edge board
+/// can mean, and keep every use of a value in range of its arithmetic: durations within a day
+/// (an hour in milliseconds), so no `Instant` or `Duration` sum, product or timer overflows;
+/// counts that MQTT carries as two bytes within a `u16`.
+#[allow(clippy::type_complexity)]
+pub const NUMERIC: &[(Range, fn(&Config) -> u64)] = &[
+    // MQTT's own: a four-byte interval, 4294967295 meaning "never expires".
+    (Range::new("mqtt.session_expiry_s", 0, u32::MAX as u64), |c| u64::from(c.mqtt.session_expiry_s)),
+    // MQTT's keep-alive is two bytes; below 5 s a busy link would be taken for lost.
+    (Range::new("mqtt.keep_alive_s", 5, u16::MAX as u64), |c| c.mqtt.keep_alive_s),
+    // The announced Maximum Packet Size (this plus the headroom) is at most MQTT's largest packet.
+    (Range::new("mqtt.max_payload", 1, MQTT_PACKET_MAX - PACKET_HEADROOM), |c| c.mqtt.max_payload as u64),
+    // MQTT's Receive Maximum is two bytes (0 here: `limits.queue`).
+    (Range::new("mqtt.receive_maximum", 0, u16::MAX as u64), |c| u64::from(c.mqtt.receive_maximum)),
+    (Range::new("mqtt.shutdown_grace_s", 0, HOUR_S), |c| c.mqtt.shutdown_grace_s),
+    (Range::new("mqtt.reconnect_min_ms", 1, HOUR_MS), |c| c.mqtt.reconnect_min_ms),
+    (Range::new("mqtt.reconnect_max_ms", 1, HOUR_MS), |c| c.mqtt.reconnect_max_ms),
+    (Range::new("mqtt.telemetry_interval_s", 0, DAY_S), |c| c.mqtt.telemetry_interval_s),
+    // The Receive Maximum it becomes is two bytes.
+    (Range::new("limits.queue", 1, u16::MAX as u64), |c| c.limits.queue as u64),
+    (Range::new("limits.questions_per_request", 1, u16::MAX as u64), |c| c.limits.questions_per_request as u64),
+    (Range::new("limits.options_per_question", 1, u16::MAX as u64), |c| c.limits.options_per_question as u64),
+    // Decoding, laying out and dropping a document recurse once per level: the stack's bound.
+    (Range::new("limits.nesting_depth", 1, 256), |c| c.limits.nesting_depth as u64),
+    (Range::new("limits.remember_replies", 0, 1 << 20), |c| c.limits.remember_replies as u64),
+    (Range::new("limits.remember_bytes", 0, GIB), |c| c.limits.remember_bytes as u64),
+    (Range::new("limits.max_request_tokens", 1, 1 << 20), |c| c.limits.max_request_tokens as u64),
+    (Range::new("limits.waiting_bytes", 0, GIB), |c| c.limits.waiting_bytes as u64),
+    (Range::new("limits.loop_stall_s", 0, HOUR_S), |c| c.limits.loop_stall_s),
+    (Range::new("engine.deadline_ms", 0, HOUR_MS), |c| c.engine.deadline_ms),
+    (Range::new("engine.max_restarts", 0, 1000), |c| c.engine.max_restarts as u64),
+    (Range::new("engine.restart_window_s", 0, DAY_S), |c| c.engine.restart_window_s),
+    (Range::new("engine.max_failed_health", 0, 1000), |c| c.engine.max_failed_health as u64),
+    (Range::new("engine.ready_wait_s", 0, DAY_S), |c| c.engine.ready_wait_s),
+    (Range::new("engine.retry_primary_s", 1, DAY_S), |c| c.engine.retry_primary_s),
+    (Range::new("engine.load_allowance_ms", 1, HOUR_MS), |c| c.engine.load_allowance_ms),
+    (Range::new("engine.expected_ms", 0, HOUR_MS), |c| c.engine.expected_ms),
+    (Range::new("engine.startup_timeout_s", 1, DAY_S), |c| c.engine.startup_timeout_s),
+    (Range::new("engine.threads", 0, 256), |c| c.engine.threads as u64),
+    // librknnrt's masks: 0 (auto), one bit per core, 0xFFFF (all).
+    (Range::new("rknn.core_mask", 0, u16::MAX as u64), |c| u64::from(c.rknn.core_mask)),
+    // One context per NPU core of the RK3588.
+    (Range::new("rknn.contexts", 1, 3), |c| c.rknn.contexts as u64),
+    // A week.
+    (Range::new("probe.interval_min", 0, 7 * 24 * 60), |c| c.probe.interval_min),
+];
+
+/// The range of a numeric key (`section.key`).
+pub fn range_of(key: &str) -> Option<Range> {
+    NUMERIC.iter().map(|(r, _)| *r).find(|r| r.key == key)
 }
 
 /// The whole file.
@@ -458,9 +557,6 @@ impl Config {
         if self.qnn.generator.is_some() && (self.qnn.model_lib.is_none() || self.qnn.backend_lib.is_none()) {
             return bad("qnn.generator needs qnn.model_lib (libQnnModelDlc.so) and qnn.backend_lib".into());
         }
-        if !(1..=3).contains(&self.rknn.contexts) {
-            return bad(format!("rknn.contexts {}: use 1, 2 or 3 (one per NPU core)", self.rknn.contexts));
-        }
         if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
             return bad(format!("mqtt.broker {:?} must be an mqtt:// or mqtts:// URL", self.mqtt.broker));
         }
@@ -470,20 +566,67 @@ impl Config {
         if self.mqtt.client_cert.is_none() != self.mqtt.client_key.is_none() {
             return bad("mqtt.client_cert and mqtt.client_key go together".into());
         }
-        if self.limits.queue == 0 || self.limits.nesting_depth == 0 || self.mqtt.max_payload == 0 {
-            return bad("limits.queue, limits.nesting_depth and mqtt.max_payload must be positive".into());
-        }
-        if self.limits.max_request_tokens == 0 {
-            return bad("limits.max_request_tokens must be positive".into());
+        for (range, value) in NUMERIC {
+            range.check(value(self))?;
         }
         let schema =
             laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.check_mqtt_strings(&schema)?;
         for filter in &self.mqtt.response_topics {
             schema.response_filter(filter).map_err(|e| ConfigError::Invalid(format!("mqtt.response_topics: {e}")))?;
         }
         if !self.log.level.trim().is_empty() {
             tracing_subscriber::EnvFilter::try_new(&self.log.level)
                 .map_err(|e| ConfigError::Invalid(format!("log.level {:?}: {e}", self.log.level)))?;
+        }
+        Ok(())
+    }
+
+    /// MQTT's own limits on what the configuration puts in its packets: each string at most
+    /// [`MQTT_STRING_MAX`] bytes (a longer one cannot be encoded: the broker would refuse every
+    /// connection), and no NUL in a client id or user name (a malformed packet). The topics are
+    /// those the agent publishes and subscribes to, made of the prefix, the device, the fleet and
+    /// the share group; a topic that is not valid otherwise is `preflight`'s to name.
+    fn check_mqtt_strings(&self, schema: &laya_topics::topic::Schema) -> Result<(), ConfigError> {
+        use laya_topics::topic::Channel;
+        let too_long = |what: &str, len: usize| {
+            ConfigError::Invalid(format!(
+                "{what} is {len} bytes; MQTT carries at most {MQTT_STRING_MAX} (a two-byte length)"
+            ))
+        };
+        let client_id =
+            if self.mqtt.client_id.is_empty() { "the client id (laya-edge-{mqtt.device})" } else { "mqtt.client_id" };
+        for (key, value) in [(client_id, self.client_id()), ("mqtt.username", self.mqtt.username.clone())] {
+            if value.len() > MQTT_STRING_MAX {
+                return Err(too_long(key, value.len()));
+            }
+            if value.contains('\0') {
+                return Err(ConfigError::Invalid(format!("{key} has a NUL character, which MQTT does not allow")));
+            }
+        }
+        let device = self.device();
+        let mut topics = Vec::new();
+        for channel in [Channel::Ask, Channel::Status, Channel::Telemetry, Channel::Events, Channel::Errors] {
+            // A device id that makes no topic is preflight's error, named there.
+            if let Ok(topic) = schema.topic(&device, channel) {
+                topics.push(("the topic", topic.to_string()));
+            }
+        }
+        if !self.mqtt.fleet.is_empty()
+            && let Ok(shared) = schema.fleet_subscription(&self.mqtt.share_group, &self.mqtt.fleet)
+        {
+            topics.push(("the fleet subscription", shared));
+        }
+        let filters = self.mqtt.response_topics.iter().map(|f| f.replace("{prefix}", schema.prefix()));
+        topics.extend(filters.map(|f| ("the response topic filter", f)));
+        for (what, topic) in topics {
+            if topic.len() > MQTT_STRING_MAX {
+                let start: String = topic.chars().take(60).collect();
+                return Err(too_long(
+                    &format!("{what} {start:?}... (from mqtt.prefix, device, fleet, share_group)"),
+                    topic.len(),
+                ));
+            }
         }
         Ok(())
     }
@@ -695,10 +838,11 @@ mod tests {
         assert!(c.check().is_ok());
     }
 
-    /// The key tables of docs/config.md (`| key | default | meaning |` under a ``## `[section]` ``
-    /// heading): each documented key as `section.key` with its default as written (the text in
-    /// backticks, or the words where the default is not a value), in the order documented.
-    fn documented_keys() -> Vec<(String, String)> {
+    /// The key tables of docs/config.md (`| key | default | range | meaning |` under a
+    /// ``## `[section]` `` heading): each documented key as `section.key` with its default as
+    /// written (the text in backticks, or the words where the default is not a value) and its
+    /// range cell (one for the row's keys, or one each, comma-separated), in the order documented.
+    fn documented_keys() -> Vec<(String, String, String)> {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
         let text = std::fs::read_to_string(&path).expect("docs/config.md");
         let code = |cell: &str| -> Vec<String> { cell.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
@@ -709,13 +853,14 @@ mod tests {
                 in_keys = false;
             } else if line.starts_with("### ") {
                 in_keys = false;
-            } else if line.starts_with("| key | default |") {
+            } else if line.starts_with("| key | default | range |") {
                 in_keys = section.is_some();
             } else if !line.starts_with('|') {
                 in_keys = false;
             } else if in_keys && !line.starts_with("|---") {
                 let cells: Vec<&str> = line.split('|').map(str::trim).collect();
                 let (keys, defaults) = (code(cells[1]), code(cells[2]));
+                let ranges: Vec<&str> = cells[3].split(", ").collect();
                 assert!(!keys.is_empty(), "a key row without a key: {line}");
                 let section = section.as_deref().expect("in a section");
                 for (i, key) in keys.iter().enumerate() {
@@ -725,7 +870,12 @@ mod tests {
                         n if n == keys.len() => defaults[i].clone(),
                         _ => panic!("{section}.{key}: {} defaults for {} keys: {line}", defaults.len(), keys.len()),
                     };
-                    out.push((format!("{section}.{key}"), default));
+                    let range = match ranges.len() {
+                        1 => ranges[0].to_owned(),
+                        n if n == keys.len() => ranges[i].to_owned(),
+                        _ => panic!("{section}.{key}: {} ranges for {} keys: {line}", ranges.len(), keys.len()),
+                    };
+                    out.push((format!("{section}.{key}"), default, range));
                 }
             }
         }
@@ -737,7 +887,7 @@ mod tests {
         let documented = documented_keys();
         // Once each: a key listed twice has two defaults and two meanings to contradict.
         let mut seen = std::collections::BTreeSet::new();
-        for (key, _) in &documented {
+        for (key, _, _) in &documented {
             assert!(seen.insert(key.clone()), "docs/config.md lists {key} twice");
         }
         // Every key of the schema is documented, and nothing else is.
@@ -759,7 +909,7 @@ mod tests {
             ("mqtt.device", "hostname", toml::Value::from("")),
             ("mqtt.client_id", "\"laya-edge-{device}\"", toml::Value::from("")),
         ];
-        for (key, doc) in &documented {
+        for (key, doc, _) in &documented {
             let (section, name) = key.split_once('.').expect("section.key");
             let code = written[section].as_table().expect("a section")[name].clone();
             if let Some((_, words, value)) = derived.iter().find(|(k, _, _)| k == key) {
@@ -772,5 +922,108 @@ mod tests {
                 .clone();
             assert_eq!(doc_value, code, "{key}: docs/config.md says {doc}, the code's default is {code}");
         }
+    }
+
+    #[test]
+    fn every_numeric_key_has_one_range_and_docs_config_md_documents_it() {
+        // The numeric keys: those whose default is written as an integer.
+        let written: toml::Table = toml::from_str(&Config::default().to_toml().unwrap()).unwrap();
+        let mut numeric = std::collections::BTreeSet::new();
+        for (section, table) in &written {
+            for (key, value) in table.as_table().expect("a section") {
+                if value.is_integer() {
+                    numeric.insert(format!("{section}.{key}"));
+                }
+            }
+        }
+        let ranged: Vec<&str> = NUMERIC.iter().map(|(r, _)| r.key).collect();
+        let unique: std::collections::BTreeSet<String> = ranged.iter().map(|k| (*k).to_owned()).collect();
+        assert_eq!(unique.len(), ranged.len(), "a key with two ranges: {ranged:?}");
+        assert_eq!(unique, numeric, "the numeric keys of the schema and of NUMERIC");
+        // The value each entry reads is its own key's: set to a value of its own, it is read.
+        for (range, value) in NUMERIC {
+            let wanted = if range.max > range.min { range.min + 1 } else { range.min };
+            let c = with(range.key, wanted).unwrap_or_else(|e| panic!("{}: {e}", range.key));
+            assert_eq!(value(&c), wanted, "{}'s entry reads another key", range.key);
+        }
+        // The defaults are in range, and docs/config.md's range column is the code's.
+        Config::default().check().unwrap();
+        for (key, _, doc) in documented_keys() {
+            match range_of(&key) {
+                Some(range) => assert_eq!(doc, range.to_string(), "{key}: docs/config.md's range"),
+                None => assert_eq!(doc, "—", "{key}: docs/config.md gives a range to a key that has none"),
+            }
+        }
+    }
+
+    /// The defaults with `key` (`section.key`) set to `value`, read as a file is, and checked.
+    fn with(key: &str, value: u64) -> Result<Config, ConfigError> {
+        let (section, name) = key.split_once('.').expect("section.key");
+        Config::parse(&format!("[{section}]\n{name} = {value}\n"), Path::new("test"))
+    }
+
+    #[test]
+    fn each_numeric_key_takes_its_bounds_and_refuses_one_past_them_naming_the_key_and_the_range() {
+        for (range, _) in NUMERIC {
+            for v in [range.min, range.max] {
+                with(range.key, v).unwrap_or_else(|e| panic!("{} = {v} refused: {e}", range.key));
+            }
+            let outside = [range.min.checked_sub(1), range.max.checked_add(1).filter(|v| *v <= i64::MAX as u64)];
+            for v in outside.into_iter().flatten() {
+                match with(range.key, v) {
+                    Err(e @ ConfigError::OutOfRange { .. }) => {
+                        let m = e.to_string();
+                        assert!(m.contains(range.key) && m.contains(&range.to_string()), "{}: {m}", range.key);
+                    }
+                    // A bound that is the type's own (u16, u32): the file cannot even say it.
+                    Err(ConfigError::Parse { message, .. }) => {
+                        let name = range.key.split_once('.').expect("section.key").1;
+                        assert!(
+                            message.contains(name) && message.contains("invalid value"),
+                            "{}: {message}",
+                            range.key
+                        );
+                    }
+                    other => panic!("{} = {v}: {other:?}", range.key),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_values_that_panicked_serve_are_refused_naming_the_key() {
+        for (key, value) in [
+            ("limits.queue", 1u64 << 62),
+            ("mqtt.keep_alive_s", i64::MAX as u64),
+            ("engine.startup_timeout_s", i64::MAX as u64),
+            ("probe.interval_min", i64::MAX as u64),
+        ] {
+            let e = with(key, value).expect_err(key).to_string();
+            assert!(e.contains(key) && e.contains("outside its range"), "{e}");
+        }
+    }
+
+    #[test]
+    fn strings_mqtt_cannot_carry_are_refused_at_start() {
+        let long = "x".repeat(70_000);
+        for (text, named) in [
+            (format!("[mqtt]\nclient_id = \"{long}\""), "mqtt.client_id is 70000 bytes"),
+            (format!("[mqtt]\nusername = \"{long}\""), "mqtt.username is 70000 bytes"),
+            (format!("[mqtt]\ndevice = \"{long}\"\nclient_id = \"c\""), "the topic"),
+            (format!("[mqtt]\ndevice = \"{long}\""), "the client id (laya-edge-{mqtt.device}) is 70010 bytes"),
+            (format!("[mqtt]\nprefix = \"{long}\""), "the topic"),
+            (format!("[mqtt]\nfleet = \"{long}\"\nshare_group = \"g\""), "the fleet subscription"),
+            (format!("[mqtt]\nfleet = \"f\"\nshare_group = \"{long}\""), "the fleet subscription"),
+            ("[mqtt]\nclient_id = \"a\\u0000b\"".to_owned(), "mqtt.client_id has a NUL"),
+        ] {
+            let e = Config::parse(&text, Path::new("test")).expect_err(named).to_string();
+            assert!(
+                e.contains(named) && (e.contains("65535") || e.contains("NUL")),
+                "{named}: {}",
+                &e[..e.len().min(300)]
+            );
+        }
+        // At the limit: a client id of 65535 bytes is MQTT's longest, and taken.
+        Config::parse(&format!("[mqtt]\nclient_id = \"{}\"", "x".repeat(65_535)), Path::new("test")).unwrap();
     }
 }

@@ -1,7 +1,9 @@
 //! The `laya-edge` command line: parses it, installs logging and dispatches to a command, each in
 //! its own module under `cli/` (in the library). The commands that have a configuration (`serve`, `predict`,
 //! `check-config`, and the worker, which gets its agent's) load it here first, so that its
-//! `[log] level` can set up logging before the command runs.
+//! `[log] level` can set up logging before the command runs. Then, for every command, a panic
+//! in any thread or task is logged and ends the process (`platform::panic`): a service that
+//! lost a task is restarted by its supervisor, never left half alive.
 
 use std::process::ExitCode;
 
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
     });
     let filter = config.as_ref().ok().map(|c| c.log.level.as_str()).or(cli.log.as_deref());
     laya_edge::platform::logging::init(filter);
+    laya_edge::platform::panic::install();
     let done = |r: Result<(), String>| r.map(|()| ExitCode::SUCCESS);
     let result = config.and_then(|config| match cli.command {
         // `ask` says with its exit status how the question went (ask::ExitStatus).

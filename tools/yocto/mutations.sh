@@ -86,6 +86,29 @@ mutate "SRCREV a commit that is not an ancestor of HEAD" \
     "$recipe_dir/laya-edge_git.bb" \
     "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"$orphan\"', s, flags=re.M)" \
     "${orphan:0:12}" -- env LAYA_PIN_SHALLOW=fail "$vpy" tools/yocto/pin_srcrev.py --check
+# pin_agent.py reads the pinned commit: in a shallow clone without it, it fails for that reason.
+if [ -n "$have_pin" ]; then
+    # The pin the layer once had (156 commits behind): no `demo` feature, no SIGHUP handler.
+    old_pin=cd482b7a9f21dbab7bc56956f735b0ad0320aeca
+    if git -C "$copy" cat-file -e "$old_pin^{commit}" 2>/dev/null; then
+        mutate "SRCREV back to ${old_pin:0:7} (no demo feature, no SIGHUP handler): the cargo feature" \
+            "$recipe_dir/laya-edge_git.bb" \
+            "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"$old_pin\"', s, flags=re.M)" \
+            "cargo feature \`demo\`" -- "$vpy" tools/yocto/pin_agent.py
+        mutate "SRCREV back to ${old_pin:0:7} (no demo feature, no SIGHUP handler): the signal" \
+            "$recipe_dir/laya-edge_git.bb" \
+            "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"$old_pin\"', s, flags=re.M)" \
+            "the unit sends SIGHUP" -- "$vpy" tools/yocto/pin_agent.py
+    fi
+    mutate "a PACKAGECONFIG option naming a cargo feature the pinned agent does not have" \
+        "$recipe_dir/laya-edge.inc" \
+        "s = s.replace('PACKAGECONFIG[rknn] = \"--features rknn\"', 'PACKAGECONFIG[rknn] = \"--features rknn\"\nPACKAGECONFIG[gpu] = \"--features gpu\"', 1)" \
+        "cargo feature \`gpu\`" -- "$vpy" tools/yocto/pin_agent.py
+    mutate "the unit sending SIGUSR1 to reload, which the pinned agent does not handle" \
+        yocto-layer/recipes-laya/laya-edge/files/laya-edge.service \
+        "s = s.replace('kill -HUP', 'kill -USR1', 1)" \
+        "the unit sends SIGUSR1" -- "$vpy" tools/yocto/pin_agent.py
+fi
 mutate "SRCREV AUTOREV in the default recipe" \
     "$recipe_dir/laya-edge_git.bb" \
     "import re; s = re.sub(r'^SRCREV = \".*\"', 'SRCREV = \"\${AUTOREV}\"', s, flags=re.M)" \

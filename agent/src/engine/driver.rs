@@ -138,6 +138,8 @@ impl Driver {
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
                     Some(Request::Run { rows, deadline, reply }) => {
+                        // Testing only (LAYA_TEST_PANIC): a task that panics ends the process.
+                        crate::platform::panic::injected("engine-call");
                         let call = self.next_call;
                         self.next_call += 1;
                         let n = rows.len();
@@ -217,7 +219,8 @@ impl Driver {
                 } else {
                     // The probe first: its report (a collapse included) is published either way.
                     let probe = self.probe_check(id, call, &rows);
-                    let evidence = self.evidence.check(&sent, &rows);
+                    let backend = self.workers.get(&id).and_then(|w| w.backend.as_deref()).unwrap_or_default();
+                    let evidence = self.evidence.check(&sent, &rows).map_err(|c| c.message(backend));
                     match (probe, evidence) {
                         (Err(p), Err(e)) => Err(format!("{e}; {p}")),
                         (Err(m), Ok(())) | (Ok(()), Err(m)) => Err(m),

@@ -6,7 +6,9 @@
 //! the deadline. A runtime that returns the same output for every input (librknnrt 2.4.2 on NPU
 //! driver 0.9.8) is caught by comparing outputs of different rows; the worker's own guard sees
 //! only its own rows, so the agent keeps the last outputs of recent distinct rows across
-//! restarts and checks every answer against them, the health call's included.
+//! restarts and checks every answer against them, the health call's included. What the message
+//! blames depends on the backend that answered ([`ConstantOutput::message`]): on the CPU, which
+//! has no runtime to blame, it is the model's weights.
 
 use std::collections::VecDeque;
 
@@ -46,20 +48,45 @@ fn bits(r: &RowResult) -> Vec<u32> {
     r.logits.iter().chain(&r.act_logits).map(|v| v.to_bits()).collect()
 }
 
+/// Two different rows came back with bit-identical outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConstantOutput {
+    /// The token counts of the remembered row and of the new one.
+    pub tokens: (usize, usize),
+}
+
+impl ConstantOutput {
+    /// What it means on `backend` (the name a worker announces: `cpu`, `rknn`, `qnn`, `null`).
+    pub fn message(&self, backend: &str) -> String {
+        let (a, b) = self.tokens;
+        let what = format!(
+            "constant output: two different rows ({a} and {b} tokens) came back with bit-identical logits on the {backend} backend"
+        );
+        let why = match backend {
+            "cpu" => {
+                "the model's weights give the same output for every input (the CPU computes them as they are, so the checkpoint is broken: e.g. a head whose weights are zeros or were not trained or exported); fix or replace the model"
+            }
+            "rknn" => "the runtime is broken (librknnrt 2.4.2 on NPU driver 0.9.8 does this)",
+            "qnn" => {
+                "the runtime or the bundle's context binaries are broken (a graph that lost its inputs in conversion, or a DSP that does not run it): check the bundle with `laya-edge probe` on this board"
+            }
+            "null" => "the null backend's `constant` fault (testing)",
+            _ => "the backend is broken",
+        };
+        format!("{what}: {why}")
+    }
+}
+
 impl Evidence {
     /// Checks a call's outputs against each other and against remembered rows; remembers them.
     /// An error if two different rows (token ids; the markers follow from them) came back
     /// bit-identical.
-    pub fn check(&mut self, rows: &[Row], outputs: &[RowResult]) -> Result<(), String> {
+    pub fn check(&mut self, rows: &[Row], outputs: &[RowResult]) -> Result<(), ConstantOutput> {
         for (row, out) in rows.iter().zip(outputs) {
             let b = bits(out);
             let same = self.seen.iter().find(|(ids, seen)| *seen == b && *ids != row.input_ids);
             if let Some((ids, _)) = same {
-                return Err(format!(
-                    "constant output: two different rows ({} and {} tokens) came back with bit-identical logits; the runtime is broken (librknnrt 2.4.2 on NPU driver 0.9.8 does this)",
-                    ids.len(),
-                    row.input_ids.len()
-                ));
+                return Err(ConstantOutput { tokens: (ids.len(), row.input_ids.len()) });
             }
             self.seen.retain(|(ids, _)| *ids != row.input_ids);
             self.seen.push_back((row.input_ids.clone(), b));
@@ -91,7 +118,22 @@ mod tests {
         e.check(&[row(&[1, 2]), row(&[1, 3])], &[out(0.5), out(0.75)]).unwrap();
         // ...the new one answers its first, single row with the same bits as a different old row.
         let err = e.check(&[row(&[1, 4])], &[out(0.75)]).unwrap_err();
-        assert!(err.contains("constant output"), "{err}");
+        assert_eq!(err, ConstantOutput { tokens: (2, 2) });
+        assert!(err.message("rknn").contains("constant output"), "{}", err.message("rknn"));
+    }
+
+    #[test]
+    fn constant_output_on_the_cpu_blames_the_models_weights_and_only_rknn_blames_librknnrt() {
+        let err = ConstantOutput { tokens: (12, 17) };
+        let cpu = err.message("cpu");
+        assert!(cpu.starts_with("constant output: two different rows (12 and 17 tokens)"), "{cpu}");
+        assert!(cpu.contains("on the cpu backend") && cpu.contains("the model's weights"), "{cpu}");
+        let rknn = err.message("rknn");
+        assert!(rknn.contains("librknnrt 2.4.2 on NPU driver 0.9.8"), "{rknn}");
+        for backend in ["cpu", "qnn", "null", "something else"] {
+            let m = err.message(backend);
+            assert!(m.contains("constant output") && !m.contains("librknnrt"), "{backend}: {m}");
+        }
     }
 
     #[test]

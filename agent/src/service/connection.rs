@@ -30,6 +30,8 @@ pub enum ConnectionError {
     Tls(String),
     #[error("mqtt: {0}")]
     Topic(#[from] TopicError),
+    #[error("{what} is {len} bytes; MQTT carries at most {max} (a two-byte length)", max = crate::config::MQTT_STRING_MAX)]
+    TooLong { what: &'static str, len: usize },
 }
 
 /// Host, port and whether TLS is on, from `mqtt://` / `mqtts://` URLs.
@@ -145,12 +147,22 @@ pub fn options(cfg: &Config, status_topic: &str, offline_payload: Vec<u8>) -> Re
         correlation_data: None,
         user_properties: Vec::new(),
     };
+    // Longer ones could not be encoded: every CONNECT would be refused, for ever.
+    if offline_payload.len() > crate::config::MQTT_STRING_MAX {
+        return Err(ConnectionError::TooLong {
+            what: "the Last Will (the offline status)",
+            len: offline_payload.len(),
+        });
+    }
     o.set_last_will(LastWill::new(status_topic, offline_payload, QoS::AtLeastOnce, true, Some(will_props)));
     if !cfg.mqtt.username.is_empty() {
         let password = match &cfg.mqtt.password_file {
             None => String::new(),
             Some(file) => read_password(file)?,
         };
+        if password.len() > crate::config::MQTT_STRING_MAX {
+            return Err(ConnectionError::TooLong { what: "the password (mqtt.password_file)", len: password.len() });
+        }
         o.set_credentials(cfg.mqtt.username.clone(), password);
     }
     if tls {

@@ -252,14 +252,16 @@ impl Questions {
         // The request itself (its state document, the larger part of its memory) is dropped
         // with the layout's work: what decoding needs of it is in the prepared request.
         let max_tokens = self.admission.limits.max_request_tokens;
-        let prepare = move || pipeline::prepare(&bundle, &request, max_tokens);
-        // A panic must not lose the question: it gets an error reply like any other failure.
+        // A panic must not lose the question: it gets an error reply like any other failure
+        // (contained: logged, and not the end of the process that any other panic is).
+        let prepare = move || {
+            crate::platform::panic::contained(|| pipeline::prepare(&bundle, &request, max_tokens))
+                .map_err(|_| "it panicked".to_owned())
+        };
         let prepared = match slot {
-            None => {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare)).map_err(|_| "it panicked".to_owned())
-            }
+            None => prepare(),
             Some(slot) => {
-                let prepared = tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string());
+                let prepared = tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string()).and_then(|r| r);
                 drop(slot);
                 prepared
             }

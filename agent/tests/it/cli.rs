@@ -171,6 +171,118 @@ fn check_config_refuses_what_serve_refuses_before_connecting_and_names_it() {
     }
 }
 
+/// A configuration file of the defaults (the null backend, the fixture model) with `keys`
+/// (`section.key`, its TOML value) set.
+fn config_with(dir: &std::path::Path, name: &str, keys: &[(&str, String)]) -> String {
+    let mut sections: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
+    sections.entry("engine").or_default().push("backend = \"null\"".into());
+    let model = fixtures_dir().join("models/bpe-small");
+    sections.entry("model").or_default().push(format!("dir = \"{}\"", model.display()));
+    for (key, value) in keys {
+        let (section, name) = key.split_once('.').expect("section.key");
+        sections.entry(section).or_default().push(format!("{name} = {value}"));
+    }
+    let text: String = sections.iter().map(|(s, lines)| format!("[{s}]\n{}\n", lines.join("\n"))).collect();
+    let file = dir.join(format!("{name}.toml"));
+    std::fs::write(&file, text).expect("config");
+    file.to_str().expect("utf-8").to_owned()
+}
+
+/// `laya-edge COMMAND --config FILE`, bounded (a `serve` that took the file would try its broker
+/// for ever): its exit status and stderr.
+fn refusal(command: &str, file: &str) -> (Option<i32>, String) {
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(test_kit::laya_edge_bin(env!("CARGO_BIN_EXE_laya-edge")))
+        .args([command, "--config", file])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("laya-edge runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn every_numeric_key_is_taken_at_its_bounds_and_refused_one_past_them_by_check_config_and_serve_alike() {
+    let dir = support::temp_dir("cli-ranges");
+    for (range, _) in laya_edge::config::NUMERIC {
+        let key = range.key;
+        for v in [range.min, range.max] {
+            let file = config_with(&dir, &format!("{key}-{v}"), &[(key, v.to_string())]);
+            let (code, stderr) = refusal("check-config", &file);
+            assert_eq!(code, Some(0), "check-config refused {key} = {v}: {stderr}");
+        }
+        // One past each end. Two keys' types end where their ranges do (a u32, a u16): the file
+        // cannot even say one more, TOML refuses it as the file is read (config.rs's unit tests).
+        let typed_to_the_end = ["mqtt.session_expiry_s", "mqtt.receive_maximum"];
+        let past = [range.min.checked_sub(1), (!typed_to_the_end.contains(&key)).then(|| range.max + 1)];
+        for v in past.into_iter().flatten() {
+            let file = config_with(&dir, &format!("{key}-{v}"), &[(key, v.to_string())]);
+            let named = format!("{key} = {v} is outside its range, {range}");
+            for command in ["check-config", "serve"] {
+                let (code, stderr) = refusal(command, &file);
+                assert_eq!(code, Some(1), "{command} on {key} = {v}: {stderr}");
+                assert!(stderr.contains(&named), "{command} on {key} = {v} does not say {named:?}: {stderr}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_settings_that_panicked_serve_or_reconnected_it_for_ever_are_refused_by_check_config_and_serve_with_status_1() {
+    let dir = support::temp_dir("cli-hostile");
+    let cases = [
+        (
+            "limits.queue",
+            (1u64 << 62).to_string(),
+            "limits.queue = 4611686018427387904 is outside its range, 1 to 65535",
+        ),
+        (
+            "mqtt.keep_alive_s",
+            i64::MAX.to_string(),
+            "mqtt.keep_alive_s = 9223372036854775807 is outside its range, 5 to 65535",
+        ),
+        (
+            "engine.startup_timeout_s",
+            i64::MAX.to_string(),
+            "engine.startup_timeout_s = 9223372036854775807 is outside its range, 1 to 86400",
+        ),
+        (
+            "mqtt.client_id",
+            format!("\"{}\"", "c".repeat(70 * 1024)),
+            "mqtt.client_id is 71680 bytes; MQTT carries at most 65535",
+        ),
+    ];
+    for (key, value, named) in cases {
+        let file = config_with(&dir, key, &[(key, value)]);
+        for command in ["check-config", "serve"] {
+            let (code, stderr) = refusal(command, &file);
+            assert_eq!(code, Some(1), "{command} on {key}: {}", &stderr[..stderr.len().min(500)]);
+            assert!(stderr.contains(named), "{command} on {key}: {}", &stderr[..stderr.len().min(500)]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_comes_online_with_every_numeric_key_at_its_lower_and_at_its_upper_bound() {
+    let broker = support::Broker::start("cli-bounds", "");
+    let dir = support::temp_dir("cli-bounds");
+    for (end, device) in [("min", "dev-min"), ("max", "dev-max")] {
+        let mut keys: Vec<(&str, String)> = laya_edge::config::NUMERIC
+            .iter()
+            .map(|(r, _)| (r.key, if end == "min" { r.min } else { r.max }.to_string()))
+            .collect();
+        keys.push(("mqtt.broker", format!("\"{}\"", broker.url())));
+        keys.push(("mqtt.device", format!("\"{device}\"")));
+        let file = config_with(&dir, end, &keys);
+        let (code, stderr) = refusal("check-config", &file);
+        assert_eq!(code, Some(0), "check-config, every key at its {end}: {stderr}");
+        let mut agent = support::Agent::with_config(PathBuf::from(&file), Vec::new());
+        support::wait_online(broker.port, device).await;
+        let status = agent.terminate();
+        assert!(status.success(), "serve, every key at its {end}, stopped with {status:?}");
+    }
+}
+
 #[test]
 fn predict_takes_its_model_and_engine_keys_from_config_and_flags_override_them() {
     let model = fixtures_dir().join("models/bpe-t5");

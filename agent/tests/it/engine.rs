@@ -431,6 +431,73 @@ async fn a_request_that_kills_the_worker_twice_is_quarantined_and_counts_once() 
     assert!(engine.run(vec![row(1)], None).await.is_ok());
 }
 
+/// A copy of the fixture checkpoint `bpe-small` whose two output layers (`scorer.3.weight`,
+/// `act_head.2.weight`) are zeros: every row's logits are those layers' biases whatever the
+/// input, and the CPU computes exactly that (issue #40: such a model was reported as a broken
+/// librknnrt).
+fn constant_output_checkpoint(name: &str) -> std::path::PathBuf {
+    fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).expect("mkdir");
+        for e in std::fs::read_dir(from).expect("read_dir").map(|e| e.expect("entry")) {
+            let dst = to.join(e.file_name());
+            if e.file_type().expect("type").is_dir() {
+                copy_dir(&e.path(), &dst);
+            } else {
+                std::fs::copy(e.path(), dst).expect("copy");
+            }
+        }
+    }
+    let dir = crate::support::temp_dir(&format!("constant-ckpt-{name}"));
+    copy_dir(std::path::Path::new(&model("bpe-small")), &dir);
+    let file = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).expect("weights");
+    // safetensors: an 8-byte little-endian header length, the JSON header (each tensor's
+    // `data_offsets` from the end of the header), the data.
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).expect("utf-8");
+    let header = laya_topics::json::parse_str(header, Default::default()).expect("header");
+    for tensor in ["scorer.3.weight", "act_head.2.weight"] {
+        let offsets = header.get(tensor).and_then(|t| t.get("data_offsets")).expect(tensor);
+        let at = |i: usize| {
+            let offset = offsets.as_array().and_then(|a| a.get(i)).and_then(laya_topics::Value::as_i64);
+            usize::try_from(offset.unwrap_or(-1)).unwrap_or_else(|_| panic!("{tensor}: data_offsets {offsets:?}"))
+        };
+        bytes[8 + n + at(0)..8 + n + at(1)].fill(0);
+    }
+    std::fs::write(&file, bytes).expect("write");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_weights_give_constant_output_on_the_cpu_is_reported_as_such_not_as_librknnrt() {
+    let dir = constant_output_checkpoint("cpu");
+    let bundle = laya_edge::bundle::HostBundle::load(&dir).expect("the checkpoint loads");
+    let health = laya_edge::engine::health::rows(&bundle.tokenizer, bundle.config.limits).expect("health rows");
+    let policy =
+        Policy { backoff_min: Duration::from_millis(50), backoff_max: Duration::from_millis(50), ..defaults(|_| {}) };
+    let path = dir.display().to_string();
+    let engine = Engine::start(EngineConfig {
+        health: health.clone(),
+        queue: 64,
+        ..EngineConfig::new(policy, worker("cpu", &path, None))
+    });
+    let result = engine.run(vec![health[0].clone()], None).await;
+    let says_so = |m: &str| {
+        m.contains("constant output")
+            && m.contains("on the cpu backend")
+            && m.contains("the model's weights")
+            && !m.contains("librknnrt")
+    };
+    assert!(matches!(&result, Err(EngineError::Unavailable(m)) if says_so(m)), "{result:?}");
+    // Each worker's health call failed for it, the third degrading the backend.
+    let restarts = engine.restarts();
+    assert_eq!(restarts.len(), 3, "{restarts:?}");
+    assert!(
+        restarts.iter().all(|r| matches!(&r.reason, RestartReason::Fatal { message, .. } if says_so(message))),
+        "{restarts:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_constant_output_runtime_is_caught_by_every_workers_health_call_and_the_refusal_says_so() {
     let engine = Engine::start(with_health(defaults(|_| {}), "constant"));

@@ -15,6 +15,7 @@ mod healing;
 mod laya_0_4_15;
 mod model_store;
 mod newcomer;
+mod panics;
 #[cfg(feature = "qnn")]
 mod probe_graphs;
 #[cfg(feature = "qnn")]

@@ -3,7 +3,9 @@
 # network access, its fetch is cached in DL_DIR and works under BB_NO_NETWORK, and a build is
 # reproducible. SRCREV and PV are written by tools/yocto/pin_srcrev.py, which also checks that
 # laya-edge-crates.inc is the crate list of that commit's Cargo.lock; CI checks that SRCREV is a
-# commit of this repository's history.
+# commit of this repository's history, and that the agent at that commit has what this layer
+# uses: every cargo feature a PACKAGECONFIG option names, a handler for every signal the unit
+# sends (tools/yocto/pin_agent.py). Move the pin when the layer starts using something newer.
 #
 # To follow main instead (AUTOREV: a `git ls-remote` at every parse, nothing cached), opt in
 # in local.conf:
@@ -12,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "cd482b7a9f21dbab7bc56956f735b0ad0320aeca"
+SRCREV = "9985e77bb43246fd64e152acb848abe0206493d4"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
