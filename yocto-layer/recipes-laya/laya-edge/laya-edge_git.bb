@@ -14,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "9985e77bb43246fd64e152acb848abe0206493d4"
+SRCREV = "c4b32ec803d1cc7336c170bd35d59e1b49ac3ec6"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
