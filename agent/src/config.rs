@@ -300,11 +300,10 @@ impl Default for Limits {
 pub struct Model {
     /// A laya checkpoint directory or an NPU bundle (with `laya-bundle.json`).
     pub dir: PathBuf,
-    /// A model store (`crate::store`): when set, the agent serves its `current` version, resolved
-    /// when the configuration is read (at start and at every reload), and `dir` is that version's
-    /// directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub store: Option<PathBuf>,
+    /// A model store (`crate::store`; empty: none): when set, the agent serves its `current`
+    /// version, resolved when the configuration is read (at start and at every reload), and `dir`
+    /// is that version's directory ([`Model::store`]).
+    pub store: PathBuf,
     /// The laya whose semantics the model is answered with: `"0.3.20"` (the default) or
     /// `"0.4.15"` (docs/config.md says what differs).
     #[serde(with = "laya_version")]
@@ -313,7 +312,14 @@ pub struct Model {
 
 impl Default for Model {
     fn default() -> Self {
-        Model { dir: PathBuf::from("/usr/share/laya/models/laya"), store: None, laya: Default::default() }
+        Model { dir: PathBuf::from("/usr/share/laya/models/laya"), store: PathBuf::new(), laya: Default::default() }
+    }
+}
+
+impl Model {
+    /// The model store, if one is configured.
+    pub fn store(&self) -> Option<&Path> {
+        (!self.store.as_os_str().is_empty()).then_some(self.store.as_path())
     }
 }
 

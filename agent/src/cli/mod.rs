@@ -158,9 +158,9 @@ pub fn load_config(path: Option<&Path>) -> Result<Config, String> {
     };
     // `[model] store`: its `current` version, as it is now (a reload reads it again). A store not
     // made yet, or with no version installed (a new board), serves `model.dir`: the image's model.
-    if let Some(dir) = &config.model.store {
+    if let Some(dir) = config.model.store().map(Path::to_path_buf) {
         use crate::store::{Store, StoreError};
-        match Store::open(dir).and_then(|s| s.current_dir()) {
+        match Store::open(&dir).and_then(|s| s.current_dir()) {
             Ok(current) => config.model.dir = current,
             Err(e @ (StoreError::NoStore(_) | StoreError::NoCurrent(_))) => {
                 tracing::info!(store = %dir.display(), model = %config.model.dir.display(), "{e}: serving model.dir")

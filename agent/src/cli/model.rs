@@ -82,7 +82,7 @@ impl StoreArgs {
         };
         // Read without resolving the store: it may have no current version yet.
         let config = Config::load(path).map_err(|e| e.to_string())?;
-        config.model.store.ok_or_else(|| format!("{} has no [model] store", path.display()))
+        config.model.store().map(Path::to_path_buf).ok_or_else(|| format!("{} has no [model] store", path.display()))
     }
 }
 

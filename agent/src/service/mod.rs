@@ -213,7 +213,7 @@ pub async fn run(
     let publish_event = |event: &EngineEvent| outbox.push(Item::Event(Encoding::Json.encode(&event.to_value())));
     // Serving from a model store: the pid, what is served and each reload's outcome go into it
     // too, for `laya-edge model install` (crate::store).
-    let mark = config.model.store.as_deref().and_then(|dir| match crate::store::Store::create(dir) {
+    let mark = config.model.store().and_then(|dir| match crate::store::Store::create(dir) {
         Ok(store) => Some(crate::store::AgentMark::claim(store)),
         Err(e) => {
             tracing::warn!(error = %e, "the model store cannot be marked as served by this agent");

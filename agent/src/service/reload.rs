@@ -164,7 +164,7 @@ pub enum Settled {
     /// Serve this candidate from now on, then publish `reloaded`.
     TakeOver(ReloadRef, Taken),
     /// Publish this `reload_rejected`.
-    Rejected(EngineEvent),
+    Rejected(Box<EngineEvent>),
     /// A superseded request's verdict: nothing (it was settled when it was superseded).
     Stale,
 }
@@ -242,11 +242,11 @@ impl Reloads {
         self.cancel = None;
         match verdict.outcome {
             Ok(taken) => Settled::TakeOver(verdict.request, taken),
-            Err(why) => Settled::Rejected(reload_event(
+            Err(why) => Settled::Rejected(Box::new(reload_event(
                 EventKind::ReloadRejected,
                 verdict.request,
                 format!("the new engine failed its health call: {why}"),
-            )),
+            ))),
         }
     }
 }
