@@ -293,7 +293,8 @@ impl Parser<'_> {
     fn peek_low_surrogate(&self) -> bool {
         let Some(hex) = self.s.get(self.pos + 2..self.pos + 6) else { return false };
         let Ok(hex) = std::str::from_utf8(hex) else { return false };
-        u32::from_str_radix(hex, 16).is_ok_and(|lo| (0xDC00..0xE000).contains(&lo)) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        u32::from_str_radix(hex, 16).is_ok_and(|lo| (0xDC00..0xE000).contains(&lo))
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
     }
 
     fn string(&mut self) -> Result<String, ParseError> {

@@ -59,10 +59,7 @@ fn detect(b: &[u8]) -> (Encoding, usize) {
             return (if b[1] != 0 { Utf16 { big_endian: true } } else { Utf32 { big_endian: true } }, 0);
         }
         if b[1] == 0 {
-            return (
-                if b[2] != 0 || b[3] != 0 { Utf16 { big_endian: false } } else { Utf32 { big_endian: false } },
-                0,
-            );
+            return (if b[2] != 0 || b[3] != 0 { Utf16 { big_endian: false } } else { Utf32 { big_endian: false } }, 0);
         }
     } else if b.len() == 2 {
         if b[0] == 0 {
@@ -105,7 +102,9 @@ fn decode_utf16(b: &[u8], big_endian: bool, lone: &mut bool) -> Result<String, L
     if b.len() % 2 != 0 {
         return Err(LoadError::Decode("UTF-16"));
     }
-    let units = b.chunks_exact(2).map(|c| if big_endian { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_le_bytes([c[0], c[1]]) });
+    let units = b
+        .chunks_exact(2)
+        .map(|c| if big_endian { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_le_bytes([c[0], c[1]]) });
     Ok(char::decode_utf16(units)
         .map(|r| {
             r.unwrap_or_else(|_| {
@@ -146,8 +145,7 @@ pub fn loads(body: &[u8]) -> Result<Loaded, LoadError> {
         Encoding::Utf16 { big_endian } => decode_utf16(bytes, big_endian, &mut lone)?,
         Encoding::Utf32 { big_endian } => decode_utf32(bytes, big_endian, &mut lone)?,
     };
-    let (value, escaped) =
-        json::parse_str_keeping_lone_surrogates(&text, ParseOptions { max_depth: MAX_JSON_DEPTH })?;
+    let (value, escaped) = json::parse_str_keeping_lone_surrogates(&text, ParseOptions { max_depth: MAX_JSON_DEPTH })?;
     Ok(Loaded { value, lone_surrogate: lone || escaped })
 }
 

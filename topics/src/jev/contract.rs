@@ -144,9 +144,7 @@ impl Kind {
             Kind::StateRequired => ("state_required", 400, "'state' is required"),
             Kind::QuestionsNotAnObject => ("questions_not_an_object", 400, "'questions' must be an object"),
             Kind::TooManyQuestions => ("too_many_questions", 413, "too many questions (%d > %d)"),
-            Kind::TooManyChoiceOptions => {
-                ("too_many_choice_options", 413, "too many choice options for %r (%d > %d)")
-            }
+            Kind::TooManyChoiceOptions => ("too_many_choice_options", 413, "too many choice options for %r (%d > %d)"),
             Kind::TooManyScoreLevels => ("too_many_score_levels", 413, "too many score levels for %r (%d > %d)"),
             Kind::ScoreNullLevel => (
                 "score_null_level",

@@ -20,5 +20,7 @@ pub mod render;
 pub mod repr;
 
 pub use contract::{Kind, Refusal};
-pub use refusal::{Batch, Controls, MinConfidence, ModelChoice, ModelNames, Settings, Single, check_batch, check_single};
+pub use refusal::{
+    Batch, Controls, MinConfidence, ModelChoice, ModelNames, Settings, Single, check_batch, check_single,
+};
 pub use render::{Routing, body_text, question_refusal, render, render_batch, render_result};

@@ -1,0 +1,342 @@
+//! `topics::jev` against what laya.serve 0.4.15 itself answered
+//! (`tests/fixtures/laya-serve-0.4.15/cases.jsonl`, `contract.json`).
+//!
+//! Replayed: every recorded refusal on a decision route that laya.serve decides without the
+//! model (rows 5 to 18b of `docs/http-contract.md`) gives the same status and `detail` from the
+//! recorded body bytes; every recorded 200 on a decision route passes the checks; and every
+//! recorded 200 body is rendered back from the laya result it holds (the body without
+//! `routing` and `x_jev_confidence`), strict and not.
+//!
+//! Skipped classes, because the pure checks cannot see them: authentication (401, the `keyed`
+//! and `tight` servers), admission (503), the body's size while reading and its read timeout
+//! (413 `request body too large`, 408), laya's own `ValueError`s that need the model (422
+//! `question ...`, an unknown `task`, options over the budget on `small`), inference failures
+//! (500), and the routes Starlette answers (404, 405, 307, `/health`, `/docs`).
+
+use std::collections::BTreeMap;
+
+use laya_topics::jev::{self, Kind, Routing, Settings};
+use laya_topics::json::{self, ParseOptions, Style};
+use laya_topics::{Map, Value};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/laya-serve-0.4.15");
+
+fn read_json_lines(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}")).expect("fixture file");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| json::parse_str(l, ParseOptions { max_depth: 10_000 }).expect("a JSON line"))
+        .collect()
+}
+
+fn base64(text: &str) -> Vec<u8> {
+    let digit = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let clean: Vec<u8> = text.bytes().filter(|c| *c != b'=').collect();
+    let mut out = Vec::new();
+    for chunk in clean.chunks(4) {
+        let mut acc = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= u32::from(digit(*c)) << (18 - 6 * i);
+        }
+        out.extend_from_slice(&acc.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+/// The body bytes a case sent.
+fn body_bytes(request: &Value) -> Vec<u8> {
+    if let Some(Value::Str(b)) = request.get("body") {
+        return b.as_bytes().to_vec();
+    }
+    if let Some(Value::Str(b)) = request.get("body_base64") {
+        return base64(b);
+    }
+    if let Some(Value::Array(parts)) = request.get("body_parts") {
+        let mut out = String::new();
+        for part in parts {
+            let p = part.as_array().expect("[text, repeat]");
+            let n = p[1].as_i64().expect("a repeat count");
+            out.push_str(&p[0].as_str().expect("text").repeat(usize::try_from(n).expect("a count")));
+        }
+        return out.into_bytes();
+    }
+    Vec::new()
+}
+
+struct Case {
+    id: String,
+    server: String,
+    path: String,
+    body: Vec<u8>,
+    status: i64,
+    response: Value,
+}
+
+fn cases() -> Vec<Case> {
+    read_json_lines("cases.jsonl")
+        .into_iter()
+        .map(|c| {
+            let text = |v: Option<&Value>| v.and_then(Value::as_str).expect("a string").to_string();
+            let request = c.get("request").expect("request");
+            let response = c.get("response").expect("response");
+            Case {
+                id: text(c.get("id")),
+                server: text(c.get("server")),
+                path: text(request.get("path")),
+                body: body_bytes(request),
+                status: response.get("status").and_then(Value::as_i64).expect("status"),
+                response: response.get("body").cloned().unwrap_or(Value::Null),
+            }
+        })
+        .collect()
+}
+
+fn settings() -> Settings {
+    Settings { models: jev::ModelNames::laya_0_4_15(&["edge"]), ..Settings::default() }
+}
+
+/// The refusal the pure checks give for a body on `path` (`Ok` when they accept it).
+fn check(path: &str, body: &[u8]) -> Result<(), jev::Refusal> {
+    match path {
+        "/v1/systemone" => jev::check_single(body, &settings()).map(|_| ()),
+        "/v1/systemone/batch" => jev::check_batch(body, &settings()).map(|_| ()),
+        other => panic!("not a decision route: {other}"),
+    }
+}
+
+/// Why a recorded refusal is out of the pure checks' reach, or `None` when it is in.
+fn skipped_class(case: &Case) -> Option<&'static str> {
+    let detail = case.response.get("detail").and_then(Value::as_str).unwrap_or("");
+    if !matches!(case.path.as_str(), "/v1/systemone" | "/v1/systemone/batch") {
+        return Some("a route Starlette answers");
+    }
+    match case.status {
+        401 => Some("authentication"),
+        503 => Some("admission"),
+        408 => Some("the body's read timeout"),
+        500 => Some("inference failed"),
+        404 | 405 | 307 => Some("a route Starlette answers"),
+        413 if detail == Kind::BodyTooLarge.template() => Some("the body's size while reading"),
+        422 if detail.starts_with("question ") => Some("laya's ValueError for a question (the model)"),
+        422 if case.id == "422/task-unknown" => Some("laya's ValueError for a task (the model)"),
+        422 if case.server == "small" => Some("laya's ValueError for the token budget (the model)"),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_refusal_laya_serve_decides_without_the_model_is_given_with_its_status_and_detail() {
+    let mut replayed = 0;
+    let mut skipped: BTreeMap<&str, usize> = BTreeMap::new();
+    for case in cases().iter().filter(|c| c.status != 200) {
+        if let Some(class) = skipped_class(case) {
+            *skipped.entry(class).or_default() += 1;
+            continue;
+        }
+        let detail = case.response.get("detail").and_then(Value::as_str).expect("a detail");
+        let refusal = check(&case.path, &case.body).expect_err(&format!("{} should be refused", case.id));
+        assert_eq!(
+            (i64::from(refusal.status), refusal.detail.as_str()),
+            (case.status, detail),
+            "{}: status and detail",
+            case.id
+        );
+        assert_eq!(refusal.body(), json::to_string(&case.response, Style::COMPACT), "{}: body", case.id);
+        replayed += 1;
+    }
+    // Of the 147 recorded refusals, 95 are decided without the model.
+    assert_eq!(replayed, 95, "replayed refusals (skipped: {skipped:?})");
+}
+
+#[test]
+fn every_recorded_success_passes_the_checks() {
+    let mut checked = 0;
+    for case in cases().iter().filter(|c| c.status == 200 && c.path.starts_with("/v1/systemone")) {
+        if let Err(r) = check(&case.path, &case.body) {
+            panic!("{}: refused with {} {}", case.id, r.status, r.detail);
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 66, "decision-route successes");
+}
+
+/// laya's result inside a recorded non-strict body: the body without `routing`, and without
+/// `x_jev_confidence` in its answers.
+fn laya_result(body: &Value) -> (Value, Routing) {
+    let mut m = body.as_object().expect("an object").clone();
+    let routing = m.shift_remove("routing").expect("routing");
+    if let Some(Value::Object(answers)) = m.get_mut("answers") {
+        for a in answers.values_mut() {
+            if let Value::Object(a) = a {
+                a.shift_remove("x_jev_confidence");
+            }
+        }
+    }
+    let text = |k: &str| routing.get(k).cloned().unwrap_or(Value::Null);
+    let routing = Routing {
+        model: text("model"),
+        repo: text("repo"),
+        reason: text("reason").as_str().expect("a reason").to_string(),
+        detection: text("detection"),
+        workflow: text("workflow"),
+    };
+    (Value::Object(m), routing)
+}
+
+fn render_case(path: &str, body: &Value, strict: bool) -> Value {
+    if path.ends_with("/batch") {
+        let results: Vec<(Value, Routing)> =
+            body.get("results").and_then(Value::as_array).expect("results").iter().map(laya_result).collect();
+        jev::render_batch(&results, strict)
+    } else {
+        let (result, routing) = laya_result(body);
+        jev::render(&result, &routing, strict)
+    }
+}
+
+#[test]
+fn every_recorded_answer_is_rendered_back_from_its_laya_result() {
+    let all = cases();
+    let mut rendered = 0;
+    let mut strict_rendered = 0;
+    for case in all.iter().filter(|c| c.status == 200 && c.path.starts_with("/v1/systemone")) {
+        if case.server == "strict" {
+            // The same request on the open server holds laya's whole result.
+            let request = jev::body::loads(&case.body).expect("a JSON body").value;
+            let Some(open) = all.iter().find(|o| {
+                o.server == "open"
+                    && o.status == 200
+                    && o.path == case.path
+                    && jev::body::loads(&o.body).is_ok_and(|b| b.value == request)
+            }) else {
+                continue;
+            };
+            let got = jev::body_text(&render_case(&open.path, &open.response, true));
+            assert_eq!(got, json::to_string(&case.response, Style::COMPACT), "{} (strict, from {})", case.id, open.id);
+            strict_rendered += 1;
+            continue;
+        }
+        let got = jev::body_text(&render_case(&case.path, &case.response, false));
+        assert_eq!(got, json::to_string(&case.response, Style::COMPACT), "{}", case.id);
+        rendered += 1;
+    }
+    assert_eq!((rendered, strict_rendered), (61, 3), "rendered (non-strict, strict)");
+}
+
+#[test]
+fn a_strict_result_keeps_only_jevs_fields_in_jevs_order() {
+    let all = cases();
+    for case in all.iter().filter(|c| c.server == "strict" && c.status == 200) {
+        // Projecting again changes nothing: the recorded strict body is already Jev's shape.
+        let got = jev::body_text(&if case.path.ends_with("/batch") {
+            let results: Vec<(Value, Routing)> = case
+                .response
+                .get("results")
+                .and_then(Value::as_array)
+                .expect("results")
+                .iter()
+                .map(|r| (r.clone(), Routing::explicit_model("edge", "unused")))
+                .collect();
+            jev::render_batch(&results, true)
+        } else {
+            jev::render(&case.response, &Routing::explicit_model("edge", "unused"), true)
+        });
+        assert_eq!(got, json::to_string(&case.response, Style::COMPACT), "{}", case.id);
+    }
+}
+
+#[test]
+fn the_routing_report_for_a_named_model_is_the_one_laya_serve_wrote() {
+    for case in cases().iter().filter(|c| c.status == 200 && c.path == "/v1/systemone" && c.server == "open") {
+        let Some(routing) = case.response.get("routing") else { continue };
+        let name = routing.get("model").and_then(Value::as_str).expect("a name");
+        let repo = routing.get("repo").and_then(Value::as_str).expect("a repo");
+        let reason = routing.get("reason").and_then(Value::as_str).expect("a reason");
+        let ours = match reason.strip_prefix("explicit task=") {
+            Some(_) => {
+                let body = jev::check_single(&case.body, &settings()).expect("accepted");
+                let task = body.controls.task.as_ref().and_then(Value::as_str).expect("a task");
+                Routing::explicit_task(name, repo, task)
+            }
+            None => Routing::explicit_model(name, repo),
+        };
+        assert_eq!(ours.to_value(), *routing, "{}", case.id);
+    }
+}
+
+#[test]
+fn the_refusal_table_is_the_one_contract_json_records() {
+    let contract = json::parse_str(
+        &std::fs::read_to_string(format!("{FIXTURES}/contract.json")).expect("contract.json"),
+        ParseOptions::default(),
+    )
+    .expect("JSON");
+    let rows = contract.get("refusals").and_then(Value::as_array).expect("refusals");
+    let ids: Vec<&str> = rows.iter().filter_map(|r| r.get("id").and_then(Value::as_str)).collect();
+    let ours: Vec<&str> = Kind::ALL.iter().map(|k| k.id()).collect();
+    assert_eq!(ours, ids, "the same rows in the same order");
+    for (kind, row) in Kind::ALL.iter().zip(rows) {
+        let text = row.get("detail").or_else(|| row.get("detail_template")).and_then(Value::as_str);
+        assert_eq!(Some(kind.template()), text, "{}", kind.id());
+        assert_eq!(Some(i64::from(kind.status())), row.get("status").and_then(Value::as_i64), "{}", kind.id());
+    }
+    let limits = contract.get("limits").expect("limits");
+    let limit = |k: &str| limits.get(k).and_then(Value::as_i64).and_then(|v| u64::try_from(v).ok());
+    use laya_topics::jev::contract as c;
+    let table: [(&str, u64); 12] = [
+        ("max_body_bytes", c::MAX_BODY_BYTES as u64),
+        ("max_state_chars", c::MAX_STATE_CHARS as u64),
+        ("max_questions", c::MAX_QUESTIONS as u64),
+        ("max_batch_states", c::MAX_BATCH_STATES as u64),
+        ("max_choice_options", c::MAX_CHOICE_OPTIONS as u64),
+        ("max_choice_options_with_tournament", c::MAX_TOURNAMENT_CHOICE_OPTIONS as u64),
+        ("max_score_levels", c::MAX_SCORE_LEVELS as u64),
+        ("max_total_options", c::MAX_TOTAL_OPTIONS as u64),
+        ("max_token_budget_default", c::DEFAULT_MAX_TOKEN_BUDGET),
+        ("max_batch_tokens_default", c::DEFAULT_MAX_BATCH_TOKENS),
+        ("batch_row_tokens_assumed", c::BATCH_ROW_TOKENS_ASSUMED),
+        ("state_probe_values", c::STATE_PROBE_VALUES as u64),
+    ];
+    for (key, ours) in table {
+        assert_eq!(limit(key), Some(ours), "{key}");
+    }
+    assert_eq!(Kind::Busy.refusal(&[]).retry_after, Some(1));
+    assert_eq!(Kind::NotJson.refusal(&[]).retry_after, None);
+}
+
+#[test]
+fn a_refused_question_refuses_the_request_with_the_first_ones_text() {
+    use laya_topics::{Answer, AnswerError, PredictResult, Usage};
+    let error = |m: &str| Answer::Error(AnswerError { code: "invalid_question".into(), message: m.into() });
+    let noul = Answer::Noul {
+        noul: 0.5,
+        confidence: 0.5,
+        answer_confidence: 0.5,
+        action: laya_topics::Action { act_probability: 0.5 },
+        gate: None,
+    };
+    let mut result = PredictResult {
+        model: "laya-rl-agent".into(),
+        answers: vec![
+            ("a".into(), noul.clone()),
+            ("b1".into(), error("question 'b1': unknown type 'x'; use one of ['choice', 'noul', 'score']")),
+            ("b2".into(), error("question 'b2': no 'instructions'; add the text the model should answer")),
+        ],
+        usage: Usage::default(),
+    };
+    let refusal = jev::question_refusal(&result).expect("refused");
+    assert_eq!((refusal.status, refusal.kind), (422, Kind::LayaValueError));
+    assert_eq!(refusal.detail, "question 'b1': unknown type 'x'; use one of ['choice', 'noul', 'score']");
+    result.answers.retain(|(q, _)| q == "a");
+    assert_eq!(jev::question_refusal(&result), None);
+    let body = jev::render_result(&result, &Routing::explicit_model("edge", "/models/edge"), false);
+    let answer: &Map = body.get("answers").and_then(|a| a.get("a")).and_then(Value::as_object).expect("a");
+    assert!(!answer.contains_key("x_jev_confidence"), "a noul answer has no Jev confidence");
+}
