@@ -99,7 +99,7 @@ fn decode_utf8(mut b: &[u8], lone: &mut bool) -> Result<String, LoadError> {
 }
 
 fn decode_utf16(b: &[u8], big_endian: bool, lone: &mut bool) -> Result<String, LoadError> {
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return Err(LoadError::Decode("UTF-16"));
     }
     let units = b
@@ -116,7 +116,7 @@ fn decode_utf16(b: &[u8], big_endian: bool, lone: &mut bool) -> Result<String, L
 }
 
 fn decode_utf32(b: &[u8], big_endian: bool, lone: &mut bool) -> Result<String, LoadError> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(LoadError::Decode("UTF-32"));
     }
     let mut out = String::with_capacity(b.len() / 4);
