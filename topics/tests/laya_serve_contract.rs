@@ -340,3 +340,96 @@ fn a_refused_question_refuses_the_request_with_the_first_ones_text() {
     let answer: &Map = body.get("answers").and_then(|a| a.get("a")).and_then(Value::as_object).expect("a");
     assert!(!answer.contains_key("x_jev_confidence"), "a noul answer has no Jev confidence");
 }
+
+fn refused(path: &str, body: &str) -> (u16, String) {
+    let r = check(path, body.as_bytes()).expect_err("refused");
+    (r.status, r.detail)
+}
+
+#[test]
+fn a_model_name_auto_routes_unless_it_names_a_checkpoint_or_looks_like_a_path() {
+    use laya_topics::jev::ModelChoice::{Auto, Named};
+    let names = jev::ModelNames::laya_0_4_15(&["edge"]);
+    let resolve = |text: &str| {
+        let v = json::parse_str(text, ParseOptions::default()).expect("JSON");
+        names.resolve(Some(&v)).map_err(|r| r.detail)
+    };
+    for falsy in ["null", "\"\"", "0", "false", "[]", "{}"] {
+        assert_eq!(resolve(falsy), Ok(Auto), "{falsy}");
+    }
+    assert_eq!(resolve("\" EDGE \""), Ok(Named("edge".into())));
+    assert_eq!(resolve("\"ML\""), Ok(Named("multilingual".into())));
+    assert_eq!(resolve("\"convaiinnovations/laya-typed-decisions\""), Ok(Named("typed-decisions".into())));
+    assert_eq!(resolve("\"ConvAIInnovations/Laya\""), Ok(Auto), "the bundle id auto-routes");
+    assert_eq!(resolve("\"jev-1\""), Ok(Auto));
+    assert_eq!(resolve("5"), Ok(Auto));
+    let refusal = resolve(r#"{"a": "/x"}"#).expect_err("a path inside str() of an object");
+    assert!(refusal.starts_with("unknown model {'a': '/x'}; choose one of ['edge', "), "{refusal}");
+    assert!(resolve("\"a\\\\b\"").is_err(), "a backslash is a path");
+}
+
+#[test]
+fn controls_come_back_validated_in_the_form_laya_passes_them_on() {
+    let body = r#"{"state": "s", "questions": {}, "model": "Edge", "max_len": 8192, "head_max_len": 1,
+        "lang": "de", "lang_guess": null, "task": "english", "min_confidence": {"choice:2": 1, "default": 0.25}}"#;
+    let single = jev::check_single(body.as_bytes(), &settings()).expect("accepted");
+    let c = &single.controls;
+    assert_eq!(c.model, jev::ModelChoice::Named("edge".into()));
+    assert_eq!((c.max_len, c.head_max_len), (Some(8192), Some(1)));
+    assert_eq!((c.lang.as_deref(), c.lang_guess.as_deref()), (Some("de"), None));
+    assert_eq!(c.task, Some(Value::from("english")));
+    assert_eq!(
+        c.min_confidence.as_ref().map(|m| json::to_string(&m.to_value(), Style::COMPACT)),
+        Some(r#"{"choice:2":1.0,"default":0.25}"#.to_string())
+    );
+    let huge = format!(r#"{{"state": "s", "questions": {{}}, "min_confidence": 1{}}}"#, "0".repeat(400));
+    assert_eq!(refused("/v1/systemone", &huge).0, 422, "an integer past float range is out of range");
+}
+
+#[test]
+fn a_batch_plans_its_passes_as_laya_serve_does() {
+    let batch = |extra: &str| {
+        let states = vec!["\"s\""; 64].join(", ");
+        let questions: Vec<String> =
+            (0..8).map(|i| format!(r#""q{i}": {{"type": "noul", "instructions": "?"}}"#)).collect();
+        let body = format!(r#"{{"states": [{states}], "questions": {{{}}}{extra}}}"#, questions.join(", "));
+        jev::check_batch(body.as_bytes(), &settings()).expect("accepted")
+    };
+    // 64 states x 8 questions x 512 assumed tokens passes 131072: 256 rows a pass, 32 states.
+    assert_eq!(batch("").planned_batch_size(131_072), Some(32));
+    assert_eq!(batch(r#", "batch_size": 5"#).planned_batch_size(131_072), Some(5));
+    assert_eq!(batch(r#", "batch_size": 99999999999999999999999"#).planned_batch_size(131_072), Some(32));
+    assert_eq!(batch(r#", "max_len": 64"#).planned_batch_size(131_072), None, "fits in one pass");
+    assert_eq!(batch(r#", "max_len": 64, "sort_by_length": true"#).sort_by_length, Some(true));
+}
+
+#[test]
+fn the_state_length_counts_code_points_then_the_probe_then_the_python_dump() {
+    use laya_topics::jev::refusal::state_length;
+    let parse = |t: &str| jev::body::loads(t.as_bytes()).expect("JSON").value;
+    assert_eq!(state_length(&parse(r#""ü😀""#)), 2);
+    // Numbers stop the probe; the dump counts `", "` and `": "`, escapes and float spellings.
+    assert_eq!(state_length(&parse(r#"{"a": [1, 1.0, NaN], "b": "\n"}"#)), r#"{"a": [1, 1.0, NaN], "b": "\n"}"#.len());
+    // The probe pops the last value first and stops after 64 pops.
+    let many = format!("[{}\"{}\"]", "\"\", ".repeat(100), "x".repeat(50_001));
+    assert_eq!(state_length(&parse(&many)), 50_001);
+    let hidden = format!("[\"{}\", {}\"\"]", "x".repeat(50_001), "\"\", ".repeat(100));
+    // `[` + the quoted string + 101 times `, ""` + `]`, as laya.serve measured it: 50409.
+    assert_eq!(state_length(&parse(&hidden)), 50_409, "past the probe: the dump");
+}
+
+#[test]
+fn jev_confidence_follows_laya_on_single_uniform_and_malformed_answers() {
+    let answer =
+        |t: &str| json::parse_str(t, ParseOptions::default()).expect("JSON").as_object().cloned().expect("object");
+    let conf = |t: &str| jev::render::jev_confidence(&answer(t));
+    assert_eq!(conf(r#"{"type": "choice", "probabilities": {"a": 0.3}}"#), Some(1.0));
+    assert_eq!(conf(r#"{"type": "choice", "probabilities": {"a": 0, "b": 0}}"#), Some(0.0));
+    assert_eq!(conf(r#"{"type": "choice", "probabilities": {"a": true, "b": 0}}"#), None);
+    assert_eq!(conf(r#"{"type": "choice", "probabilities": {"a": -0.1, "b": 1.1}}"#), None);
+    assert_eq!(conf(r#"{"type": "noul", "probabilities": {"a": 1}}"#), None);
+    // Score levels are ordered by their integer value, not as text: "10" comes after "9".
+    let levels: Vec<String> = (0..11).map(|i| format!(r#""{i}": {}"#, if i == 10 { "1.0" } else { "0.0" })).collect();
+    let scrambled = format!(r#"{{"type": "score", "probabilities": {{{}}}}}"#, levels.join(", "));
+    assert_eq!(conf(&scrambled), Some(1.0));
+}

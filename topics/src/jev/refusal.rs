@@ -13,8 +13,9 @@ use crate::value::{Integer, Map, Value};
 
 use super::body::{self, Loaded};
 use super::contract::{
-    BATCH_BODY_OUT_PARAMETERS, BODY_REFUSALS, DEFAULT_MAX_TOKEN_BUDGET, Kind, MAX_BATCH_STATES, MAX_CHOICE_OPTIONS,
-    MAX_QUESTIONS, MAX_SCORE_LEVELS, MAX_STATE_CHARS, MAX_TOTAL_OPTIONS, Refusal, STATE_PROBE_VALUES,
+    BATCH_BODY_OUT_PARAMETERS, BATCH_ROW_TOKENS_ASSUMED, BODY_REFUSALS, DEFAULT_MAX_TOKEN_BUDGET, Kind,
+    MAX_BATCH_STATES, MAX_CHOICE_OPTIONS, MAX_QUESTIONS, MAX_SCORE_LEVELS, MAX_STATE_CHARS, MAX_TOTAL_OPTIONS, Refusal,
+    STATE_PROBE_VALUES,
 };
 use super::repr::{py_str, repr, repr_str, repr_str_list};
 
@@ -230,6 +231,31 @@ pub fn check_batch(body: &[u8], settings: &Settings) -> Result<Batch, Refusal> {
         Some(_) => return Err(Kind::SortByLengthNotBool.refusal(&[])),
     };
     Ok(Batch { states, questions: checked, controls, batch_size, sort_by_length })
+}
+
+impl Batch {
+    /// The `batch_size` laya.serve passes to `predict_batch` (`_batch_chunk_size`, then the
+    /// smaller of it and the caller's): `None` when the batch fits `max_batch_tokens`
+    /// (`LAYA_MAX_BATCH_TOKENS`) in one pass and the caller set none.
+    pub fn planned_batch_size(&self, max_batch_tokens: u64) -> Option<u64> {
+        let n_states = self.states.len() as u64;
+        let n_questions = self.questions.len() as u64;
+        let planned = if n_states == 0 || n_questions == 0 {
+            None
+        } else {
+            let width = self.controls.max_len.unwrap_or(BATCH_ROW_TOKENS_ASSUMED).max(1);
+            if n_states.saturating_mul(n_questions).saturating_mul(width) <= max_batch_tokens {
+                None
+            } else {
+                let rows_per_pass = (max_batch_tokens / width).max(1);
+                Some(n_states.min(rows_per_pass / n_questions).max(1))
+            }
+        };
+        match (self.batch_size, planned) {
+            (Some(asked), Some(planned)) => Some(asked.min(planned)),
+            (asked, planned) => asked.or(planned),
+        }
+    }
 }
 
 fn non_null<'a>(map: &'a Map, key: &str) -> Option<&'a Value> {
