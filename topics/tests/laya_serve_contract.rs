@@ -433,3 +433,117 @@ fn jev_confidence_follows_laya_on_single_uniform_and_malformed_answers() {
     let scrambled = format!(r#"{{"type": "score", "probabilities": {{{}}}}}"#, levels.join(", "));
     assert_eq!(conf(&scrambled), Some(1.0));
 }
+
+/// The typed result the agent would hold for a recorded laya result document.
+fn typed_result(doc: &Value) -> laya_topics::PredictResult {
+    use laya_topics::{Abstention, Action, Answer, Collapsed, Fit, Gate, PredictResult, Usage};
+    let f = |a: &Value, k: &str| a.get(k).and_then(Value::as_f64).unwrap_or_else(|| panic!("{k}"));
+    let probs = |a: &Value| -> Vec<(String, f64)> {
+        a.get("probabilities")
+            .and_then(Value::as_object)
+            .expect("probabilities")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().expect("p")))
+            .collect()
+    };
+    let gate = |a: &Value| {
+        let abstention = match a.get("abstention").and_then(Value::as_str)? {
+            "passed" => Abstention::Passed,
+            "abstained" => Abstention::Abstained,
+            _ => Abstention::Unevaluated,
+        };
+        Some(Gate { abstention, threshold: f(a, "abstention_threshold") })
+    };
+    let answers = doc
+        .get("answers")
+        .and_then(Value::as_object)
+        .expect("answers")
+        .iter()
+        .map(|(q, a)| {
+            let action = Action { act_probability: f(a.get("action").expect("action"), "act_probability") };
+            let answer = match a.get("type").and_then(Value::as_str) {
+                Some("choice") => Answer::Choice {
+                    choice: a.get("choice").cloned().expect("choice"),
+                    probabilities: probs(a),
+                    confidence: f(a, "confidence"),
+                    answer_confidence: f(a, "answer_confidence"),
+                    action,
+                    gate: gate(a),
+                },
+                Some("score") => Answer::Score {
+                    score: f(a, "score"),
+                    legend: a.get("legend").and_then(Value::as_object).expect("legend").clone().into_iter().collect(),
+                    probabilities: probs(a),
+                    confidence: f(a, "confidence"),
+                    answer_confidence: f(a, "answer_confidence"),
+                    action,
+                    gate: gate(a),
+                },
+                _ => Answer::Noul {
+                    noul: f(a, "noul"),
+                    confidence: f(a, "confidence"),
+                    answer_confidence: f(a, "answer_confidence"),
+                    action,
+                    gate: gate(a),
+                },
+            };
+            (q.clone(), answer)
+        })
+        .collect();
+    let u = doc.get("usage").expect("usage");
+    let n = |k: &str| u.get(k).and_then(Value::as_i64).map(|v| u64::try_from(v).expect("a count"));
+    let fit = n("state_tokens").map(|state_tokens| Fit {
+        state_tokens,
+        state_tokens_dropped: n("state_tokens_dropped").expect("dropped"),
+        truncated_questions: u
+            .get("truncated_questions")
+            .and_then(Value::as_array)
+            .expect("truncated_questions")
+            .iter()
+            .map(|q| q.as_str().expect("a qid").to_string())
+            .collect(),
+        collapsed: u
+            .get("options")
+            .and_then(Value::as_object)
+            .map(|o| {
+                o.iter()
+                    .map(|(q, c)| {
+                        let m = |k: &str| c.get(k).and_then(Value::as_i64).map(|v| u64::try_from(v).expect("n"));
+                        let total = m("total").expect("total");
+                        (
+                            q.clone(),
+                            Collapsed {
+                                total,
+                                distinct: m("distinct").expect("distinct"),
+                                tokens_per_option: m("tokens_per_option"),
+                            },
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    });
+    PredictResult {
+        model: doc.get("model").and_then(Value::as_str).expect("model").to_string(),
+        answers,
+        usage: Usage {
+            input_tokens: n("input_tokens").expect("in"),
+            output_tokens: n("output_tokens").expect("out"),
+            fit,
+        },
+    }
+}
+
+#[test]
+fn the_agents_typed_result_renders_as_laya_serve_answered() {
+    let mut rendered = 0;
+    for case in cases().iter().filter(|c| c.status == 200 && c.path == "/v1/systemone" && c.server != "strict") {
+        let (doc, routing) = laya_result(&case.response);
+        let typed = typed_result(&doc);
+        assert_eq!(jev::question_refusal(&typed), None);
+        let got = jev::body_text(&jev::render_result(&typed, &routing, false));
+        assert_eq!(got, json::to_string(&case.response, Style::COMPACT), "{}", case.id);
+        rendered += 1;
+    }
+    assert_eq!(rendered, 48, "single-route answers");
+}
