@@ -547,3 +547,19 @@ fn the_agents_typed_result_renders_as_laya_serve_answered() {
     }
     assert_eq!(rendered, 48, "single-route answers");
 }
+
+#[test]
+fn an_accepted_body_becomes_the_agents_request_with_the_validated_controls() {
+    let body = r#"{"state": {"b": 1}, "questions": {"q": {"type": "noul", "instructions": "?"}}, "lang": "de",
+        "max_len": 96, "min_confidence": 1, "hooks": null}"#;
+    let request = jev::check_single(body.as_bytes(), &settings()).expect("accepted").request();
+    assert_eq!(request.state, json::parse_str(r#"{"b": 1}"#, ParseOptions::default()).expect("JSON"));
+    assert_eq!(request.questions.keys().collect::<Vec<_>>(), ["q"]);
+    assert_eq!((request.lang.as_deref(), request.max_len, request.head_max_len), (Some("de"), Some(96), None));
+    assert_eq!(request.min_confidence, Some(Value::Float(1.0)), "laya passes the threshold on as a float");
+    let batch = r#"{"states": ["a", "b"], "questions": {}, "max_len": 8}"#;
+    let requests = jev::check_batch(batch.as_bytes(), &settings()).expect("accepted").requests();
+    let states: Vec<&Value> = requests.iter().map(|r| &r.state).collect();
+    assert_eq!(states, [&Value::from("a"), &Value::from("b")]);
+    assert!(requests.iter().all(|r| r.max_len == Some(8)));
+}

@@ -9,6 +9,7 @@
 //! Authentication, admission, the body's size and read timeout are the door's (I/O), with the
 //! texts of [`Kind`].
 
+use crate::request::Request;
 use crate::value::{Integer, Map, Value};
 
 use super::body::{self, Loaded};
@@ -185,7 +186,7 @@ pub fn check_single(body: &[u8], settings: &Settings) -> Result<Single, Refusal>
     }
     let state = map.get("state").cloned().unwrap_or(Value::Null);
     let questions = map.get("questions").cloned().unwrap_or(Value::Null);
-    let questions = check_request_limits(&state, &questions, settings)?;
+    let questions = check_request_limits(&state, &questions, settings)?.clone();
     refuse_present(&map, &BODY_REFUSALS, Kind::ServerSideControls)?;
     if loaded.lone_surrogate {
         return Err(Kind::LoneSurrogate.refusal(&[]));
@@ -209,10 +210,12 @@ pub fn check_batch(body: &[u8], settings: &Settings) -> Result<Batch, Refusal> {
         return Err(Kind::TooManyStates.refusal(&[&states.len().to_string(), &MAX_BATCH_STATES.to_string()]));
     }
     let questions = map.get("questions").cloned().unwrap_or(Value::Null);
-    let mut checked = Map::new();
+    let mut checked = None;
     for state in &states {
-        checked = check_request_limits(state, &questions, settings)?;
+        checked = Some(check_request_limits(state, &questions, settings)?);
     }
+    // `states` is not empty, so every state passed and the questions are an object.
+    let checked = checked.cloned().unwrap_or_default();
     refuse_present(&map, &BODY_REFUSALS, Kind::ServerSideControls)?;
     refuse_present(&map, &BATCH_BODY_OUT_PARAMETERS, Kind::Diagnostics)?;
     if loaded.lone_surrogate {
@@ -233,7 +236,38 @@ pub fn check_batch(body: &[u8], settings: &Settings) -> Result<Batch, Refusal> {
     Ok(Batch { states, questions: checked, controls, batch_size, sort_by_length })
 }
 
+impl Controls {
+    /// The agent's request envelope for one state with these controls (`lang`, `max_len`,
+    /// `head_max_len` and the validated `min_confidence`; `model`, `task` and `lang_guess` are
+    /// the door's to honour, and `id` and `deadline_ms` its to set).
+    pub fn request(&self, state: Value, questions: Map) -> Request {
+        let int = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        Request {
+            id: None,
+            state,
+            questions,
+            lang: self.lang.clone(),
+            max_len: int(self.max_len),
+            head_max_len: int(self.head_max_len),
+            deadline_ms: None,
+            min_confidence: self.min_confidence.as_ref().map(MinConfidence::to_value),
+        }
+    }
+}
+
+impl Single {
+    /// The agent's request for this body (see [`Controls::request`]).
+    pub fn request(&self) -> Request {
+        self.controls.request(self.state.clone(), self.questions.clone())
+    }
+}
+
 impl Batch {
+    /// One agent request per state, in order (see [`Controls::request`]).
+    pub fn requests(&self) -> Vec<Request> {
+        self.states.iter().map(|s| self.controls.request(s.clone(), self.questions.clone())).collect()
+    }
+
     /// The `batch_size` laya.serve passes to `predict_batch` (`_batch_chunk_size`, then the
     /// smaller of it and the caller's): `None` when the batch fits `max_batch_tokens`
     /// (`LAYA_MAX_BATCH_TOKENS`) in one pass and the caller set none.
@@ -279,7 +313,7 @@ fn refuse_present(map: &Map, keys: &[&str], kind: Kind) -> Result<(), Refusal> {
 
 /// `_check_request_limits`: the state is there, the questions are an object within the caps,
 /// the state is not too long. Returns the questions.
-fn check_request_limits(state: &Value, questions: &Value, settings: &Settings) -> Result<Map, Refusal> {
+fn check_request_limits<'a>(state: &Value, questions: &'a Value, settings: &Settings) -> Result<&'a Map, Refusal> {
     if *state == Value::Null {
         return Err(Kind::StateRequired.refusal(&[]));
     }
@@ -329,7 +363,7 @@ fn check_request_limits(state: &Value, questions: &Value, settings: &Settings) -
     if len > MAX_STATE_CHARS {
         return Err(Kind::StateTooLarge.refusal(&[&len.to_string(), &MAX_STATE_CHARS.to_string()]));
     }
-    Ok(questions.clone())
+    Ok(questions)
 }
 
 /// `_state_length`: the number laya.serve compares with [`MAX_STATE_CHARS`] and reports.
