@@ -85,9 +85,32 @@ impl ModelNames {
         if !path_like {
             return Ok(ModelChoice::Auto);
         }
+        Err(Kind::ModelUnknownSource.refusal(&[&repr(model), &repr_str_list(&self.names), &self.sorted_aliases()]))
+    }
+
+    fn sorted_aliases(&self) -> String {
         let mut aliases: Vec<&str> = self.aliases.iter().map(|(a, _)| a.as_str()).collect();
         aliases.sort_unstable();
-        Err(Kind::ModelUnknownSource.refusal(&[&repr(model), &repr_str_list(&self.names), &repr_str_list(&aliases)]))
+        repr_str_list(&aliases)
+    }
+
+    /// laya's `Router.route` for a `task` without a `model` ([`ModelChoice::Auto`]): the
+    /// checkpoint it names, or laya's `ValueError` as laya.serve's 422. laya routes before it
+    /// validates the questions, so this comes before the agent's own refusals.
+    pub fn resolve_task(&self, task: &Value) -> Result<String, Refusal> {
+        let text = py_str(task).trim().to_lowercase();
+        let text = if text.replace('-', "_") == "typed_decisions" { "typed-decisions".to_string() } else { text };
+        let key = self.aliases.iter().find(|(a, _)| *a == text).map_or(text.clone(), |(_, n)| n.clone());
+        if self.names.contains(&key) {
+            return Ok(key);
+        }
+        let detail = format!(
+            "unknown model {}; choose one of {} (or an alias: {})",
+            repr(task),
+            repr_str_list(&self.names),
+            self.sorted_aliases()
+        );
+        Err(Kind::LayaValueError.refusal(&[&detail]))
     }
 }
 
