@@ -72,14 +72,19 @@ pub fn parse(input: &[u8], options: ParseOptions) -> Result<Value, ParseError> {
 
 /// Parses one JSON document from a string.
 pub fn parse_str(text: &str, options: ParseOptions) -> Result<Value, ParseError> {
-    let mut p = Parser { s: text.as_bytes(), text, pos: 0, max_depth: options.max_depth };
-    p.skip_ws();
-    let v = p.value(0)?;
-    p.skip_ws();
-    if p.pos != p.s.len() {
-        return Err(p.err(ParseErrorKind::TrailingData));
-    }
-    Ok(v)
+    let mut p = Parser { s: text.as_bytes(), text, pos: 0, max_depth: options.max_depth, lone: None };
+    p.document()
+}
+
+/// Parses like [`parse_str`], except that a lone UTF-16 surrogate escape is accepted as Python
+/// accepts it. A Rust string cannot hold one, so each becomes U+FFFD (one character, as the
+/// surrogate is one code point to Python's `len`) and the second value of the pair says that at
+/// least one was met. Callers that must refuse such a document later (laya.serve checks for
+/// them only after its size limits) use this.
+pub fn parse_str_keeping_lone_surrogates(text: &str, options: ParseOptions) -> Result<(Value, bool), ParseError> {
+    let mut p = Parser { s: text.as_bytes(), text, pos: 0, max_depth: options.max_depth, lone: Some(false) };
+    let v = p.document()?;
+    Ok((v, p.lone == Some(true)))
 }
 
 struct Parser<'a> {
@@ -87,9 +92,32 @@ struct Parser<'a> {
     text: &'a str,
     pos: usize,
     max_depth: usize,
+    /// `None`: a lone surrogate escape is an error; `Some(seen)`: it is replaced and recorded.
+    lone: Option<bool>,
 }
 
 impl Parser<'_> {
+    fn document(&mut self) -> Result<Value, ParseError> {
+        self.skip_ws();
+        let v = self.value(0)?;
+        self.skip_ws();
+        if self.pos != self.s.len() {
+            return Err(self.err(ParseErrorKind::TrailingData));
+        }
+        Ok(v)
+    }
+
+    /// A lone surrogate escape at `at`: an error, or U+FFFD when the caller keeps them.
+    fn lone_surrogate(&mut self, at: usize) -> Result<char, ParseError> {
+        match self.lone {
+            None => Err(ParseError { kind: ParseErrorKind::LoneSurrogate, offset: at }),
+            Some(_) => {
+                self.lone = Some(true);
+                Ok(char::REPLACEMENT_CHARACTER)
+            }
+        }
+    }
+
     fn err(&self, kind: ParseErrorKind) -> ParseError {
         ParseError { kind, offset: self.pos }
     }
@@ -261,6 +289,14 @@ impl Parser<'_> {
         Ok(v)
     }
 
+    /// Whether the `\\u` at the current position spells a low surrogate (`DC00..=DFFF`).
+    fn peek_low_surrogate(&self) -> bool {
+        let Some(hex) = self.s.get(self.pos + 2..self.pos + 6) else { return false };
+        let Ok(hex) = std::str::from_utf8(hex) else { return false };
+        u32::from_str_radix(hex, 16).is_ok_and(|lo| (0xDC00..0xE000).contains(&lo))
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+
     fn string(&mut self) -> Result<String, ParseError> {
         self.pos += 1; // opening quote
         let mut out = String::new();
@@ -295,22 +331,22 @@ impl Parser<'_> {
                         b'u' => {
                             let at = self.pos;
                             let hi = self.hex4()?;
-                            let c = if (0xD800..0xDC00).contains(&hi) {
-                                if self.s[self.pos..].starts_with(b"\\u") {
-                                    self.pos += 2;
-                                    let lo = self.hex4()?;
-                                    if !(0xDC00..0xE000).contains(&lo) {
-                                        return Err(ParseError { kind: ParseErrorKind::LoneSurrogate, offset: at });
-                                    }
-                                    0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                                } else {
-                                    return Err(ParseError { kind: ParseErrorKind::LoneSurrogate, offset: at });
-                                }
+                            // Python pairs a high surrogate with an immediately following low
+                            // one; anything else leaves it lone and reads the next escape anew.
+                            let pair = (0xD800..0xDC00).contains(&hi)
+                                && self.s[self.pos..].starts_with(b"\\u")
+                                && self.peek_low_surrogate();
+                            let ch = if pair {
+                                self.pos += 2;
+                                let lo = self.hex4()?;
+                                char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
                             } else {
-                                hi
+                                char::from_u32(hi)
                             };
-                            let ch = char::from_u32(c)
-                                .ok_or(ParseError { kind: ParseErrorKind::LoneSurrogate, offset: at })?;
+                            let ch = match ch {
+                                Some(ch) => ch,
+                                None => self.lone_surrogate(at)?,
+                            };
                             out.push(ch);
                         }
                         _ => {

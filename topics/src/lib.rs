@@ -6,6 +6,7 @@
 
 pub mod answer;
 pub mod cbor;
+pub mod jev;
 pub mod json;
 pub mod load;
 pub mod pyfloat;

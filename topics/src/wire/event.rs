@@ -402,6 +402,7 @@ mod tests {
             deadline_ms: None,
             role: None,
             probe: None,
+            reload: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),
