@@ -104,6 +104,10 @@ if [ -n "$have_pin" ]; then
         "$recipe_dir/laya-edge.inc" \
         "s = s.replace('PACKAGECONFIG[rknn] = \"--features rknn\"', 'PACKAGECONFIG[rknn] = \"--features rknn\"\nPACKAGECONFIG[gpu] = \"--features gpu\"', 1)" \
         "cargo feature \`gpu\`" -- "$vpy" tools/yocto/pin_agent.py
+    mutate "the recipe installing a file of the source tree the pinned commit does not have" \
+        "$recipe_dir/laya-edge.inc" \
+        "s = s.replace('\${S}/ota/mender/laya-model', '\${S}/ota/mender/no-such-module', 1)" \
+        "ota/mender/no-such-module" -- "$vpy" tools/yocto/pin_agent.py
     mutate "the unit sending SIGUSR1 to reload, which the pinned agent does not handle" \
         yocto-layer/recipes-laya/laya-edge/files/laya-edge.service \
         "s = s.replace('kill -HUP', 'kill -USR1', 1)" \

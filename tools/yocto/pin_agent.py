@@ -16,7 +16,9 @@ This checks, against the pinned commit itself:
   2. every signal the unit sends the agent, ExecReload='s `kill -HUP` (SIGHUP), KillSignal= and
      RestartKillSignal= (SIGTERM unless set), SIGHUP with SendSIGHUP=yes, in laya-edge.service
      and the board drop-ins, is handled by the agent at SRCREV: its tokio `SignalKind` (or
-     `ctrl_c` for SIGINT) is used under agent/src at that commit.
+     `ctrl_c` for SIGINT) is used under agent/src at that commit;
+  3. every file or directory of the source tree the layer installs (`${S}/PATH` in a recipe's
+     tasks: the OTA adapters under ota/, the demo model) exists at SRCREV.
 
   python3 tools/yocto/pin_agent.py [--srcrev REV]
 
@@ -45,6 +47,8 @@ SRCREV_RE = re.compile(r'^SRCREV = "([^"]*)"$', re.MULTILINE)
 PACKAGECONFIG_RE = re.compile(r'^PACKAGECONFIG\[([^\]]+)\]\s*\??=\s*"([^"]*)"', re.MULTILINE)
 BUILD_FLAGS_RE = re.compile(r'^CARGO_BUILD_FLAGS\s*[+.:]?\??=\s*"([^"]*)"', re.MULTILINE)
 FEATURES_RE = re.compile(r"--features(?:=|\s+)([^\s,\"]+)")
+# A path of the source tree a task uses: ${S}/ota/mender/laya-model, ${S}/models/demo/.
+SOURCE_PATH_RE = re.compile(r"\$\{S\}/([A-Za-z0-9_.\-/]+)")
 
 # What the agent's source says when it handles a signal (tokio::signal).
 HANDLERS = {
@@ -91,6 +95,19 @@ def features_used() -> dict[str, list[str]]:
         for value in BUILD_FLAGS_RE.findall(text):
             for feature in FEATURES_RE.findall(value):
                 used.setdefault(feature, []).append(f"{rel}: CARGO_BUILD_FLAGS")
+    return used
+
+
+def source_paths_used() -> dict[str, list[str]]:
+    """Each path of the source tree the laya-edge recipes' tasks use, with where: {path: [file]}
+    (other recipes, librknnrt's, fetch trees of their own)."""
+    used: dict[str, list[str]] = {}
+    for path in (p for p in layer_files() if p.name.startswith("laya-edge")):
+        rel = str(path.relative_to(REPO_ROOT))
+        for found in SOURCE_PATH_RE.findall(path.read_text(encoding="utf-8")):
+            cleaned = found.rstrip("/.").rstrip("/")
+            if cleaned and rel not in used.setdefault(cleaned, []):
+                used[cleaned].append(rel)
     return used
 
 
@@ -172,6 +189,9 @@ def check(srcrev: str) -> list[str]:
             missing.append(f"the unit sends {sig} ({'; '.join(why)}), but the agent at {short} does not handle "
                            f"it (no {' or '.join(patterns)} under agent/src): the signal's default action "
                            "would end the agent")
+    for path, where in sorted(source_paths_used().items()):
+        if git("cat-file", "-e", f"{srcrev}:{path}", check=False).returncode != 0:
+            missing.append(f"{path} ({', '.join(where)}) is not in the tree at {short}: do_install would fail")
     return missing
 
 
@@ -194,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     features = ", ".join(sorted(features_used())) or "none"
     signals = ", ".join(s for s in sorted(signals_sent()) if s != "SIGKILL")
-    print(f"pin_agent: the agent at {srcrev[:12]} has every cargo feature the layer uses ({features}) and "
-          f"handles every signal the unit sends ({signals})")
+    print(f"pin_agent: the agent at {srcrev[:12]} has every cargo feature the layer uses ({features}), "
+          f"handles every signal the unit sends ({signals}) and has every file the recipe installs "
+          f"({', '.join(sorted(source_paths_used())) or 'none'})")
     return 0
 
 
