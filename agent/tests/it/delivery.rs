@@ -633,6 +633,15 @@ fn a_broker_that_floods_past_the_receive_maximum_while_holding_its_acks_never_we
         broker.wait_for(Duration::from_secs(60), |s| s.subscriptions.iter().any(|t| t == ask)),
         "the agent subscribes"
     );
+    // Its backend ready (the status that says so published) before the broker holds its acks:
+    // a status published after would take one of the ten places the replies are counted in (on
+    // a loaded machine the worker's health call can end after the subscription; then only 9
+    // replies went out and the test failed, 1 run in 6 under load).
+    assert!(
+        broker.wait_for(Duration::from_secs(60), |s| s.sent.iter().any(|p| p.topic.ends_with("/status")
+            && String::from_utf8_lossy(&p.payload).contains("\"backend_state\":\"ready\""))),
+        "the agent's backend is ready"
+    );
     broker.hold_acks(true);
     broker.ask(ask, &rogue_questions(0..300)).expect("the agent reads the first questions");
     // Ten replies unacknowledged fill the agent's window (the broker's Receive Maximum of 10);
