@@ -10,6 +10,7 @@ pub mod jev;
 pub mod json;
 pub mod load;
 pub mod pyfloat;
+pub mod pyrepr;
 pub mod request;
 pub mod topic;
 pub mod value;

@@ -9,7 +9,8 @@
 //! - [`body`]: the body read as Python's `json.loads` reads bytes;
 //! - [`refusal`]: laya.serve's checks in its order, body bytes -> request or [`Refusal`];
 //! - [`render`](mod@render): laya's result -> laya.serve's response body, strict or not;
-//! - [`repr`](mod@repr): Python's `repr` for the `%r` in the texts.
+//! - Python's `repr` for the `%r` in the texts is the crate's [`crate::pyrepr`], the one laya's own
+//!   messages use.
 //!
 //! `docs/http-contract.md` is the prose of the same contract.
 //!
@@ -27,8 +28,6 @@
 //!   (row 14), but a `%r` of a question id holding one, in an earlier refusal, prints U+FFFD
 //!   where Python prints `'\ud800'`; a lone surrogate in a value that a repeated key later
 //!   replaces still refuses here (Python no longer sees it);
-//! - [`repr`](mod@repr)'s test for printable characters has no Unicode table: an unassigned code
-//!   point in a `%r` is written as itself where Python escapes it;
 //! - `min_confidence` as an integer too large for a float is a 422 here; laya raises an
 //!   unhandled `OverflowError` (a plain-text 500);
 //! - `model` and `task` are trimmed and lower-cased with Rust's Unicode rules, not Python's
@@ -38,7 +37,6 @@ pub mod body;
 pub mod contract;
 pub mod refusal;
 pub mod render;
-pub mod repr;
 
 pub use contract::{Kind, Refusal};
 pub use refusal::{

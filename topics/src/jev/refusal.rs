@@ -18,7 +18,7 @@ use super::contract::{
     MAX_BATCH_STATES, MAX_CHOICE_OPTIONS, MAX_QUESTIONS, MAX_SCORE_LEVELS, MAX_STATE_CHARS, MAX_TOTAL_OPTIONS, Refusal,
     STATE_PROBE_VALUES,
 };
-use super::repr::{py_str, repr, repr_str, repr_str_list};
+use crate::pyrepr::{py_str, repr, repr_str, repr_str_list};
 
 /// The checkpoint names a server knows, for `model` (laya.serve's `_resolve_model` with its
 /// Router's `resolve`).

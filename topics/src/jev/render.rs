@@ -11,7 +11,7 @@ use crate::pyfloat;
 use crate::value::{Integer, Map, Value};
 
 use super::contract::{Kind, Refusal};
-use super::repr::repr_str;
+use crate::pyrepr::repr_str;
 
 /// laya's `routing` report for a result, as the caller's Router made it.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,30 +1,28 @@
-//! Python's `repr` and `str` of JSON-shaped values, for the `%r` in laya.serve's `detail` texts
-//! (`too many choice options for "it's" (101 > 100)`, `got True`, `got [0.5]`).
-//!
-//! Python escapes the characters `str.isprintable()` rejects. Without a Unicode category table
-//! (this crate takes no dependency for it) the non-ASCII test below covers the controls, the
-//! separators, the common format characters, private use and the noncharacters; an unassigned
-//! code point, which Python escapes too, is written as itself. The agent's `prompt::pyrepr` has
-//! the exact table for laya's own messages.
+//! Python's `repr()` and `str()` of JSON-shaped values, for error messages that must read exactly
+//! like laya's (`question 'q1': unknown type None; use one of ['choice', 'noul', 'score']`) and
+//! the `%r` in laya.serve's `detail` texts (`too many choice options for "it's" (101 > 100)`).
+//! One copy, here, for the agent's validation and the HTTP contract alike, with the Unicode
+//! table that Python's `str.isprintable()` reads (Unicode 14.0, Python 3.11's).
 
 use crate::pyfloat;
 use crate::value::Value;
+use unicode_general_category::{GeneralCategory, get_general_category};
 
-/// `repr(value)` of the value `json.loads` builds.
+/// `repr(value)` as Python prints the equivalent `json.loads` result.
 pub fn repr(value: &Value) -> String {
     let mut out = String::new();
     write(&mut out, value);
     out
 }
 
-/// `repr(s)` of a Python `str`.
+/// `repr(s)` for a Python `str`.
 pub fn repr_str(s: &str) -> String {
     let mut out = String::new();
     write_str(&mut out, s);
     out
 }
 
-/// `repr` of a list of strings, as `sorted(names)` prints.
+/// `repr(list_of_strings)`, as in `sorted(keys)` inside laya's messages.
 pub fn repr_str_list<S: AsRef<str>>(items: &[S]) -> String {
     let parts: Vec<String> = items.iter().map(|s| repr_str(s.as_ref())).collect();
     format!("[{}]", parts.join(", "))
@@ -71,14 +69,21 @@ fn write(out: &mut String, value: &Value) {
     }
 }
 
-/// `str.isprintable()` for a non-ASCII character, as far as it can be told without a table.
+/// Python's `str.isprintable()` for one non-ASCII character: everything but the "Other" and
+/// "Separator" categories. (Python 3.11 uses Unicode 14; this table is newer, which only matters
+/// for characters assigned since.)
 fn is_printable(c: char) -> bool {
-    let code = c as u32;
-    !matches!(code,
-        0x80..=0xA0 | 0xAD | 0x034F | 0x061C | 0x1680 | 0x180E | 0x2000..=0x200F | 0x2028..=0x202F
-        | 0x205F..=0x206F | 0x3000 | 0xD800..=0xF8FF | 0xFDD0..=0xFDEF | 0xFEFF | 0xFFF0..=0xFFFB
-        | 0xE0000..=0xE0FFF | 0xF0000..=0x10FFFF)
-        && code & 0xFFFE != 0xFFFE
+    !matches!(
+        get_general_category(c),
+        GeneralCategory::Control
+            | GeneralCategory::Format
+            | GeneralCategory::Surrogate
+            | GeneralCategory::PrivateUse
+            | GeneralCategory::Unassigned
+            | GeneralCategory::LineSeparator
+            | GeneralCategory::ParagraphSeparator
+            | GeneralCategory::SpaceSeparator
+    )
 }
 
 fn write_str(out: &mut String, s: &str) {
@@ -108,15 +113,23 @@ fn write_str(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json::{ParseOptions, parse_str};
 
     #[test]
     fn strings_pick_quotes_and_escapes_like_python() {
         assert_eq!(repr_str("q1"), "'q1'");
         assert_eq!(repr_str("it's"), "\"it's\"");
-        assert_eq!(repr_str("scéne"), "'scéne'");
+        assert_eq!(repr_str("it's \"x\""), "'it\\'s \"x\"'");
         assert_eq!(
             repr_str("a\\b\n\u{1}\u{7f}é\u{200b}\u{85}\u{2028}😀"),
             "'a\\\\b\\n\\x01\\x7fé\\u200b\\x85\\u2028😀'"
         );
+    }
+
+    #[test]
+    fn nested_values_print_as_python_literals() {
+        let v = parse_str(r#"{"a": [1, 2.5, null, true, "x"], "b": {}}"#, ParseOptions::default()).unwrap();
+        assert_eq!(repr(&v), "{'a': [1, 2.5, None, True, 'x'], 'b': {}}");
+        assert_eq!(repr_str_list(&["choice", "noul", "score"]), "['choice', 'noul', 'score']");
     }
 }
