@@ -10,7 +10,8 @@
 //! window of 64 either side, 192 keys instead of 512), and a block's scores live in one buffer of
 //! `QUERY_BLOCK x keys` floats. The masked keys left inside a block get laya's `f32::MIN` bias, so
 //! the softmax gives them exactly 0, as it does in the padded computation; the result is the same
-//! sums in a different order (the fixture tolerances hold; `encoder` tests compare the two).
+//! sums in a different order (the fixture tolerances hold; `encoder` tests compare the two). The
+//! softmax is the vectorised one (`vector::softmax`: its `exp` within 2 ulps of libm's).
 //!
 //! The blocks of every row and head are independent: they run on rayon's pool, each block's
 //! multiplies single-threaded, which keeps both cores busy even for short rows.
@@ -24,6 +25,7 @@ use rayon::prelude::*;
 use super::dense::contiguous_f32;
 use super::masks::MASKED;
 use super::panels::Out;
+use super::vector;
 
 /// Queries per block.
 pub const QUERY_BLOCK: usize = 64;
@@ -212,13 +214,7 @@ impl Attention<'_> {
                     }
                 }
             }
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for v in s.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
-            s.iter_mut().for_each(|v| *v /= sum);
+            vector::softmax(s);
         }
         // SAFETY: an m x n lhs (`scores`, row-major), an n x hd rhs (the values: element (c, a)
         // at (first_k + c) * 3d + 2d + col + a, inside `qkv`'s T * 3d floats as for the keys)
