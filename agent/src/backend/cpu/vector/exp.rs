@@ -20,18 +20,12 @@ use pulp::{Simd, WithSimd};
 
 use super::{Isa, Pass};
 
-/// `ln 2` in two parts: `n * LN2_HI` is exact for the `n` that occur.
-const LN2_HI: f32 = 0.693_359_375;
-const LN2_LO: f32 = -2.121_944_40e-4;
+/// `ln 2` in two parts: `n * LN2_HI` is exact for the `n` that occur (LN2_HI is 0.693359375, 355/512;
+/// these literals are the shortest that give Cephes' floats, as are the polynomial's).
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes' `expf` polynomial: `e^r ~ 1 + r + r^2 (P0 r^5 + ... + P5)`.
-const POLY: [f32; 6] = [
-    1.987_569_150_0e-4,
-    1.398_199_950_7e-3,
-    8.333_451_907_3e-3,
-    4.166_579_589_4e-2,
-    1.666_666_545_9e-1,
-    5.000_000_120_1e-1,
-];
+const POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_6e-1, 5e-1];
 /// 1.5 * 2^23: added to `x log2 e`, it leaves `round(x log2 e)` in the low bits of the sum.
 const SHIFTER: f32 = 12_582_912.0;
 /// Below it the result is 0 (`e^-104` is under half the smallest subnormal), above the other

@@ -106,14 +106,13 @@ trait Pass: pulp::WithSimd + Sized {
     /// Runs on `isa`.
     #[inline(always)]
     fn run(self, isa: Isa) -> Self::Output {
-        use pulp::Simd;
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512(simd) => Simd::vectorize(simd, self),
+            Isa::Avx512(simd) => pulp::Simd::vectorize(simd, self),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2(simd) => Simd::vectorize(simd, self),
+            Isa::Avx2(simd) => pulp::Simd::vectorize(simd, self),
             #[cfg(target_arch = "aarch64")]
-            Isa::Neon(simd) => Simd::vectorize(simd, self),
+            Isa::Neon(simd) => pulp::Simd::vectorize(simd, self),
             Isa::Scalar => self.scalar(),
         }
     }
