@@ -101,7 +101,8 @@ impl Attention<'_> {
     /// Rows `first..first + count` of one head (at column `col`) of the queries (`part` 0) or
     /// the keys (`part` 1), as floats and their row stride: rotated, as transformers'
     /// `apply_rotary_pos_emb` does (the halves of the head: `x1 cos - x2 sin`, `x2 cos + x1
-    /// sin`), into a buffer of the block's own where the encoder's RoPE applies; read where they
+    /// sin`; vectorised, the same floats: `vector::rotate`), into a buffer of the block's own where
+    /// the encoder's RoPE applies; read where they
     /// are in `qkv` otherwise. Rotating a block's keys (again for each block that reads them)
     /// keeps no rotated `[T, d]` copy of the queries and the keys alive.
     fn part<'q>(&self, qkv: &'q [f32], part: usize, first: usize, count: usize, col: usize) -> (Cow<'q, [f32]>, usize) {
@@ -111,16 +112,9 @@ impl Attention<'_> {
         };
         let half = hd / 2;
         let mut rotated = vec![0f32; count * hd];
-        for (t, y) in (first..first + count).zip(rotated.chunks_exact_mut(hd)) {
-            let (cos, sin) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-            let x = &qkv[t * 3 * d + part * d + col..t * 3 * d + part * d + col + hd];
-            let (x1, x2) = x.split_at(half);
-            let (y1, y2) = y.split_at_mut(half);
-            for i in 0..half {
-                y1[i] = x1[i] * cos[i] - x2[i] * sin[i];
-                y2[i] = x2[i] * cos[i] + x1[i] * sin[i];
-            }
-        }
+        let angles = first * half..(first + count) * half;
+        let x = &qkv[first * 3 * d + part * d + col..];
+        vector::rotate(&mut rotated, x, 3 * d, &cos[angles.clone()], &sin[angles], hd);
         (Cow::Owned(rotated), hd)
     }
 

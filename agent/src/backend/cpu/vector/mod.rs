@@ -1,5 +1,6 @@
-//! Vectorised passes of the CPU model outside its products: softmax's `exp`, the GeGLU's erf GELU
-//! and layer norm, on the `pulp` crate's SIMD types with the instruction set chosen at run time.
+//! Vectorised passes of the CPU model outside its products: softmax's `exp`, the GeGLU's erf GELU,
+//! layer norm and RoPE's rotation, on the `pulp` crate's SIMD types with the instruction set chosen
+//! at run time.
 //!
 //! Why: with the products at ~90% of the machine's peak, ~16% of a layer was small scalar passes
 //! (BENCHMARKS.md, "Where a layer's time goes"): libm's `expf` once per attention score, libm's
@@ -20,12 +21,14 @@
 mod erf;
 mod exp;
 mod norm;
+mod rope;
 
 use std::sync::OnceLock;
 
 pub use erf::gelu_gate;
 pub use exp::softmax;
 pub use norm::layer_norm;
+pub use rope::rotate;
 
 /// The environment variable that forces one instruction set (see the module doc).
 pub const FORCE_VAR: &str = "LAYA_CPU_KERNELS";
