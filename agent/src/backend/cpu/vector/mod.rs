@@ -198,11 +198,22 @@ pub(super) mod accuracy {
         std::env::var("LAYA_SWEEP_STEP").ok().and_then(|s| s.parse().ok()).filter(|&s| s > 0).unwrap_or(1 << 8)
     }
 
-    /// The inputs of a sweep: every `step`th bit pattern of both signs, plus the 256 floats on
-    /// either side of each point in `special` and of the special values (zeros, the smallest and
-    /// largest subnormals, the smallest normal, one, the largest finite, infinities, NaNs).
-    pub fn inputs(special: &[f32]) -> Vec<f32> {
-        let mut out: Vec<f32> = (0..=u32::MAX).step_by(step()).map(f32::from_bits).collect();
+    /// Calls `each` with the inputs of a sweep, a few million at a time: every `step`th bit pattern
+    /// of both signs, plus the 256 floats on either side of each point in `special` and of the
+    /// special values (zeros, the smallest and largest subnormals, the smallest normal, one, the
+    /// largest finite, infinities, NaNs). Returns how many there were.
+    pub fn sweep(special: &[f32], mut each: impl FnMut(&[f32])) -> usize {
+        let mut patterns = (0..=u32::MAX).step_by(step()).map(f32::from_bits);
+        let mut count = 0;
+        loop {
+            let chunk: Vec<f32> = patterns.by_ref().take(1 << 22).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            count += chunk.len();
+            each(&chunk);
+        }
+        let mut out = Vec::new();
         let always = [0.0, f32::from_bits(1), f32::from_bits(0x007f_ffff), f32::MIN_POSITIVE, 1.0, f32::MAX];
         for p in special.iter().chain(&always).flat_map(|&p| [p, -p]) {
             let bits = p.to_bits();
@@ -216,6 +227,7 @@ pub(super) mod accuracy {
             }
         }
         out.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::from_bits(0x7fc0_0001)]);
-        out
+        each(&out);
+        count + out.len()
     }
 }
