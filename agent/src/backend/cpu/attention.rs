@@ -10,7 +10,8 @@
 //! window of 64 either side, 192 keys instead of 512), and a block's scores live in one buffer of
 //! `QUERY_BLOCK x keys` floats. The masked keys left inside a block get laya's `f32::MIN` bias, so
 //! the softmax gives them exactly 0, as it does in the padded computation; the result is the same
-//! sums in a different order (the fixture tolerances hold; `encoder` tests compare the two).
+//! sums in a different order (the fixture tolerances hold; `encoder` tests compare the two). The
+//! softmax is the vectorised one (`vector::softmax`: its `exp` within 2 ulps of libm's).
 //!
 //! The blocks of every row and head are independent: they run on rayon's pool, each block's
 //! multiplies single-threaded, which keeps both cores busy even for short rows.
@@ -24,6 +25,7 @@ use rayon::prelude::*;
 use super::dense::contiguous_f32;
 use super::masks::MASKED;
 use super::panels::Out;
+use super::vector;
 
 /// Queries per block.
 pub const QUERY_BLOCK: usize = 64;
@@ -99,7 +101,8 @@ impl Attention<'_> {
     /// Rows `first..first + count` of one head (at column `col`) of the queries (`part` 0) or
     /// the keys (`part` 1), as floats and their row stride: rotated, as transformers'
     /// `apply_rotary_pos_emb` does (the halves of the head: `x1 cos - x2 sin`, `x2 cos + x1
-    /// sin`), into a buffer of the block's own where the encoder's RoPE applies; read where they
+    /// sin`; vectorised, the same floats: `vector::rotate`), into a buffer of the block's own where
+    /// the encoder's RoPE applies; read where they
     /// are in `qkv` otherwise. Rotating a block's keys (again for each block that reads them)
     /// keeps no rotated `[T, d]` copy of the queries and the keys alive.
     fn part<'q>(&self, qkv: &'q [f32], part: usize, first: usize, count: usize, col: usize) -> (Cow<'q, [f32]>, usize) {
@@ -109,16 +112,9 @@ impl Attention<'_> {
         };
         let half = hd / 2;
         let mut rotated = vec![0f32; count * hd];
-        for (t, y) in (first..first + count).zip(rotated.chunks_exact_mut(hd)) {
-            let (cos, sin) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-            let x = &qkv[t * 3 * d + part * d + col..t * 3 * d + part * d + col + hd];
-            let (x1, x2) = x.split_at(half);
-            let (y1, y2) = y.split_at_mut(half);
-            for i in 0..half {
-                y1[i] = x1[i] * cos[i] - x2[i] * sin[i];
-                y2[i] = x2[i] * cos[i] + x1[i] * sin[i];
-            }
-        }
+        let angles = first * half..(first + count) * half;
+        let x = &qkv[first * 3 * d + part * d + col..];
+        vector::rotate(&mut rotated, x, 3 * d, &cos[angles.clone()], &sin[angles], hd);
         (Cow::Owned(rotated), hd)
     }
 
@@ -212,13 +208,7 @@ impl Attention<'_> {
                     }
                 }
             }
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for v in s.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
-            s.iter_mut().for_each(|v| *v /= sum);
+            vector::softmax(s);
         }
         // SAFETY: an m x n lhs (`scores`, row-major), an n x hd rhs (the values: element (c, a)
         // at (first_k + c) * 3d + 2d + col + a, inside `qkv`'s T * 3d floats as for the keys)

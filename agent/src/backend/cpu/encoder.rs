@@ -12,21 +12,20 @@
 
 use std::ops::Range;
 
-use candle_core::{Device, Module, Tensor};
-use candle_nn::LayerNorm;
+use candle_core::{Device, Tensor};
 
 use super::ModelError;
 use super::attention::{Attention, Mask};
 use super::config::{EncoderConfig, LayerType};
 use super::dense::Dense;
+use super::layer_norm::LayerNorm;
 use super::mlp::FeedForward;
 use super::weights::{Expected, Weights};
 
-fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64, d: usize) -> Result<LayerNorm, ModelError> {
+fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64) -> Result<LayerNorm, ModelError> {
     let weight = w.get(&format!("{prefix}.weight"))?;
-    let bias =
-        if bias { w.get(&format!("{prefix}.bias"))? } else { Tensor::zeros(d, candle_core::DType::F32, &Device::Cpu)? };
-    Ok(LayerNorm::new(weight, bias, eps))
+    let bias = if bias { Some(w.get(&format!("{prefix}.bias"))?) } else { None };
+    Ok(LayerNorm::new(&weight, bias.as_ref(), eps)?)
 }
 
 fn linear(w: &Weights, prefix: &str, bias: bool) -> Result<Dense, ModelError> {
@@ -157,25 +156,25 @@ impl Encoder {
 
     /// Loads the encoder's tensors (already verified).
     pub fn load(cfg: EncoderConfig, w: &Weights) -> Result<Encoder, ModelError> {
-        let (d, eps, nb) = (cfg.hidden_size, cfg.norm_eps, cfg.norm_bias);
+        let (eps, nb) = (cfg.norm_eps, cfg.norm_bias);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for (l, &kind) in cfg.layer_types.iter().enumerate() {
             let p = format!("encoder.layers.{l}");
             layers.push(Layer {
                 kind,
                 // Layer 0 has no attention norm: the embedding norm just ran.
-                attn_norm: if l == 0 { None } else { Some(layer_norm(w, &format!("{p}.attn_norm"), nb, eps, d)?) },
+                attn_norm: if l == 0 { None } else { Some(layer_norm(w, &format!("{p}.attn_norm"), nb, eps)?) },
                 wqkv: linear(w, &format!("{p}.attn.Wqkv"), cfg.attention_bias)?,
                 wo: linear(w, &format!("{p}.attn.Wo"), cfg.attention_bias)?,
-                mlp_norm: layer_norm(w, &format!("{p}.mlp_norm"), nb, eps, d)?,
+                mlp_norm: layer_norm(w, &format!("{p}.mlp_norm"), nb, eps)?,
                 wi: linear(w, &format!("{p}.mlp.Wi"), cfg.mlp_bias)?,
                 mlp_wo: linear(w, &format!("{p}.mlp.Wo"), cfg.mlp_bias)?,
             });
         }
         Ok(Encoder {
             tok_embeddings: w.get("encoder.embeddings.tok_embeddings.weight")?,
-            emb_norm: layer_norm(w, "encoder.embeddings.norm", nb, eps, d)?,
-            final_norm: layer_norm(w, "encoder.final_norm", nb, eps, d)?,
+            emb_norm: layer_norm(w, "encoder.embeddings.norm", nb, eps)?,
+            final_norm: layer_norm(w, "encoder.final_norm", nb, eps)?,
             rope_global: Rope::new(cfg.global_rope_theta, cfg.head_dim()),
             rope_local: Rope::new(cfg.local_rope_theta, cfg.head_dim()),
             layers,

@@ -23,8 +23,7 @@
 //! keys and values are padded, for its few queries. A padded batch (the NPU backends' hidden
 //! states) is packed first.
 
-use candle_core::{D, DType, Device, Module, Tensor};
-use candle_nn::LayerNorm;
+use candle_core::{D, DType, Device, Tensor};
 
 use std::ops::Range;
 
@@ -32,6 +31,7 @@ use super::ModelError;
 use super::attention::{Attention, Mask};
 use super::config::Activation;
 use super::dense::Dense;
+use super::layer_norm::LayerNorm;
 use super::mlp::FeedForward;
 use super::weights::{Expected, Weights};
 
@@ -151,7 +151,7 @@ fn linear(w: &Weights, p: &str) -> Result<Dense, ModelError> {
 }
 
 fn norm(w: &Weights, p: &str) -> Result<LayerNorm, ModelError> {
-    Ok(LayerNorm::new(w.get(&format!("{p}.weight"))?, w.get(&format!("{p}.bias"))?, HEAD_EPS))
+    Ok(LayerNorm::new(&w.get(&format!("{p}.weight"))?, Some(&w.get(&format!("{p}.bias"))?), HEAD_EPS)?)
 }
 
 impl Head {
@@ -496,7 +496,7 @@ mod tests {
     }
 
     fn random_norm(d: usize) -> LayerNorm {
-        LayerNorm::new((random(&[d]) + 1.0).unwrap(), random(&[d]), HEAD_EPS)
+        LayerNorm::new(&(random(&[d]) + 1.0).unwrap(), Some(&random(&[d])), HEAD_EPS).unwrap()
     }
 
     /// A layer with the projections `in_proj`.

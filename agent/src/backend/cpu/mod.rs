@@ -9,7 +9,9 @@
 //!
 //! The linear layers multiply on weights packed once at load (`panels`, on the `gemm` crate's
 //! microkernels, the widest set the CPU has, chosen at run time); the feed-forwards run a block of
-//! tokens at a time (`mlp`), so what a request holds beyond the model stays small.
+//! tokens at a time (`mlp`), so what a request holds beyond the model stays small. Softmax's
+//! `exp`, the GeGLU's erf and the layer norms run vectorised on the same width (`vector`);
+//! `LAYA_CPU_KERNELS` forces a narrower set for both.
 //!
 //! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
 
@@ -18,10 +20,12 @@ pub mod config;
 pub mod dense;
 pub mod encoder;
 pub mod head;
+mod layer_norm;
 pub mod masks;
 mod mlp;
 mod model;
 mod panels;
+mod vector;
 pub mod weights;
 
 pub use config::EncoderConfig;
@@ -34,6 +38,14 @@ pub use model::{CpuModel, ModelError, check_row, refuse_layout};
 pub fn kernel_set() -> &'static str {
     panels::Kernel::detect().name
 }
+
+/// The instruction set of the vectorised passes (softmax's `exp`, the GeGLU's erf, layer norm):
+/// `avx512f`, `fma` (AVX2), `neon` or `scalar`, chosen at run time; for reports and benchmarks.
+pub fn vector_set() -> &'static str {
+    vector::Isa::active().name()
+}
+
+pub use vector::FORCE_VAR as FORCE_KERNELS_VAR;
 
 use std::path::Path;
 

@@ -89,10 +89,16 @@ mod scalar {
 }
 
 impl Kernel {
-    /// The widest kernel set this CPU runs, chosen once per process (as `gemm` chooses).
+    /// The widest kernel set this CPU runs, chosen once per process (as `gemm` chooses), or the
+    /// one `LAYA_CPU_KERNELS` names where this CPU runs it (`vector`'s module doc).
     pub fn detect() -> Kernel {
         static DETECTED: OnceLock<Kernel> = OnceLock::new();
-        *DETECTED.get_or_init(|| Kernel::available().into_iter().next().unwrap_or_else(Kernel::scalar))
+        *DETECTED.get_or_init(|| {
+            let sets = Kernel::available();
+            let forced = super::vector::forced();
+            let pick = sets.iter().find(|k| forced.as_deref() == Some(k.name)).or(sets.first());
+            pick.copied().unwrap_or_else(Kernel::scalar)
+        })
     }
 
     /// Every kernel set this CPU can run, widest first (the tests hold each to the same results).
@@ -374,7 +380,9 @@ mod tests {
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let want = vec!["scalar"];
         assert_eq!(names, want);
-        assert_eq!(Kernel::detect().name, want[0]);
+        // The widest, unless the process was told a narrower one this CPU has.
+        let forced = crate::backend::cpu::vector::forced().filter(|name| want.contains(&name.as_str()));
+        assert_eq!(Kernel::detect().name, forced.as_deref().unwrap_or(want[0]));
     }
 
     #[test]
