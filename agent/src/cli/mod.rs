@@ -55,7 +55,7 @@ pub struct BackendArgs {
 }
 
 /// `laya-edge --version`: the version, the git commit it was built from (when built from git),
-/// the cargo features built in, the laya semantics served and the CPU model's kernel set on
+/// the cargo features built in, the laya semantics served and the CPU model's kernel sets (products, vector passes) on
 /// this machine (chosen at run time).
 pub fn version() -> &'static str {
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -72,10 +72,11 @@ pub fn version() -> &'static str {
             .collect();
         let features = if features.is_empty() { "none".to_owned() } else { features.join(", ") };
         format!(
-            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}\ncpu kernels: {}",
+            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}\ncpu kernels: {}\ncpu vector passes: {}",
             env!("CARGO_PKG_VERSION"),
             laya.join(", "),
-            crate::backend::cpu::kernel_set()
+            crate::backend::cpu::kernel_set(),
+            crate::backend::cpu::vector_set()
         )
     })
 }

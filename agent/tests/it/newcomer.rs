@@ -208,6 +208,8 @@ fn version_names_the_commit_the_features_the_laya_semantics_and_the_cpu_kernels(
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let want = "scalar";
     assert_eq!(line("cpu kernels: "), want, "{text}");
+    // The vectorised passes (softmax's exp, the erf GELU, layer norm) on the same set.
+    assert_eq!(line("cpu vector passes: "), want, "{text}");
 }
 
 #[test]
