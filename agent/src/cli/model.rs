@@ -43,7 +43,8 @@ enum Command {
     Install {
         #[command(flatten)]
         at: StoreArgs,
-        /// The model directory (a laya checkpoint or an NPU bundle).
+        /// The model: a directory (a laya checkpoint or an NPU bundle) or a tar of one (an OTA
+        /// artifact's payload: `tar -C DIR -cf model.tar .`).
         source: PathBuf,
         /// The version's name (default: the bundle manifest's `version`, else the directory's name).
         #[arg(long)]
@@ -121,15 +122,18 @@ impl Links {
 }
 
 fn install(dir: &Path, source: &Path, version: Option<String>, within: Duration) -> Result<(), String> {
+    let store = Store::create(dir).map_err(|e| e.to_string())?;
+    // A bundle as a tar (an OTA artifact's payload) is unpacked inside the store first.
+    let unpacked = if source.is_file() { Some(Unpacked::tar(&store, source)?) } else { None };
+    let model = unpacked.as_ref().map_or(source, |u| u.0.as_path());
     let report =
-        crate::cli::check::check(source, None).map_err(|e| format!("{} cannot be installed: {e}", source.display()))?;
+        crate::cli::check::check(model, None).map_err(|e| format!("{} cannot be installed: {e}", source.display()))?;
     println!("{report}");
     let version = match version {
         Some(v) => v,
-        None => default_version(source)?,
+        None => default_version(model, source)?,
     };
     check_version(&version).map_err(|e| e.to_string())?;
-    let store = Store::create(dir).map_err(|e| e.to_string())?;
     let before = Links::read(&store)?;
     if before.current.as_deref() == Some(version.as_str()) {
         println!("{version} is already the current version of {}", store.dir().display());
@@ -140,7 +144,7 @@ fn install(dir: &Path, source: &Path, version: Option<String>, within: Duration)
         // Installed before (a retried install): checked again above through its source.
         false
     } else {
-        stage(source, &store, &version)?;
+        stage(model, &store, &version)?;
         true
     };
     store.set_link(PREVIOUS, before.current.as_deref()).map_err(|e| e.to_string())?;
@@ -237,15 +241,54 @@ fn digest_of(dir: &Path) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The manifest's `version`, else the directory's name.
-fn default_version(source: &Path) -> Result<String, String> {
-    let manifest = source.join(crate::bundle::MANIFEST);
+/// A tar unpacked into a hidden directory of the store, removed when dropped.
+struct Unpacked(PathBuf);
+
+impl Unpacked {
+    fn tar(store: &Store, file: &Path) -> Result<Unpacked, String> {
+        let dir = store.dir().join(format!(".unpack-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot unpack into {}: {e}", dir.display()))?;
+        let unpacked = Unpacked(dir);
+        // The system's tar (GNU tar and busybox refuse members outside the directory); no owners
+        // or permissions from the archive.
+        let out = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&unpacked.0)
+            .args(["--no-same-owner", "--no-same-permissions", "-xf"])
+            .arg(file)
+            .output()
+            .map_err(|e| format!("cannot run tar to unpack {}: {e}", file.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} is neither a model directory nor a tar of one: {}",
+                file.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(unpacked)
+    }
+}
+
+impl Drop for Unpacked {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The manifest's `version`, else the source's name (a tar's without its extension).
+fn default_version(model: &Path, source: &Path) -> Result<String, String> {
+    let manifest = model.join(crate::bundle::MANIFEST);
     let from_manifest = std::fs::read_to_string(&manifest)
         .ok()
         .and_then(|t| laya_topics::json::parse_str(&t, Default::default()).ok())
         .and_then(|v| v.get("version").and_then(Value::as_str).map(str::to_owned));
     from_manifest
-        .or_else(|| std::fs::canonicalize(source).ok()?.file_name()?.to_str().map(str::to_owned))
+        .or_else(|| {
+            let source = std::fs::canonicalize(source).ok()?;
+            let name = if source.is_file() { source.file_stem()? } else { source.file_name()? };
+            name.to_str().map(str::to_owned)
+        })
         .ok_or_else(|| format!("name the version of {} with --version", source.display()))
 }
 

@@ -414,7 +414,8 @@ async fn the_thin_edge_plugin_lists_installs_refuses_a_rejected_model_and_finali
 }
 
 /// A new board: the store does not exist yet, so the agent serves `model.dir` (the image's
-/// model); the first `model install` makes the store and serves its version.
+/// model); the first `model install` makes the store and serves its version; a bundle as a tar
+/// installs as its directory does, and a file that is no tar is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_on_an_empty_store_serves_model_dir_until_the_first_install() {
     let store = temp_dir("new-board").join("models");
@@ -431,5 +432,27 @@ async fn an_agent_on_an_empty_store_serves_model_dir_until_the_first_install() {
     assert!(ok && out.contains("v1 serves"), "{out} {err}");
     assert_eq!(model_name(broker.port, "dev-new").await, "v1");
     assert_eq!(listed(&store).await, pairs(&[("v1", "serving,current")]));
+
+    // A bundle as a tar (an OTA artifact's payload), its version the file's name.
+    let tar = temp_dir("new-board-tar").join("v2.tar");
+    let packed = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(model("bpe-t5"))
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(packed.success());
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &tar])).await;
+    assert!(ok && out.contains("v2 serves"), "{out} {err}");
+    assert_eq!(model_name(broker.port, "dev-new").await, "v2");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "previous"), ("v2", "serving,current,pending")]));
+    // Not a tar: refused, nothing changed.
+    let junk = temp_dir("new-board-junk").join("v3.tar");
+    std::fs::write(&junk, b"not a tar").expect("junk");
+    let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &junk])).await;
+    assert!(!ok && err.contains("neither a model directory nor a tar"), "{out} {err}");
+    assert_eq!(listed(&store).await, pairs(&[("v1", "previous"), ("v2", "serving,current,pending")]));
     drop(agent);
 }
