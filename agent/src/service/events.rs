@@ -35,6 +35,7 @@ fn plain(event: EventKind, message: String, role: Option<wire::Role>) -> EngineE
         role,
         probe: None,
         reload: None,
+        serving: None,
     }
 }
 
@@ -72,6 +73,7 @@ pub fn takeover_event(named: bool, times: u64, client_id: &str) -> EngineEvent {
         role: None,
         probe: None,
         reload: None,
+        serving: None,
     }
 }
 
@@ -127,6 +129,7 @@ pub fn probe_event(run: &ProbeRun) -> EngineEvent {
     EngineEvent {
         probe: Some(probe_figures(run)),
         reload: None,
+        serving: None,
         ..plain(
             EventKind::ProbeFailed,
             format!("the {} backend does not answer like the float model: {}", run.backend, run.verdict()),
@@ -154,6 +157,7 @@ pub fn runtime_rejected_event(n: &Notice) -> Option<EngineEvent> {
         role: Some(n.role),
         probe: None,
         reload: None,
+        serving: None,
     })
 }
 
@@ -173,6 +177,7 @@ pub fn engine_event(n: &Notice) -> EngineEvent {
         role: Some(n.role),
         probe: None,
         reload: None,
+        serving: None,
     }
 }
 

@@ -223,8 +223,10 @@ pub async fn run(
     if let Some(m) = &mark {
         m.serving(&current.get().bundle.dir);
     }
-    // A settled reload: its event, the store's record, and the status, which names it.
+    // A settled reload: its event naming what serves now, the store's record, and the status,
+    // which names it.
     let reload_outcome = |event: &EngineEvent| {
+        let event = &EngineEvent { serving: Some(reporter.served_model()), ..event.clone() };
         publish_event(event);
         if let Some(m) = &mark {
             m.reload_outcome(&event.to_value());

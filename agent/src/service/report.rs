@@ -36,6 +36,7 @@ pub fn config_error_event(message: &str) -> EngineEvent {
         role: Some(Role::Primary),
         probe: None,
         reload: None,
+        serving: None,
     }
 }
 

@@ -287,8 +287,22 @@ impl Reporter {
             probe: es.probes.first().map(|p| probe_figures(&p.last)),
             probes: probe_histories(&es.probes),
             load,
+            model: Some(self.served_model()),
         };
         self.encoding.encode(&t.to_value())
+    }
+
+    /// The model that serves now, and since when.
+    pub fn served_model(&self) -> wire::ServedModel {
+        let serving = self.current.get();
+        let served = serving.served();
+        let id = served.identity;
+        wire::ServedModel {
+            name: id.model_name.clone(),
+            version: id.model_version.clone(),
+            bundle_sha256: id.bundle_sha256.clone(),
+            since: self.current.since(),
+        }
     }
 
     /// The properties a telemetry publish carries.

@@ -117,10 +117,30 @@ async fn model_install_serves_a_good_version_puts_a_rejected_one_back_and_every_
     };
 
     // 3. A good version: the command returns once it serves.
+    let mut watch = Client::connect(broker.port, "store-watch").await;
+    watch.subscribe("laya/v1/dev-store/events").await;
+    watch.subscribe("laya/v1/dev-store/telemetry").await;
     ask_some(&c).await;
     let (out, err, ok) = model_cli(args(&[&"install", &"--store", &store, &model("wp-t4"), &"--version", &"v2"])).await;
     assert!(ok, "install of a good version: {out} {err}");
     assert!(out.contains("v2 serves"), "{out}");
+    // Issue #42, item 2: the reload's event and the telemetry name what serves now.
+    let (mut event, mut telemetry) = (None, None);
+    while event.is_none() || telemetry.is_none() {
+        let p = watch.next(Duration::from_secs(10)).await.expect("the reload's event and telemetry");
+        let v = decode(&p);
+        let version = |k: &str| v.get(k).and_then(|m| m.get("version")).and_then(Value::as_str).map(str::to_owned);
+        if p.topic.ends_with(b"/events") && v.get("event").and_then(Value::as_str) == Some("reloaded") {
+            event = version("serving");
+            assert!(
+                v.get("serving").and_then(|s| s.get("since")).and_then(Value::as_i64).is_some_and(|t| t > 0),
+                "{v:?}"
+            );
+        } else if p.topic.ends_with(b"/telemetry") && version("model").as_deref() == Some("v2") {
+            telemetry = version("model");
+        }
+    }
+    assert_eq!(event.as_deref(), Some("v2"));
     assert_eq!(model_name(broker.port, "dev-store").await, "v2");
     assert_eq!(listed(&store).await, pairs(&[("v1", "previous"), ("v2", "serving,current,pending")]));
     let (_, err, ok) = model_cli(args(&[&"commit", &"--store", &store])).await;

@@ -103,6 +103,9 @@ pub struct EngineEvent {
     pub probe: Option<ProbeFigures>,
     /// Which reload request a `reloaded`, `reload_rejected` or `reload_superseded` event settles.
     pub reload: Option<ReloadRef>,
+    /// On a reload's outcome: what serves once it is settled (the new model after `reloaded`, the
+    /// one serving on after a rejection).
+    pub serving: Option<super::status::ServedModel>,
 }
 
 /// A reload request, as its events name it: `{"request": N, "model": DIR}`. Requests are
@@ -236,6 +239,9 @@ impl EngineEvent {
         if let Some(r) = &self.reload {
             m.insert("reload".into(), r.to_value());
         }
+        if let Some(s) = &self.serving {
+            m.insert("serving".into(), s.to_value());
+        }
         Value::Object(m)
     }
 }
@@ -256,6 +262,7 @@ mod tests {
             role: Some(Role::Primary),
             probe: None,
             reload: None,
+            serving: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),
@@ -305,6 +312,7 @@ mod tests {
             role: Some(Role::Primary),
             probe: Some(figures),
             reload: None,
+            serving: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),
@@ -368,6 +376,7 @@ mod tests {
             role: None,
             probe: None,
             reload: Some(ReloadRef { request: 3, model: Some("/m/a".into()) }),
+            serving: None,
         };
         let v = e.to_value();
         assert_eq!(
@@ -403,6 +412,7 @@ mod tests {
             role: None,
             probe: None,
             reload: None,
+            serving: None,
         };
         assert_eq!(
             json::to_string(&e.to_value(), json::Style::COMPACT),

@@ -11,7 +11,7 @@ use crate::{cbor, json};
 pub use event::{BackendState, EngineEvent, EventKind, ProbeFigures, ProbeGraph, ReloadRef, Role};
 pub use laya::LayaVersion;
 pub use reply::{Reply, Timing};
-pub use status::{LastReload, Status};
+pub use status::{LastReload, ServedModel, Status};
 pub use telemetry::{ProbeHistory, Telemetry, TokenMemo};
 
 /// A wire name this version does not know (an enum's `FromStr` error): which kind of name, and

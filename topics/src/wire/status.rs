@@ -47,6 +47,39 @@ pub struct Status {
     pub last_reload: Option<LastReload>,
 }
 
+/// The model that serves, as telemetry (`model`) and reload events (`serving`) name it:
+/// `{"name", "version", "bundle_sha256", "since"}` (the status document has the same as
+/// `model_name`, `model_version`, `bundle_sha256`, `serving_since`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServedModel {
+    pub name: String,
+    pub version: String,
+    pub bundle_sha256: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub since: u64,
+}
+
+impl ServedModel {
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("name".into(), self.name.as_str().into());
+        m.insert("version".into(), self.version.as_str().into());
+        m.insert("bundle_sha256".into(), self.bundle_sha256.as_deref().map_or(Value::Null, Value::from));
+        m.insert("since".into(), Value::Int(self.since.into()));
+        Value::Object(m)
+    }
+
+    pub fn from_value(v: &Value) -> Option<ServedModel> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        Some(ServedModel {
+            name: s("name")?,
+            version: s("version").unwrap_or_default(),
+            bundle_sha256: s("bundle_sha256"),
+            since: v.get("since").and_then(Value::as_i64).and_then(|x| u64::try_from(x).ok()).unwrap_or(0),
+        })
+    }
+}
+
 /// A reload request's outcome, as the status document carries the last one:
 /// `{"event": "reloaded" | "reload_rejected" | "reload_superseded", "request", "model", "at"}`.
 #[derive(Debug, Clone, PartialEq, Eq)]

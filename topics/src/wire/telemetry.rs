@@ -61,6 +61,8 @@ pub struct Telemetry {
     pub probes: Vec<ProbeHistory>,
     /// Rates, latency percentiles, busy fraction, memory and temperature (`load::Load`).
     pub load: Load,
+    /// The model that serves (`model`: name, version, bundle sha256, since when).
+    pub model: Option<super::status::ServedModel>,
 }
 
 impl Telemetry {
@@ -92,6 +94,7 @@ impl Telemetry {
             Value::Object(self.probes.iter().map(|h| (h.last.role.as_str().to_owned(), h.to_value())).collect()),
         );
         self.load.extend(&mut m);
+        m.insert("model".into(), self.model.as_ref().map_or(Value::Null, super::status::ServedModel::to_value));
         Value::Object(m)
     }
 }
@@ -120,6 +123,7 @@ mod tests {
             probe: None,
             probes: Vec::new(),
             load: Load::default(),
+            model: None,
         };
         assert_eq!(
             json::to_string(&t.to_value(), json::Style::COMPACT),
@@ -175,6 +179,7 @@ mod tests {
                 ProbeHistory { last: figures(Role::Fallback, "cpu", true), last_failure: None },
             ],
             load: Load::default(),
+            model: None,
         };
         let v = t.to_value();
         let probes = v.get("probes").and_then(Value::as_object).expect("probes");
