@@ -123,7 +123,12 @@ mod tests {
             probe: None,
             probes: Vec::new(),
             load: Load::default(),
-            model: None,
+            model: Some(crate::wire::ServedModel {
+                name: "tickets".into(),
+                version: "v2".into(),
+                bundle_sha256: None,
+                since: 1_700_000_000,
+            }),
         };
         assert_eq!(
             json::to_string(&t.to_value(), json::Style::COMPACT),
@@ -133,7 +138,8 @@ mod tests {
                 r#""token_memo":{"hits":9,"misses":2,"entries":2},"probe":null,"probes":{},"#,
                 r#""interval_s":0.0,"questions":0,"questions_per_s":0.0,"#,
                 r#""latency_ms":{"queue":null,"tokenize":null,"infer":null,"decode":null,"total":null},"#,
-                r#""busy":0.0,"queue_depth":0,"rss_kb":{"agent":null,"worker":null},"temperature_c":null}"#
+                r#""busy":0.0,"queue_depth":0,"rss_kb":{"agent":null,"worker":null},"temperature_c":null,"#,
+                r#""model":{"name":"tickets","version":"v2","bundle_sha256":null,"since":1700000000}}"#
             )
         );
     }
