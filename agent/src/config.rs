@@ -173,6 +173,10 @@ pub struct Limits {
     /// Receive Maximum, such as mosquitto before 2.0.13) that may wait, unacknowledged, for a
     /// place; beyond this they get `overloaded`. `0`: no waiting.
     pub waiting_bytes: usize,
+    /// Questions one client (the client level of its response topic) may hold, admitted or
+    /// waiting; beyond this *its* questions get `overloaded`, so one client's flood cannot take
+    /// the whole queue (and the whole Receive Maximum) from the others. `0`: half of `queue`.
+    pub queue_per_client: usize,
     /// Seconds the service loop may go without a turn (and the broker connection task without
     /// one, beyond its own longest wait) before `serve` exits with status 70 for its supervisor
     /// to restart it; under systemd the watchdog pings stop as well. `0`: no watch.
@@ -190,6 +194,7 @@ impl Default for Limits {
             remember_bytes: 8 << 20,
             max_request_tokens: 16_384,
             waiting_bytes: 16 << 20,
+            queue_per_client: 0,
             loop_stall_s: 60,
         }
     }
@@ -470,6 +475,12 @@ impl Config {
         }
         if self.limits.max_request_tokens == 0 {
             return bad("limits.max_request_tokens must be positive".into());
+        }
+        if self.limits.queue_per_client > usize::from(u16::MAX) {
+            return bad(format!(
+                "limits.queue_per_client {}: use 0 (half of limits.queue) to 65535",
+                self.limits.queue_per_client
+            ));
         }
         let schema =
             laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;

@@ -7,7 +7,8 @@
 //! - `poller` polls rumqttc's event loop and does nothing else; `link` decides when the
 //!   connection is lost and how long to wait (pure); `connection` builds the broker options.
 //! - `flow` decides where an arriving question goes: a place in `limits.queue`, the waiting room,
-//!   or a refusal (pure); [`Handler`] runs each admitted question in its own task.
+//!   or a refusal, each client within its share and in its turn (pure); [`Handler`] runs each
+//!   admitted question in its own task.
 //! - `question` is one question's path (admission, redelivery, the answer via `pipeline`), and
 //!   `delivery` the gate that publishes its reply and acknowledges it, together or not at all;
 //!   `admission` decides what to do with a message (pure).
@@ -55,7 +56,7 @@ pub use reload::{Reload, Serving};
 use admission::{Admission, ReplyCache, ReplyTo};
 use delivery::Gate;
 use events::{notice_events, probe_event, reload_event, takeover_event};
-use flow::{Flow, Place, Ticket};
+use flow::{Flow, Hold, Place, Ticket};
 use liveness::{Liveness, Part};
 use outbox::{Item, Outbox};
 use poller::Net;
@@ -84,50 +85,70 @@ struct Handler {
     /// The `limits.queue` places: a question holds one from its start to its acknowledgement.
     places: Arc<Semaphore>,
     flow: Arc<Flow>,
+    /// The questions waiting for a place, by client, served in turn ([`flow::Turns`]); the
+    /// waiting room's task is told of each through its channel.
+    waiting: Mutex<flow::Turns<Waiting>>,
+}
+
+/// What a question holds from its start to its acknowledgement: its place in the queue and its
+/// count against its client's share.
+struct Taken {
+    _place: OwnedSemaphorePermit,
+    hold: Hold,
 }
 
 impl Handler {
     /// Handles a question that has its place, in a task of its own.
-    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, place: OwnedSemaphorePermit) {
+    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, taken: Taken) {
         let h = self.clone();
         tokio::spawn(async move {
-            let out = h.questions.handle(&p, received).await;
-            h.gate.deliver(&p, out, Some(place)).await;
+            let asker = h.flow.asker(taken.hold.client());
+            let out = h.questions.handle(&p, received, asker).await;
+            h.gate.deliver(&p, out, Some(taken)).await;
         });
     }
 
     /// A question that arrived, handled by where [`Flow::arrive`] puts it.
-    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant, waiting: &mpsc::UnboundedSender<Waiting>) {
-        match self.flow.arrive(self.places.clone().try_acquire_owned().ok(), p.payload.len()) {
-            Place::Queue(place) => self.spawn(p, received, place),
+    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant, waiting: &mpsc::UnboundedSender<()>) {
+        let client = self.questions.admission.client_of(&question::incoming(&p));
+        match self.flow.arrive(&client, self.places.clone().try_acquire_owned().ok(), p.payload.len()) {
+            Place::Queue(place, hold) => self.spawn(p, received, Taken { _place: place, hold }),
             // More than the Receive Maximum lets the broker send: the question waits,
-            // unacknowledged, for a place, in arrival order; its deadline runs from its arrival.
-            Place::Wait(ticket) => {
-                let _ = waiting.send(Waiting { p, received, ticket });
+            // unacknowledged, for a place, in its client's turn; its deadline runs from its
+            // arrival.
+            Place::Wait(ticket, hold) => {
+                self.waiting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(client, Waiting { p, received, ticket, hold });
+                let _ = waiting.send(());
             }
-            // Over the queue and the waiting room: a retryable error, then the ack (not
-            // redelivered for ever). The refusal is made now and the question's payload let go:
-            // what waits to be sent is the small refusal only.
-            Place::Refuse => {
-                let out = self.questions.when_full(&p);
+            // Over its client's share, or over the queue and the waiting room: a retryable
+            // error, then the ack (not redelivered for ever). The refusal is made now and the
+            // question's payload let go: what waits to be sent is the small refusal only.
+            Place::Refuse(why) => {
+                let out = self.questions.when_full(&p, why);
                 let ack = delivery::ack_only(&p);
                 drop(p);
                 let h = self.clone();
-                tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None).await });
+                tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None::<Taken>).await });
             }
         }
     }
 
-    /// The waiting room's task: hands places to waiting questions in arrival order.
-    async fn waiting_room(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
-        while let Some(Waiting { p, received, ticket }) = rx.recv().await {
+    /// The waiting room's task: hands each free place to the waiting question whose client's
+    /// turn it is. One message on `rx` per question that waits.
+    async fn waiting_room(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<()>) {
+        while rx.recv().await.is_some() {
             let place = self.places.clone().acquire_owned().await;
+            let next = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some(Waiting { p, received, ticket, hold }) = next else { continue };
             self.flow.leave(ticket);
             let Ok(place) = place else { break };
             if self.flow.stopping() {
                 continue; // not acknowledged: the broker delivers it again later
             }
-            self.spawn(p, received, place);
+            self.spawn(p, received, Taken { _place: place, hold });
         }
     }
 }
@@ -137,6 +158,7 @@ struct Waiting {
     p: Box<Publish>,
     received: Instant,
     ticket: Ticket,
+    hold: Hold,
 }
 
 /// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
@@ -170,7 +192,7 @@ pub async fn run(
     let (client, eventloop) =
         AsyncClient::new(connection::options(&config, &status_topic, Encoding::Json.encode(&will.to_value()))?, 256);
     let (current, counters) = (Arc::new(Current::new(serving)), Arc::new(Counters::default()));
-    let flow = Arc::new(Flow::new(config.limits.queue, config.limits.waiting_bytes));
+    let flow = Arc::new(Flow::new(config.limits.queue, config.limits.waiting_bytes, config.limits.queue_per_client));
     let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();
     let reporter = Reporter {
         current: current.clone(),
@@ -197,6 +219,7 @@ pub async fn run(
         gate: Gate::new(client.clone(), counters.clone(), flow.clone()),
         places: Arc::new(Semaphore::new(config.limits.queue)),
         flow: flow.clone(),
+        waiting: Mutex::default(),
     });
     let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
     tokio::spawn(handler.clone().waiting_room(waiting_rx));

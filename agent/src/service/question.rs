@@ -23,8 +23,8 @@ use super::delivery::Outbound;
 use super::flow::{self, WhenFull};
 use super::reload::Current;
 use super::telemetry::{Counters, Interval};
-use crate::engine::EngineError;
 use crate::engine::supervisor::Role;
+use crate::engine::{Asker, EngineError};
 use crate::pipeline;
 use crate::prompt::Row;
 
@@ -123,8 +123,9 @@ pub struct Questions {
 }
 
 impl Questions {
-    /// Handles one question end to end, up to what to send back; the caller delivers it.
-    pub async fn handle(&self, publish: &Publish, received: Instant) -> Option<Outbound> {
+    /// Handles one question of `asker` end to end, up to what to send back; the caller delivers
+    /// it.
+    pub async fn handle(&self, publish: &Publish, received: Instant, asker: Asker) -> Option<Outbound> {
         let incoming = incoming(publish);
         // A large request waits for a slot before it is decoded, and keeps it until laid out.
         let encoding = Encoding::detect(incoming.content_type, incoming.payload);
@@ -170,7 +171,7 @@ impl Questions {
                     device = %self.device,
                     questions = request.questions.len(),
                 );
-                let answer = self.answer(*request, &reply_to, deadline, received, slot);
+                let answer = self.answer(*request, &reply_to, deadline, received, slot, asker);
                 match tracing::Instrument::instrument(answer, span).await {
                     Ok(payload) => {
                         if let Some(o) = original {
@@ -207,10 +208,9 @@ impl Questions {
         Outbound { to: self.errors_to.clone(), payload: Encoding::Json.encode(&report.to_value()), answered: false }
     }
 
-    /// What a question that finds the queue and the waiting room full is sent
-    /// ([`flow::refusal_when_full`]).
-    pub fn when_full(&self, p: &Publish) -> Outbound {
-        match flow::refusal_when_full(&self.admission, &incoming(p), Instant::now()) {
+    /// What a question that is not taken (`why`) is sent ([`flow::refusal_when_full`]).
+    pub fn when_full(&self, p: &Publish, why: flow::Full) -> Outbound {
+        match flow::refusal_when_full(&self.admission, &incoming(p), Instant::now(), why) {
             WhenFull::Refuse { reply_to, error } => self.refusal(&reply_to, error),
             WhenFull::Report(report) => self.report(&report),
         }
@@ -224,6 +224,7 @@ impl Questions {
         deadline: Option<Instant>,
         received: Instant,
         slot: Option<OwnedSemaphorePermit>,
+        asker: Asker,
     ) -> Result<Vec<u8>, ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
@@ -260,7 +261,7 @@ impl Questions {
         let (outputs, infer_ms) = if rows.is_empty() {
             (Vec::new(), 0.0)
         } else {
-            let run = serving.engine.run(rows, deadline);
+            let run = serving.engine.run_as(asker, rows, deadline);
             let result = match deadline {
                 Some(d) => match tokio::time::timeout_at(d.into(), run).await {
                     Ok(r) => r,

@@ -1,6 +1,7 @@
 //! What the agent takes in: questions beyond the queue wait within `waiting_bytes` or are
-//! refused `overloaded`, a payload over `max_payload` is `too_large`, and ten thousand fuzzed
-//! payloads leave it alive and answering.
+//! refused `overloaded`, a payload over `max_payload` is `too_large`, one client's flood is
+//! refused beyond its share and never goes before another client's question (issue #40), and
+//! ten thousand fuzzed payloads leave it alive and answering.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -65,9 +66,10 @@ async fn questions_a_broker_sends_beyond_the_queue_wait_within_waiting_bytes_and
         &broker,
         "dev-wait",
         // A Receive Maximum above the queue: the broker sends more than the queue holds, as a
-        // broker that does not honour the Receive Maximum does.
+        // broker that does not honour the Receive Maximum does. The one client may hold all five
+        // (its share is not what this test is about).
         &format!(
-            "receive_maximum = 100\n[limits]\nqueue = 1\nwaiting_bytes = {}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+            "receive_maximum = 100\n[limits]\nqueue = 1\nqueue_per_client = 5\nwaiting_bytes = {}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
             2 * size + size / 2
         ),
     );
@@ -102,6 +104,105 @@ async fn questions_a_broker_sends_beyond_the_queue_wait_within_waiting_bytes_and
     assert_eq!(codes["w3"], "overloaded", "{codes:?}");
     assert_eq!(codes["w4"], "overloaded", "{codes:?}");
     assert!(c.next(Duration::from_secs(2)).await.is_none(), "nothing more");
+}
+
+/// Publishes a request `id` on `c` as client `client` (its response topic's client level).
+async fn ask_as(c: &Client, device: &str, client: &str, id: &str) {
+    let to = format!("laya/v1/reply/{client}/{id}");
+    c.ask(&format!("laya/v1/{device}/ask"), Encoding::Json.encode(&request(id)), Some(&to), None, Encoding::Json).await;
+}
+
+/// The next `n` replies on `c`, in the order they came: (id, error code or "ok", message).
+async fn replies_in_order(c: &mut Client, n: usize) -> Vec<(String, String, String)> {
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let Some(p) = c.next(Duration::from_secs(30)).await else { panic!("{} of {n} replies: {seen:?}", seen.len()) };
+        let v = decode(&p);
+        let id = v.get("id").and_then(Value::as_str).expect("id").to_owned();
+        let error = v.get("error");
+        let code = error.and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("ok").to_owned();
+        let message = error.and_then(|e| e.get("message")).and_then(Value::as_str).unwrap_or("").to_owned();
+        seen.push((id, code, message));
+    }
+    seen
+}
+
+/// Where `id` is among `answered`.
+fn position(answered: &[&str], id: &str) -> usize {
+    answered.iter().position(|a| *a == id).unwrap_or_else(|| panic!("{id} answered: {answered:?}"))
+}
+
+/// Issue #40. The agent has eight places, each client may hold five, and the worker runs one call
+/// at a time (two questions per request and per batch), 400 ms each. One connection publishes
+/// ten questions as client `flood`, then one as client `other`, so the broker has them in that
+/// order: the flood's first five are taken, its other five are refused at once as over its share
+/// (the questions of no other client are), and `other`'s question, arriving behind the whole
+/// flood, takes its turn in the engine before the flood's later questions. Then the flood's share
+/// is back: its next question is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_client_alone_is_refused_beyond_its_share_and_another_clients_question_goes_before_its_later_ones() {
+    let broker = Broker::start("fair", "");
+    let _agent = Agent::start(
+        &broker,
+        "dev-fair",
+        "[limits]\nqueue = 8\nqueue_per_client = 5\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+    );
+    wait_online(broker.port, "dev-fair").await;
+    let mut c = Client::connect(broker.port, "fair-asker").await;
+    c.subscribe("laya/v1/reply/flood/#").await;
+    c.subscribe("laya/v1/reply/other/#").await;
+    for i in 0..10 {
+        ask_as(&c, "dev-fair", "flood", &format!("f{i}")).await;
+    }
+    ask_as(&c, "dev-fair", "other", "o0").await;
+    let replies = replies_in_order(&mut c, 11).await;
+    let code = |id: &str| replies.iter().find(|r| r.0 == id).map(|r| r.1.as_str()).unwrap_or("no reply");
+    for i in 5..10 {
+        let (_, code, message) = replies.iter().find(|r| r.0 == format!("f{i}")).expect("a reply to each");
+        assert_eq!(code, "overloaded", "f{i}: {replies:?}");
+        assert!(message.contains("this client already has 5 questions"), "f{i}: {message}");
+    }
+    assert_eq!(code("o0"), "ok", "{replies:?}");
+    let answered: Vec<&str> = replies.iter().filter(|r| r.1 == "ok").map(|r| r.0.as_str()).collect();
+    assert_eq!(answered.len(), 6, "the flood's first five and o0: {replies:?}");
+    // f0 was running and f1 next when o0 came; o0 goes before the flood's later questions (right
+    // after f1 when it arrives within f0's 400 ms, as it does; in any case before f3 and f4).
+    assert!(position(&answered, "o0") < position(&answered, "f3"), "{answered:?}");
+    assert!(position(&answered, "o0") < position(&answered, "f4"), "{answered:?}");
+    // Its questions answered, the flood's client has its share again.
+    ask_as(&c, "dev-fair", "flood", "f10").await;
+    assert_eq!(replies_in_order(&mut c, 1).await[0].1, "ok");
+}
+
+/// Issue #40, on a broker that sends past the Receive Maximum (as mosquitto before 2.0.13 does):
+/// questions wait in the waiting room, which hands each free place to its clients in turn. Two
+/// places, one call at a time of 400 ms; eight questions of `flood` then two of `other` all
+/// arrive at once: `other`'s go between the flood's, not after all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiting_room_hands_free_places_to_its_clients_in_turn() {
+    let broker = Broker::start("fair-wait", "");
+    let _agent = Agent::start(
+        &broker,
+        "dev-fairw",
+        "receive_maximum = 100\n[limits]\nqueue = 2\nqueue_per_client = 8\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+    );
+    wait_online(broker.port, "dev-fairw").await;
+    let mut c = Client::connect(broker.port, "fairw-asker").await;
+    c.subscribe("laya/v1/reply/flood/#").await;
+    c.subscribe("laya/v1/reply/other/#").await;
+    for i in 0..8 {
+        ask_as(&c, "dev-fairw", "flood", &format!("f{i}")).await;
+    }
+    for i in 0..2 {
+        ask_as(&c, "dev-fairw", "other", &format!("o{i}")).await;
+    }
+    let replies = replies_in_order(&mut c, 10).await;
+    let answered: Vec<&str> = replies.iter().filter(|r| r.1 == "ok").map(|r| r.0.as_str()).collect();
+    assert_eq!(answered.len(), 10, "each waited for its place: {replies:?}");
+    // f0 and f1 took the places; f2..f7, o0 and o1 waited. Places go to the flood and to
+    // `other` in turn: o0 before f4, o1 before f5 (in arrival order they would come last).
+    assert!(position(&answered, "o0") < position(&answered, "f4"), "{answered:?}");
+    assert!(position(&answered, "o1") < position(&answered, "f5"), "{answered:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

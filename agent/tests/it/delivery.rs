@@ -403,8 +403,9 @@ fn most_unacknowledged(log: &str, client: &str) -> usize {
 async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_ones_share_is_answered_when_it_returns() {
     let broker = Broker::start("strand", "log_type all\n");
     let queue = 4;
+    // One client asks all 200: its share is the whole queue (shares are not what this is about).
     let extra = format!(
-        "fleet = \"north\"\nshare_group = \"workers\"\n[limits]\nqueue = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
+        "fleet = \"north\"\nshare_group = \"workers\"\n[limits]\nqueue = {queue}\nqueue_per_client = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
     );
     let mut doomed = Agent::start(&broker, "strand-a", &extra);
     let _survivor = Agent::start(&broker, "strand-b", &extra);
@@ -465,7 +466,9 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     std::fs::write(
         &config,
         format!(
-            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+            // One client floods: its share is the whole queue, so each question is answered (this
+            // test is about what the broker keeps, not about shares).
+            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[limits]\nqueue_per_client = 64\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
             dir.join("device.password").display(),
             model("bpe-small")
         ),
@@ -627,7 +630,13 @@ fn rogue_replies(seen: &test_kit::rogue_broker::Seen) -> HashMap<String, usize> 
 fn a_broker_that_floods_past_the_receive_maximum_while_holding_its_acks_never_wedges_the_agent() {
     use test_kit::rogue_broker::RogueBroker;
     let broker = RogueBroker::start(10);
-    let _agent = Agent::start_at(&broker.url(), "dev-rogue", "keep_alive_s = 5\n[engine]\nbackend = \"null\"\n");
+    // All 3000 questions are one client's (`rogue`): its share is made the most there is, so that
+    // each is waited for and answered (this test is about the wedge, not about shares).
+    let _agent = Agent::start_at(
+        &broker.url(),
+        "dev-rogue",
+        "keep_alive_s = 5\n[limits]\nqueue_per_client = 65535\n[engine]\nbackend = \"null\"\n",
+    );
     let ask = "laya/v1/dev-rogue/ask";
     assert!(
         broker.wait_for(Duration::from_secs(60), |s| s.subscriptions.iter().any(|t| t == ask)),

@@ -6,11 +6,21 @@
 //! request does. A failure of a merged batch is nobody's in particular: its calls run again
 //! *alone*, their attempts unchanged ([`CallQueue::split_running`]). Apart from the lifecycle so
 //! merging, expiry and the gathering window can be read without it.
+//!
+//! The queue is fair between askers ([`Asker`]: the service names one per client). A call is
+//! queued at its turn, not at the back: self-clocked fair queueing, rows as the cost. Each asker's
+//! turns run on from its last call's (`finish`), or from the turn the worker was last given
+//! (`clock`) if that is later, each call adding its rows; calls stand in the queue in turn order,
+//! arrival order among equal turns. So a client holding sixty calls and one that asks once take
+//! turns: the newcomer's call goes before the flood's second, whatever the flood queued first, and
+//! waits for at most the batch running and its own (issue #40). With one asker, or none named,
+//! every new turn is the latest and the queue is first come, first served as before. Calls that
+//! go back to the front (a failed batch's, a retry) keep their place there.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::events::CallId;
+use super::events::{Asker, CallId};
 
 /// One call the supervisor holds.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +34,10 @@ pub(super) struct Call {
     /// Runs alone, never merged: a probe call, or a call whose merged batch failed (so a failure
     /// is its own, and never a neighbour's).
     pub(super) alone: bool,
+    /// Who asked: whose turns it takes.
+    pub(super) asker: Asker,
+    /// Its turn in the queue (given by [`CallQueue::submit`]).
+    pub(super) turn: u64,
 }
 
 impl Call {
@@ -57,10 +71,16 @@ pub(super) enum Retry {
 /// The queue, the calls in it and the batch the serving worker runs.
 #[derive(Debug, Default)]
 pub(super) struct CallQueue {
+    /// In turn order (module doc), but for calls put back at the front.
     queue: VecDeque<CallId>,
     calls: BTreeMap<CallId, Call>,
     /// The calls the serving worker runs now, in row order (empty unless it is `Busy`).
     running: Vec<CallId>,
+    /// The latest turn given to a worker: a new call's turn is never earlier.
+    clock: u64,
+    /// Each asker's last turn given, while later than `clock` (older ones are forgotten: they
+    /// would count as `clock`).
+    finish: HashMap<Asker, u64>,
 }
 
 impl CallQueue {
@@ -78,10 +98,21 @@ impl CallQueue {
         self.queue.is_empty()
     }
 
-    /// Queues a new call at the back.
-    pub(super) fn submit(&mut self, id: CallId, call: Call) {
+    /// Queues a new call at its asker's next turn (module doc): behind every call of an earlier
+    /// or equal turn, before the later ones.
+    pub(super) fn submit(&mut self, id: CallId, mut call: Call) {
+        let clock = self.clock;
+        self.finish.retain(|_, last| *last > clock);
+        let start = self.finish.get(&call.asker).copied().unwrap_or(clock).max(clock);
+        call.turn = start.saturating_add(call.rows.max(1) as u64);
+        self.finish.insert(call.asker, call.turn);
+        let at = self
+            .queue
+            .iter()
+            .rposition(|c| self.calls.get(c).is_none_or(|queued| queued.turn <= call.turn))
+            .map_or(0, |i| i + 1);
         self.calls.insert(id, call);
-        self.queue.push_back(id);
+        self.queue.insert(at, id);
     }
 
     /// Forgets `call` wherever it is; whether it was held.
@@ -131,6 +162,7 @@ impl CallQueue {
                 break;
             }
             self.queue.pop_front();
+            self.clock = self.clock.max(c.turn);
             batch.push(call);
             rows += c.rows;
             if c.alone {
