@@ -109,8 +109,10 @@ pub struct Mqtt {
     /// packets above `max_payload` + 16 KiB (the Maximum Packet Size the agent announces).
     pub max_payload: usize,
     /// MQTT 5 Receive Maximum: questions the broker may have delivered and not yet had
-    /// acknowledged; 0 means `limits.queue`. The broker keeps the rest in its queue for this
-    /// session, so a killed agent strands at most this many in flight.
+    /// acknowledged; 0 means 65535 (the most there is) with a waiting room, `limits.queue`
+    /// without one (`limits.waiting_bytes` 0). The broker keeps the rest in its queue for this
+    /// session, in the order they came: questions wait in the agent instead, where each client
+    /// gets its turn (issue #40).
     pub receive_maximum: u16,
     /// On SIGTERM, how long questions in progress may take to finish; those still unanswered
     /// then are neither answered nor acknowledged (the broker delivers them again).
@@ -173,10 +175,11 @@ pub struct Limits {
     /// Receive Maximum, such as mosquitto before 2.0.13) that may wait, unacknowledged, for a
     /// place; beyond this they get `overloaded`. `0`: no waiting.
     pub waiting_bytes: usize,
-    /// Questions one client (the client level of its response topic) may hold, admitted or
-    /// waiting; beyond this *its* questions get `overloaded`, so one client's flood cannot take
-    /// the whole queue (and the whole Receive Maximum) from the others. `0`: half of `queue`.
-    pub queue_per_client: usize,
+    /// The memory budget of requests being decoded and laid out, and of their rows until
+    /// answered, as reckoned from their payloads (docs/config.md, "What the agent's memory is
+    /// bounded by"): a request waits, undecoded, while the budget lacks its part; one reckoned at
+    /// more than the whole budget runs alone.
+    pub decoded_bytes: usize,
     /// Seconds the service loop may go without a turn (and the broker connection task without
     /// one, beyond its own longest wait) before `serve` exits with status 70 for its supervisor
     /// to restart it; under systemd the watchdog pings stop as well. `0`: no watch.
@@ -194,7 +197,7 @@ impl Default for Limits {
             remember_bytes: 8 << 20,
             max_request_tokens: 16_384,
             waiting_bytes: 16 << 20,
-            queue_per_client: 0,
+            decoded_bytes: 96 << 20,
             loop_stall_s: 60,
         }
     }
@@ -476,11 +479,8 @@ impl Config {
         if self.limits.max_request_tokens == 0 {
             return bad("limits.max_request_tokens must be positive".into());
         }
-        if self.limits.queue_per_client > usize::from(u16::MAX) {
-            return bad(format!(
-                "limits.queue_per_client {}: use 0 (half of limits.queue) to 65535",
-                self.limits.queue_per_client
-            ));
+        if !(1 << 20..=1 << 40).contains(&self.limits.decoded_bytes) {
+            return bad(format!("limits.decoded_bytes {}: use 1048576 (1 MiB) to 2^40", self.limits.decoded_bytes));
         }
         let schema =
             laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -507,10 +507,11 @@ impl Config {
             .unwrap_or_else(|| "laya-edge".into())
     }
 
-    /// The Receive Maximum announced to the broker: `mqtt.receive_maximum`, else `limits.queue`
-    /// (at most 65535, the protocol's limit).
+    /// The Receive Maximum announced to the broker: `mqtt.receive_maximum`, else 65535 (the
+    /// protocol's limit) with a waiting room, `limits.queue` (at most 65535) without one.
     pub fn receive_maximum(&self) -> u16 {
         match self.mqtt.receive_maximum {
+            0 if self.limits.waiting_bytes > 0 => u16::MAX,
             0 => self.limits.queue.clamp(1, usize::from(u16::MAX)) as u16,
             n => n,
         }

@@ -6,9 +6,9 @@
 //!
 //! - `poller` polls rumqttc's event loop and does nothing else; `link` decides when the
 //!   connection is lost and how long to wait (pure); `connection` builds the broker options.
-//! - `flow` decides where an arriving question goes: a place in `limits.queue`, the waiting room,
-//!   or a refusal, each client within its share and in its turn (pure); [`Handler`] runs each
-//!   admitted question in its own task.
+//! - `flow` decides where an arriving question goes: a place in `limits.queue`, the waiting room
+//!   (clients in turn, the heaviest giving way when it is full), or a refusal (pure); [`Handler`]
+//!   runs each admitted question in its own task.
 //! - `question` is one question's path (admission, redelivery, the answer via `pipeline`), and
 //!   `delivery` the gate that publishes its reply and acknowledges it, together or not at all;
 //!   `admission` decides what to do with a message (pure).
@@ -50,13 +50,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{Encoding, EngineEvent, EventKind};
 
-pub use flow::{INLINE_TOKENIZE_BYTES, PREPARING_AT_ONCE};
+pub use flow::INLINE_TOKENIZE_BYTES;
 pub use reload::{Reload, Serving};
 
 use admission::{Admission, ReplyCache, ReplyTo};
 use delivery::Gate;
 use events::{notice_events, probe_event, reload_event, takeover_event};
-use flow::{Flow, Hold, Place, Ticket};
+use flow::{ClientKey, Entered, Flow, Full, Room};
 use liveness::{Liveness, Part};
 use outbox::{Item, Outbox};
 use poller::Net;
@@ -85,70 +85,74 @@ struct Handler {
     /// The `limits.queue` places: a question holds one from its start to its acknowledgement.
     places: Arc<Semaphore>,
     flow: Arc<Flow>,
-    /// The questions waiting for a place, by client, served in turn ([`flow::Turns`]); the
+    /// The questions waiting for a place, by client, served in turn ([`flow::Room`]); the
     /// waiting room's task is told of each through its channel.
-    waiting: Mutex<flow::Turns<Waiting>>,
-}
-
-/// What a question holds from its start to its acknowledgement: its place in the queue and its
-/// count against its client's share.
-struct Taken {
-    _place: OwnedSemaphorePermit,
-    hold: Hold,
+    room: Mutex<Room<Waiting>>,
 }
 
 impl Handler {
-    /// Handles a question that has its place, in a task of its own.
-    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, taken: Taken) {
+    /// Handles a question of `client` that has its place, in a task of its own.
+    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, place: OwnedSemaphorePermit, client: &ClientKey) {
         let h = self.clone();
+        let asker = self.flow.asker(client);
         tokio::spawn(async move {
-            let asker = h.flow.asker(taken.hold.client());
             let out = h.questions.handle(&p, received, asker).await;
-            h.gate.deliver(&p, out, Some(taken)).await;
+            h.gate.deliver(&p, out, Some(place)).await;
         });
     }
 
-    /// A question that arrived, handled by where [`Flow::arrive`] puts it.
+    /// A question that arrived: it takes a free place, else waits in the room, else is refused.
     fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant, waiting: &mpsc::UnboundedSender<()>) {
         let client = self.questions.admission.client_of(&question::incoming(&p));
-        match self.flow.arrive(&client, self.places.clone().try_acquire_owned().ok(), p.payload.len()) {
-            Place::Queue(place, hold) => self.spawn(p, received, Taken { _place: place, hold }),
-            // More than the Receive Maximum lets the broker send: the question waits,
-            // unacknowledged, for a place, in its client's turn; its deadline runs from its
-            // arrival.
-            Place::Wait(ticket, hold) => {
-                self.waiting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(client, Waiting { p, received, ticket, hold });
+        if let Ok(place) = self.places.clone().try_acquire_owned() {
+            return self.spawn(p, received, place, &client);
+        }
+        // Beyond the places: the question waits, unacknowledged, for a place in its client's
+        // turn; its deadline runs from its arrival.
+        let entered = {
+            let mut room = self.room.lock().unwrap_or_else(|e| e.into_inner());
+            let entered = room.enter(client, flow::waiting_charge(p.payload.len()), Waiting { p, received });
+            self.flow.waiting(&room);
+            entered
+        };
+        match entered {
+            Entered::Waits(gave_way) => {
                 let _ = waiting.send(());
+                gave_way.into_iter().for_each(|w| self.refuse(w.p, Full::GaveWay));
             }
-            // Over its client's share, or over the queue and the waiting room: a retryable
-            // error, then the ack (not redelivered for ever). The refusal is made now and the
-            // question's payload let go: what waits to be sent is the small refusal only.
-            Place::Refuse(why) => {
-                let out = self.questions.when_full(&p, why);
-                let ack = delivery::ack_only(&p);
-                drop(p);
-                let h = self.clone();
-                tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None::<Taken>).await });
-            }
+            Entered::Refused(w) => self.refuse(w.p, Full::Queue),
         }
     }
 
+    /// A question not taken (or not kept): a retryable error, then the ack (not redelivered for
+    /// ever). The refusal is made now and the question's payload let go: what waits to be sent
+    /// is the small refusal only.
+    fn refuse(self: &Arc<Self>, p: Box<Publish>, why: Full) {
+        let out = self.questions.when_full(&p, why);
+        let ack = delivery::ack_only(&p);
+        drop(p);
+        let h = self.clone();
+        tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None).await });
+    }
+
     /// The waiting room's task: hands each free place to the waiting question whose client's
-    /// turn it is. One message on `rx` per question that waits.
+    /// turn it is. One message on `rx` per question that came to wait (one that gave way since
+    /// leaves its place unused: it goes back).
     async fn waiting_room(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<()>) {
         while rx.recv().await.is_some() {
             let place = self.places.clone().acquire_owned().await;
-            let next = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let Some(Waiting { p, received, ticket, hold }) = next else { continue };
-            self.flow.leave(ticket);
+            let next = {
+                let mut room = self.room.lock().unwrap_or_else(|e| e.into_inner());
+                let next = room.take();
+                self.flow.waiting(&room);
+                next
+            };
+            let Some((client, Waiting { p, received })) = next else { continue };
             let Ok(place) = place else { break };
             if self.flow.stopping() {
                 continue; // not acknowledged: the broker delivers it again later
             }
-            self.spawn(p, received, Taken { _place: place, hold });
+            self.spawn(p, received, place, &client);
         }
     }
 }
@@ -157,8 +161,6 @@ impl Handler {
 struct Waiting {
     p: Box<Publish>,
     received: Instant,
-    ticket: Ticket,
-    hold: Hold,
 }
 
 /// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
@@ -192,7 +194,7 @@ pub async fn run(
     let (client, eventloop) =
         AsyncClient::new(connection::options(&config, &status_topic, Encoding::Json.encode(&will.to_value()))?, 256);
     let (current, counters) = (Arc::new(Current::new(serving)), Arc::new(Counters::default()));
-    let flow = Arc::new(Flow::new(config.limits.queue, config.limits.waiting_bytes, config.limits.queue_per_client));
+    let flow = Arc::new(Flow::new(config.limits.queue));
     let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();
     let reporter = Reporter {
         current: current.clone(),
@@ -210,7 +212,7 @@ pub async fn run(
             current: current.clone(),
             replies: Mutex::new(ReplyCache::bounded(config.limits.remember_replies, config.limits.remember_bytes)),
             in_flight: Default::default(),
-            preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
+            budget: flow::Budget::new(config.limits.decoded_bytes),
             device: device.clone(),
             errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
             counters: counters.clone(),
@@ -219,7 +221,7 @@ pub async fn run(
         gate: Gate::new(client.clone(), counters.clone(), flow.clone()),
         places: Arc::new(Semaphore::new(config.limits.queue)),
         flow: flow.clone(),
-        waiting: Mutex::default(),
+        room: Mutex::new(Room::new(config.limits.waiting_bytes)),
     });
     let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
     tokio::spawn(handler.clone().waiting_room(waiting_rx));

@@ -1,7 +1,7 @@
 //! What the agent takes in: questions beyond the queue wait within `waiting_bytes` or are
-//! refused `overloaded`, a payload over `max_payload` is `too_large`, one client's flood is
-//! refused beyond its share and never goes before another client's question (issue #40), and
-//! ten thousand fuzzed payloads leave it alive and answering.
+//! refused `overloaded`, a payload over `max_payload` is `too_large`, one client's flood gives
+//! way to another client's questions and never goes before them (issue #40), and ten thousand
+//! fuzzed payloads leave it alive and answering.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -61,15 +61,13 @@ async fn overload_and_oversize_get_clear_errors() {
 async fn questions_a_broker_sends_beyond_the_queue_wait_within_waiting_bytes_and_the_rest_are_overloaded() {
     let broker = Broker::start("waiting", "");
     // Every question of this test has the same size; the waiting room holds two of them.
-    let size = Encoding::Json.encode(&request("w0")).len();
+    let size = laya_edge::service::flow::waiting_charge(Encoding::Json.encode(&request("w0")).len());
     let _agent = Agent::start(
         &broker,
         "dev-wait",
-        // A Receive Maximum above the queue: the broker sends more than the queue holds, as a
-        // broker that does not honour the Receive Maximum does. The one client may hold all five
-        // (its share is not what this test is about).
+        // A Receive Maximum above the queue: the broker sends more than the queue holds.
         &format!(
-            "receive_maximum = 100\n[limits]\nqueue = 1\nqueue_per_client = 5\nwaiting_bytes = {}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+            "receive_maximum = 100\n[limits]\nqueue = 1\nwaiting_bytes = {}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
             2 * size + size / 2
         ),
     );
@@ -132,20 +130,24 @@ fn position(answered: &[&str], id: &str) -> usize {
     answered.iter().position(|a| *a == id).unwrap_or_else(|| panic!("{id} answered: {answered:?}"))
 }
 
-/// Issue #40. The agent has eight places, each client may hold five, and the worker runs one call
-/// at a time (two questions per request and per batch), 400 ms each. One connection publishes
-/// ten questions as client `flood`, then one as client `other`, so the broker has them in that
-/// order: the flood's first five are taken, its other five are refused at once as over its share
-/// (the questions of no other client are), and `other`'s question, arriving behind the whole
-/// flood, takes its turn in the engine before the flood's later questions. Then the flood's share
-/// is back: its next question is answered.
+/// Issue #40. Two places, a waiting room for four questions, one call at a time of 400 ms. One
+/// connection publishes ten questions as client `flood`, then one as client `other`, so that they
+/// reach the agent in that order (the broker sends them all: its Receive Maximum is 65535). The
+/// flood takes the places and fills the room; its own next questions find it full and are
+/// refused. `other`'s does not: the flood's newest waiting question gives way to it, refused
+/// `overloaded` (no question of `other` is), and `other`'s is served in its turn, before the
+/// flood's later questions. Then the flood's client is served again as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flooding_client_alone_is_refused_beyond_its_share_and_another_clients_question_goes_before_its_later_ones() {
+async fn a_floods_newest_question_gives_way_to_another_clients_in_a_full_waiting_room_which_goes_first() {
     let broker = Broker::start("fair", "");
+    let charge = laya_edge::service::flow::waiting_charge(Encoding::Json.encode(&request("f0")).len());
     let _agent = Agent::start(
         &broker,
         "dev-fair",
-        "[limits]\nqueue = 8\nqueue_per_client = 5\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+        &format!(
+            "[limits]\nqueue = 2\nwaiting_bytes = {}\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+            4 * charge + charge / 2
+        ),
     );
     wait_online(broker.port, "dev-fair").await;
     let mut c = Client::connect(broker.port, "fair-asker").await;
@@ -156,35 +158,66 @@ async fn a_flooding_client_alone_is_refused_beyond_its_share_and_another_clients
     }
     ask_as(&c, "dev-fair", "other", "o0").await;
     let replies = replies_in_order(&mut c, 11).await;
-    let code = |id: &str| replies.iter().find(|r| r.0 == id).map(|r| r.1.as_str()).unwrap_or("no reply");
-    for i in 5..10 {
-        let (_, code, message) = replies.iter().find(|r| r.0 == format!("f{i}")).expect("a reply to each");
-        assert_eq!(code, "overloaded", "f{i}: {replies:?}");
-        assert!(message.contains("this client already has 5 questions"), "f{i}: {message}");
+    let reply = |id: &str| replies.iter().find(|r| r.0 == id).unwrap_or_else(|| panic!("{id}: {replies:?}"));
+    // f0, f1 took the places, f2..f5 the room; f6..f9 found it full.
+    for i in 6..10 {
+        let (_, code, message) = reply(&format!("f{i}"));
+        assert_eq!((code.as_str(), message.as_str()), ("overloaded", "the question queue is full; retry later"));
     }
-    assert_eq!(code("o0"), "ok", "{replies:?}");
+    // o0 did not: the flood's newest waiting question, f5, gave way to it.
+    let (_, code, message) = reply("f5");
+    assert_eq!(code, "overloaded", "{replies:?}");
+    assert!(message.contains("gave way to another client's"), "{message}");
+    assert_eq!(reply("o0").1, "ok", "{replies:?}");
     let answered: Vec<&str> = replies.iter().filter(|r| r.1 == "ok").map(|r| r.0.as_str()).collect();
-    assert_eq!(answered.len(), 6, "the flood's first five and o0: {replies:?}");
-    // f0 was running and f1 next when o0 came; o0 goes before the flood's later questions (right
-    // after f1 when it arrives within f0's 400 ms, as it does; in any case before f3 and f4).
-    assert!(position(&answered, "o0") < position(&answered, "f3"), "{answered:?}");
-    assert!(position(&answered, "o0") < position(&answered, "f4"), "{answered:?}");
-    // Its questions answered, the flood's client has its share again.
+    assert_eq!(answered.len(), 6, "f0..f4 and o0: {replies:?}");
+    // Places in turn: the flood's next (f2), then o0, before the flood's later f3 and f4.
+    assert_eq!(answered, ["f0", "f1", "f2", "o0", "f3", "f4"]);
+    // The flood's client is served again as any.
     ask_as(&c, "dev-fair", "flood", "f10").await;
     assert_eq!(replies_in_order(&mut c, 1).await[0].1, "ok");
 }
 
-/// Issue #40, on a broker that sends past the Receive Maximum (as mosquitto before 2.0.13 does):
-/// questions wait in the waiting room, which hands each free place to its clients in turn. Two
-/// places, one call at a time of 400 ms; eight questions of `flood` then two of `other` all
-/// arrive at once: `other`'s go between the flood's, not after all of them.
+/// Issue #40, in the engine: eight places, so the flood's seven calls and another client's one
+/// all reach the engine's queue, which runs one call at a time (two questions per request and
+/// per batch) of 400 ms. `other`'s call, queued behind the flood's, takes its turn after the
+/// flood's next one, not after all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_clients_call_takes_its_turn_in_the_engine_before_a_floods_later_calls() {
+    let broker = Broker::start("fair-engine", "");
+    let _agent = Agent::start(
+        &broker,
+        "dev-faire",
+        "[limits]\nqueue = 8\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+    );
+    wait_online(broker.port, "dev-faire").await;
+    let mut c = Client::connect(broker.port, "faire-asker").await;
+    c.subscribe("laya/v1/reply/flood/#").await;
+    c.subscribe("laya/v1/reply/other/#").await;
+    for i in 0..7 {
+        ask_as(&c, "dev-faire", "flood", &format!("f{i}")).await;
+    }
+    ask_as(&c, "dev-faire", "other", "o0").await;
+    let replies = replies_in_order(&mut c, 8).await;
+    let answered: Vec<&str> = replies.iter().filter(|r| r.1 == "ok").map(|r| r.0.as_str()).collect();
+    assert_eq!(answered.len(), 8, "{replies:?}");
+    // f0 was running and f1 next when o0 came: o0 goes after f1 when it arrives within f0's
+    // 400 ms, as it does; in any case before the flood's last three.
+    for later in ["f4", "f5", "f6"] {
+        assert!(position(&answered, "o0") < position(&answered, later), "{answered:?}");
+    }
+}
+
+/// Issue #40: the waiting room hands free places to its clients in turn. Two places, one call at
+/// a time of 400 ms; eight questions of `flood` then two of `other` all arrive at once: `other`'s
+/// go between the flood's, not after all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waiting_room_hands_free_places_to_its_clients_in_turn() {
     let broker = Broker::start("fair-wait", "");
     let _agent = Agent::start(
         &broker,
         "dev-fairw",
-        "receive_maximum = 100\n[limits]\nqueue = 2\nqueue_per_client = 8\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
+        "[limits]\nqueue = 2\nquestions_per_request = 2\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=400\"\n",
     );
     wait_online(broker.port, "dev-fairw").await;
     let mut c = Client::connect(broker.port, "fairw-asker").await;

@@ -403,9 +403,10 @@ fn most_unacknowledged(log: &str, client: &str) -> usize {
 async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_ones_share_is_answered_when_it_returns() {
     let broker = Broker::start("strand", "log_type all\n");
     let queue = 4;
-    // One client asks all 200: its share is the whole queue (shares are not what this is about).
+    // The Receive Maximum is what this test is about: the queue's, as before the waiting room
+    // made it 65535 by default.
     let extra = format!(
-        "fleet = \"north\"\nshare_group = \"workers\"\n[limits]\nqueue = {queue}\nqueue_per_client = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
+        "fleet = \"north\"\nshare_group = \"workers\"\nreceive_maximum = {queue}\n[limits]\nqueue = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
     );
     let mut doomed = Agent::start(&broker, "strand-a", &extra);
     let _survivor = Agent::start(&broker, "strand-b", &extra);
@@ -466,9 +467,7 @@ async fn the_shipped_mosquitto_conf_serves_a_flood_of_3000_questions_without_los
     std::fs::write(
         &config,
         format!(
-            // One client floods: its share is the whole queue, so each question is answered (this
-            // test is about what the broker keeps, not about shares).
-            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[limits]\nqueue_per_client = 64\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
+            "[mqtt]\nbroker = \"{broker_url}\"\ndevice = \"board-7\"\nusername = \"board-7\"\npassword_file = \"{}\"\ntelemetry_interval_s = 1\n[engine]\nbackend = \"null\"\n[model]\ndir = \"{}\"\n",
             dir.join("device.password").display(),
             model("bpe-small")
         ),
@@ -588,11 +587,16 @@ fn connect_properties_announced(listener: std::net::TcpListener, extra: &str) ->
 }
 
 #[test]
-fn the_connect_announces_a_receive_maximum_of_limits_queue_or_of_mqtt_receive_maximum() {
+fn the_connect_announces_a_receive_maximum_of_65535_else_the_queue_or_the_one_configured() {
     const RECEIVE_MAXIMUM: u8 = 0x21;
     let props = connect_properties_announced(
         std::net::TcpListener::bind("127.0.0.1:0").expect("listen"),
         "[limits]\nqueue = 7",
+    );
+    assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&65535), "{props:?}");
+    let props = connect_properties_announced(
+        std::net::TcpListener::bind("127.0.0.1:0").expect("listen"),
+        "[limits]\nqueue = 7\nwaiting_bytes = 0",
     );
     assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&7), "{props:?}");
     let props = connect_properties_announced(
@@ -630,13 +634,7 @@ fn rogue_replies(seen: &test_kit::rogue_broker::Seen) -> HashMap<String, usize> 
 fn a_broker_that_floods_past_the_receive_maximum_while_holding_its_acks_never_wedges_the_agent() {
     use test_kit::rogue_broker::RogueBroker;
     let broker = RogueBroker::start(10);
-    // All 3000 questions are one client's (`rogue`): its share is made the most there is, so that
-    // each is waited for and answered (this test is about the wedge, not about shares).
-    let _agent = Agent::start_at(
-        &broker.url(),
-        "dev-rogue",
-        "keep_alive_s = 5\n[limits]\nqueue_per_client = 65535\n[engine]\nbackend = \"null\"\n",
-    );
+    let _agent = Agent::start_at(&broker.url(), "dev-rogue", "keep_alive_s = 5\n[engine]\nbackend = \"null\"\n");
     let ask = "laya/v1/dev-rogue/ask";
     assert!(
         broker.wait_for(Duration::from_secs(60), |s| s.subscriptions.iter().any(|t| t == ask)),
