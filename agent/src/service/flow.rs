@@ -191,6 +191,11 @@ pub enum Entered<T> {
 /// questions give way, until it fits or that client no longer holds more. So a client alone may
 /// fill the room, and as others arrive it is cut back towards an equal share; a client never
 /// makes another give way by holding more itself.
+///
+/// The room also counts the places each client holds: at most half the queue ([`place_share`]),
+/// so that one client's questions never fill the engine's queue by themselves (with merged
+/// batches, the flood's next batch would always be ready before another client's call could
+/// join it). A client at its share waits, in the room, while places stay free for others.
 #[derive(Debug)]
 pub struct Room<T> {
     limit: usize,
@@ -198,12 +203,56 @@ pub struct Room<T> {
     turns: Turns<(T, usize)>,
     /// Bytes each client has waiting (clients with none are not kept).
     by_client: HashMap<ClientKey, usize>,
+    /// The most places one client may hold.
+    share: usize,
+    /// Places each client holds (clients with none are not kept).
+    placed: HashMap<ClientKey, usize>,
+}
+
+/// The most places of `queue` one client may hold: half (at least one).
+pub fn place_share(queue: usize) -> usize {
+    queue.div_ceil(2).max(1)
 }
 
 impl<T> Room<T> {
-    /// An empty room of `limit` bytes.
-    pub fn new(limit: usize) -> Room<T> {
-        Room { limit, bytes: 0, turns: Turns::default(), by_client: HashMap::new() }
+    /// An empty room of `limit` bytes, in front of `queue` places.
+    pub fn new(limit: usize, queue: usize) -> Room<T> {
+        Room {
+            limit,
+            bytes: 0,
+            turns: Turns::default(),
+            by_client: HashMap::new(),
+            share: place_share(queue),
+            placed: HashMap::new(),
+        }
+    }
+
+    /// Whether `client` may take a place now (it holds less than its share); if so, it is
+    /// counted as holding one more.
+    pub fn seat(&mut self, client: &ClientKey) -> bool {
+        let placed = self.placed.entry(client.clone()).or_default();
+        let may = *placed < self.share;
+        if may {
+            *placed += 1;
+        } else if *placed == 0 {
+            self.placed.remove(client);
+        }
+        may
+    }
+
+    /// `client` gave a place back.
+    pub fn unseat(&mut self, client: &ClientKey) {
+        if let Some(n) = self.placed.get_mut(client) {
+            *n -= 1;
+            if *n == 0 {
+                self.placed.remove(client);
+            }
+        }
+    }
+
+    /// Places `client` holds.
+    pub fn seated(&self, client: &ClientKey) -> usize {
+        self.placed.get(client).copied().unwrap_or(0)
     }
 
     /// `item` of `client`, reckoned at `charge` bytes, waits if it fits (module and type docs).
@@ -246,10 +295,13 @@ impl<T> Room<T> {
         Entered::Waits(gave_way)
     }
 
-    /// The next question whose client's turn it is; its bytes are free again.
+    /// The next question whose client's turn it is, of the clients below their share of places;
+    /// its bytes are free again, and its client holds one place more.
     pub fn take(&mut self) -> Option<(ClientKey, T)> {
-        let (client, (item, bytes)) = self.turns.pop_with_client()?;
+        let (placed, share) = (&self.placed, self.share);
+        let (client, (item, bytes)) = self.turns.pop_first(|c| placed.get(c).copied().unwrap_or(0) < share)?;
         self.forget(&client, bytes);
+        *self.placed.entry(client.clone()).or_default() += 1;
         Some((client, item))
     }
 
@@ -401,7 +453,14 @@ impl<T> Turns<T> {
 
     /// [`Turns::pop`], with whose question it is.
     pub fn pop_with_client(&mut self) -> Option<(ClientKey, T)> {
-        let client = self.order.pop_front()?;
+        self.pop_first(|_| true)
+    }
+
+    /// [`Turns::pop_with_client`] among the clients `may` allows: the others keep their place in
+    /// the round.
+    pub fn pop_first(&mut self, may: impl Fn(&ClientKey) -> bool) -> Option<(ClientKey, T)> {
+        let at = self.order.iter().position(&may)?;
+        let client = self.order.remove(at)?;
         let queue = self.waiting.get_mut(&client)?;
         let item = queue.pop_front()?;
         if queue.is_empty() {
@@ -493,7 +552,7 @@ mod tests {
 
     #[test]
     fn a_question_waits_while_the_room_has_bytes_for_it_and_a_client_alone_may_fill_it() {
-        let mut room = Room::new(100);
+        let mut room = Room::new(100, 1000);
         assert_eq!(waits(room.enter(client("a"), 60, "a1")), Vec::<&str>::new());
         assert_eq!(waits(room.enter(client("a"), 40, "a2")), Vec::<&str>::new());
         assert_eq!((room.len(), room.bytes(), room.held_by(&client("a"))), (2, 100, 100));
@@ -504,12 +563,12 @@ mod tests {
 
     #[test]
     fn a_question_larger_than_the_whole_room_is_refused_at_once_and_makes_no_one_give_way() {
-        let mut room = Room::new(100);
+        let mut room = Room::new(100, 1000);
         waits(room.enter(client("a"), 50, "a1"));
         assert_eq!(room.enter(client("b"), 101, "b1"), Entered::Refused("b1"));
         assert_eq!((room.len(), room.bytes()), (1, 50));
         // A room of no bytes takes nothing.
-        assert_eq!(Room::new(0).enter(client("a"), waiting_charge(0), "x"), Entered::Refused("x"));
+        assert_eq!(Room::new(0, 1000).enter(client("a"), waiting_charge(0), "x"), Entered::Refused("x"));
     }
 
     #[test]
@@ -521,7 +580,7 @@ mod tests {
 
     #[test]
     fn a_question_that_gets_its_place_frees_its_bytes_and_clients_are_served_in_turn() {
-        let mut room = Room::new(100);
+        let mut room = Room::new(100, 1000);
         for (c, item) in [("f", "f1"), ("f", "f2"), ("f", "f3"), ("o", "o1"), ("o", "o2")] {
             waits(room.enter(client(c), 10, item));
         }
@@ -536,8 +595,33 @@ mod tests {
     }
 
     #[test]
+    fn a_client_holds_at_most_half_the_places_and_waits_beside_free_ones_for_the_rest() {
+        let mut room = Room::new(1000, 4);
+        let (flood, other) = (client("flood"), client("other"));
+        assert!(room.seat(&flood) && room.seat(&flood), "two places of four");
+        assert!(!room.seat(&flood), "a third is beyond its share");
+        assert_eq!(room.seated(&flood), 2);
+        for item in ["f1", "f2"] {
+            waits(room.enter(flood.clone(), 10, item));
+        }
+        // Its questions wait, not taken while it holds its share...
+        assert_eq!(room.take(), None);
+        // ... but another client's go by them.
+        waits(room.enter(other.clone(), 10, "o1"));
+        assert_eq!(room.take(), Some((other.clone(), "o1")));
+        assert_eq!(room.seated(&other), 1);
+        // A place given back lets the flood's next in.
+        room.unseat(&flood);
+        assert_eq!(room.take(), Some((flood.clone(), "f1")));
+        assert_eq!((room.take(), room.seated(&flood)), (None, 2));
+        room.unseat(&other);
+        assert_eq!(room.seated(&other), 0);
+        assert_eq!([place_share(64), place_share(5), place_share(1)], [32, 3, 1]);
+    }
+
+    #[test]
     fn in_a_full_room_the_newest_questions_of_the_client_holding_the_most_give_way_to_anothers() {
-        let mut room = Room::new(100);
+        let mut room = Room::new(100, 1000);
         for item in ["f1", "f2", "f3", "f4"] {
             waits(room.enter(client("flood"), 25, item));
         }
@@ -558,7 +642,7 @@ mod tests {
 
     #[test]
     fn nothing_gives_way_unless_enough_does() {
-        let mut room = Room::new(100);
+        let mut room = Room::new(100, 1000);
         waits(room.enter(client("a"), 40, "a1"));
         waits(room.enter(client("a"), 20, "a2"));
         waits(room.enter(client("b"), 40, "b1"));
@@ -595,7 +679,7 @@ mod tests {
         assert!(!flow.trim_now(4), "no reply went out yet");
         flow.replied();
         assert!(!flow.trim_now(3), "a question is still in progress");
-        let mut room = Room::new(100);
+        let mut room = Room::new(100, 1000);
         waits(room.enter(client("a"), 10, "a1"));
         flow.waiting(&room);
         assert_eq!((flow.waiting_questions(), flow.waiting_bytes()), (1, 10));
@@ -655,7 +739,8 @@ mod tests {
             order.push(next);
         }
         assert_eq!(order, ["f1", "b1", "u1", "f2", "b2", "c1", "f3", "f4"]);
-        assert!(turns.is_empty() && turns.len() == 0);
+        assert!(turns.is_empty());
+        assert_eq!(turns.len(), 0);
     }
 
     #[test]

@@ -82,44 +82,68 @@ pub enum ServeError {
 struct Handler {
     questions: Questions,
     gate: Gate,
-    /// The `limits.queue` places: a question holds one from its start to its acknowledgement.
+    /// The `limits.queue` places: a question holds one ([`Seat`]) from its start to its
+    /// acknowledgement.
     places: Arc<Semaphore>,
     flow: Arc<Flow>,
-    /// The questions waiting for a place, by client, served in turn ([`flow::Room`]); the
-    /// waiting room's task is told of each through its channel.
+    /// The questions waiting for a place, by client, served in turn, and the places each client
+    /// holds ([`flow::Room`]).
     room: Mutex<Room<Waiting>>,
 }
 
+/// A question's place in the queue, counted against its client's share; when it is given back
+/// (dropped, before the acknowledgement), the next waiting question in turn takes a place.
+struct Seat {
+    permit: Option<OwnedSemaphorePermit>,
+    client: ClientKey,
+    handler: Arc<Handler>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.handler.room().unseat(&self.client);
+        self.handler.dispatch();
+    }
+}
+
 impl Handler {
-    /// Handles a question of `client` that has its place, in a task of its own.
-    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, place: OwnedSemaphorePermit, client: &ClientKey) {
+    fn room(&self) -> std::sync::MutexGuard<'_, Room<Waiting>> {
+        self.room.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Handles a question that has its place, in a task of its own.
+    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, permit: OwnedSemaphorePermit, client: ClientKey) {
+        let asker = self.flow.asker(&client);
+        let seat = Seat { permit: Some(permit), client, handler: self.clone() };
         let h = self.clone();
-        let asker = self.flow.asker(client);
         tokio::spawn(async move {
             let out = h.questions.handle(&p, received, asker).await;
-            h.gate.deliver(&p, out, Some(place)).await;
+            h.gate.deliver(&p, out, Some(seat)).await;
         });
     }
 
-    /// A question that arrived: it takes a free place, else waits in the room, else is refused.
-    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant, waiting: &mpsc::UnboundedSender<()>) {
+    /// A question that arrived: it takes a free place if its client is below its share, else
+    /// waits in the room, else is refused.
+    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant) {
         let client = self.questions.admission.client_of(&question::incoming(&p));
-        if let Ok(place) = self.places.clone().try_acquire_owned() {
-            return self.spawn(p, received, place, &client);
-        }
-        // Beyond the places: the question waits, unacknowledged, for a place in its client's
-        // turn; its deadline runs from its arrival.
         let entered = {
-            let mut room = self.room.lock().unwrap_or_else(|e| e.into_inner());
+            let mut room = self.room();
+            // A free place means nothing that may take one waits ([`Handler::dispatch`]).
+            if let Ok(permit) = self.places.clone().try_acquire_owned()
+                && room.seat(&client)
+            {
+                drop(room);
+                return self.spawn(p, received, permit, client);
+            }
+            // The question waits, unacknowledged, for a place in its client's turn; its
+            // deadline runs from its arrival.
             let entered = room.enter(client, flow::waiting_charge(p.payload.len()), Waiting { p, received });
             self.flow.waiting(&room);
             entered
         };
         match entered {
-            Entered::Waits(gave_way) => {
-                let _ = waiting.send(());
-                gave_way.into_iter().for_each(|w| self.refuse(w.p, Full::GaveWay));
-            }
+            Entered::Waits(gave_way) => gave_way.into_iter().for_each(|w| self.refuse(w.p, Full::GaveWay)),
             Entered::Refused(w) => self.refuse(w.p, Full::Queue),
         }
     }
@@ -132,27 +156,30 @@ impl Handler {
         let ack = delivery::ack_only(&p);
         drop(p);
         let h = self.clone();
-        tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None).await });
+        tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None::<Seat>).await });
     }
 
-    /// The waiting room's task: hands each free place to the waiting question whose client's
-    /// turn it is. One message on `rx` per question that came to wait (one that gave way since
-    /// leaves its place unused: it goes back).
-    async fn waiting_room(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<()>) {
-        while rx.recv().await.is_some() {
-            let place = self.places.clone().acquire_owned().await;
+    /// Hands free places to waiting questions, their clients in turn, while both last; called
+    /// whenever a place is given back. Not while stopping: what waits is left unacknowledged,
+    /// for the broker to deliver again later.
+    fn dispatch(self: &Arc<Self>) {
+        // A place given back as the runtime goes away (its tasks dropped) starts nothing.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        while !self.flow.stopping() {
             let next = {
-                let mut room = self.room.lock().unwrap_or_else(|e| e.into_inner());
-                let next = room.take();
+                let mut room = self.room();
+                if room.is_empty() {
+                    return;
+                }
+                let Ok(permit) = self.places.clone().try_acquire_owned() else { return };
+                let next = room.take().map(|(client, w)| (permit, client, w));
                 self.flow.waiting(&room);
                 next
             };
-            let Some((client, Waiting { p, received })) = next else { continue };
-            let Ok(place) = place else { break };
-            if self.flow.stopping() {
-                continue; // not acknowledged: the broker delivers it again later
-            }
-            self.spawn(p, received, place, &client);
+            let Some((permit, client, Waiting { p, received })) = next else { return };
+            self.spawn(p, received, permit, client);
         }
     }
 }
@@ -221,10 +248,8 @@ pub async fn run(
         gate: Gate::new(client.clone(), counters.clone(), flow.clone()),
         places: Arc::new(Semaphore::new(config.limits.queue)),
         flow: flow.clone(),
-        room: Mutex::new(Room::new(config.limits.waiting_bytes)),
+        room: Mutex::new(Room::new(config.limits.waiting_bytes, config.limits.queue)),
     });
-    let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
-    tokio::spawn(handler.clone().waiting_room(waiting_rx));
 
     // What the loop publishes for itself goes through the outbox: the loop never waits on the
     // client (whose connection task may be waiting for the loop).
@@ -298,7 +323,7 @@ pub async fn run(
                     outbox.push(Item::Status(reporter.status(true)));
                 }
                 // Not acknowledged while stopping: the broker delivers it again later.
-                Some(Net::Question(p)) if !flow.stopping() => handler.arrived(p, Instant::now(), &waiting_tx),
+                Some(Net::Question(p)) if !flow.stopping() => handler.arrived(p, Instant::now()),
                 Some(Net::Question(_)) => {}
                 Some(Net::Lost) => connected = false,
                 Some(Net::Closed) | None => break,
