@@ -13,11 +13,13 @@
 //! (`clock`) if that is later, each call adding its rows; calls stand in the queue in turn order,
 //! arrival order among equal turns. So a client holding sixty calls and one that asks once take
 //! turns: the newcomer's call goes before the flood's second, whatever the flood queued first, and
-//! waits for at most the batch running and its own (issue #40). With one asker, or none named,
-//! every new turn is the latest and the queue is first come, first served as before. Calls that
-//! go back to the front (a failed batch's, a retry) keep their place there.
+//! waits for at most the batch running and its own (issue #40). A merged batch takes at most an
+//! equal part of its rows from each asker queued, so that own batch is not one the flood fills.
+//! With one asker, or none named, every new turn is the latest and the queue is first come, first
+//! served as before. Calls that go back to the front (a failed batch's, a retry) keep their place
+//! there.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::events::{Asker, CallId};
@@ -140,20 +142,27 @@ impl CallQueue {
     }
 
     /// The next batch for an idle worker, from the front of the queue: the calls that fit in
-    /// `cap` rows (the first always does) while none of them must run alone; and the calls
-    /// whose deadline passed on the way, which left the queue (to be answered `Expired`).
-    /// Returns the batch (in row order), its rows, and the expired calls.
+    /// `cap` rows (the first always does) while none of them must run alone, each asker's up to
+    /// an equal part of `cap` when several are queued (their later calls wait for the next batch,
+    /// so a newcomer's call runs in a batch of its part and the flood's, not one the flood
+    /// fills); and the calls whose deadline passed on the way, which left the queue (to be
+    /// answered `Expired`). Returns the batch (in row order), its rows, and the expired calls.
     pub(super) fn next_batch(&mut self, now: Instant, cap: usize) -> (Vec<CallId>, usize, Vec<CallId>) {
         let mut batch = Vec::new();
         let mut expired = Vec::new();
         let mut rows = 0;
-        while let Some(&call) = self.queue.front() {
+        let askers: HashSet<Asker> =
+            self.queue.iter().filter_map(|c| self.calls.get(c)).filter(|c| !c.expired(now)).map(|c| c.asker).collect();
+        let part = if askers.len() > 1 { (cap / askers.len()).max(1) } else { cap };
+        let mut taken: HashMap<Asker, usize> = HashMap::new();
+        let mut at = 0;
+        while let Some(&call) = self.queue.get(at) {
             let Some(c) = self.calls.get(&call).copied() else {
-                self.queue.pop_front();
+                self.queue.remove(at);
                 continue;
             };
             if c.expired(now) {
-                self.queue.pop_front();
+                self.queue.remove(at);
                 self.calls.remove(&call);
                 expired.push(call);
                 continue;
@@ -161,7 +170,13 @@ impl CallQueue {
             if !batch.is_empty() && (c.alone || rows + c.rows > cap) {
                 break;
             }
-            self.queue.pop_front();
+            let mine = taken.entry(c.asker).or_default();
+            if !batch.is_empty() && *mine + c.rows > part {
+                at += 1;
+                continue;
+            }
+            *mine += c.rows;
+            self.queue.remove(at);
             self.clock = self.clock.max(c.turn);
             batch.push(call);
             rows += c.rows;

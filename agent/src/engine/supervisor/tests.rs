@@ -522,7 +522,7 @@ fn calls_queued_behind_a_busy_worker_go_together_in_queue_order_up_to_the_row_ca
 }
 
 #[test]
-fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_one_call_at_a_time_and_merged() {
+fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_and_half_of_a_merged_batch() {
     let (flood, newcomer, third) = (Asker(1), Asker(2), Asker(3));
     // One call at a time (the CPU): the flood's calls 2..=6 wait behind call 1; the newcomer's
     // call 7 runs after the flood's first queued call, not after all five.
@@ -547,7 +547,8 @@ fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_one_call_at_a_t
     let order: Vec<CallId> = answer_all(&mut s, w, first).into_iter().flatten().collect();
     assert_eq!(order, [10, 14, 15, 11, 16, 12, 13]);
 
-    // Merged batches (an NPU) of up to four rows: the newcomer's call is in the next batch.
+    // Merged batches (an NPU) of up to four rows: the newcomer's call is in the next batch, and
+    // with two askers queued each has half of it; the flood alone fills the next ones again.
     let mut s = Sim::new(merging_policy());
     s.ready_and_healthy(1);
     let w = s.worker();
@@ -557,7 +558,7 @@ fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_one_call_at_a_t
     }
     s.submit_as(newcomer, 10, 1);
     let batches = answer_all(&mut s, w, first);
-    assert_eq!(batches, [vec![1], vec![2, 10, 3, 4], vec![5, 6, 7, 8], vec![9]]);
+    assert_eq!(batches, [vec![1], vec![2, 10, 3], vec![4, 5, 6, 7], vec![8, 9]]);
 }
 
 #[test]
