@@ -133,6 +133,7 @@ pub const NUMERIC: &[(Range, fn(&Config) -> u64)] = &[
     (Range::new("limits.remember_bytes", 0, GIB), |c| c.limits.remember_bytes as u64),
     (Range::new("limits.max_request_tokens", 1, 1 << 20), |c| c.limits.max_request_tokens as u64),
     (Range::new("limits.waiting_bytes", 0, GIB), |c| c.limits.waiting_bytes as u64),
+    (Range::new("limits.decoded_bytes", 1 << 20, 1 << 40), |c| c.limits.decoded_bytes as u64),
     (Range::new("limits.loop_stall_s", 0, HOUR_S), |c| c.limits.loop_stall_s),
     (Range::new("engine.deadline_ms", 0, HOUR_MS), |c| c.engine.deadline_ms),
     (Range::new("engine.max_restarts", 0, 1000), |c| c.engine.max_restarts as u64),
@@ -208,8 +209,10 @@ pub struct Mqtt {
     /// packets above `max_payload` + 16 KiB (the Maximum Packet Size the agent announces).
     pub max_payload: usize,
     /// MQTT 5 Receive Maximum: questions the broker may have delivered and not yet had
-    /// acknowledged; 0 means `limits.queue`. The broker keeps the rest in its queue for this
-    /// session, so a killed agent strands at most this many in flight.
+    /// acknowledged; 0 means 65535 (the most there is) with a waiting room, `limits.queue`
+    /// without one (`limits.waiting_bytes` 0). The broker keeps the rest in its queue for this
+    /// session, in the order they came: questions wait in the agent instead, where each client
+    /// gets its turn (issue #40).
     pub receive_maximum: u16,
     /// On SIGTERM, how long questions in progress may take to finish; those still unanswered
     /// then are neither answered nor acknowledged (the broker delivers them again).
@@ -272,6 +275,11 @@ pub struct Limits {
     /// Receive Maximum, such as mosquitto before 2.0.13) that may wait, unacknowledged, for a
     /// place; beyond this they get `overloaded`. `0`: no waiting.
     pub waiting_bytes: usize,
+    /// The memory budget of requests being decoded and laid out, and of their rows until
+    /// answered, as reckoned from their payloads (docs/config.md, "What the agent's memory is
+    /// bounded by"): a request waits, undecoded, while the budget lacks its part; one reckoned at
+    /// more than the whole budget runs alone.
+    pub decoded_bytes: usize,
     /// Seconds the service loop may go without a turn (and the broker connection task without
     /// one, beyond its own longest wait) before `serve` exits with status 70 for its supervisor
     /// to restart it; under systemd the watchdog pings stop as well. `0`: no watch.
@@ -289,6 +297,7 @@ impl Default for Limits {
             remember_bytes: 8 << 20,
             max_request_tokens: 16_384,
             waiting_bytes: 16 << 20,
+            decoded_bytes: 96 << 20,
             loop_stall_s: 60,
         }
     }
@@ -650,10 +659,11 @@ impl Config {
             .unwrap_or_else(|| "laya-edge".into())
     }
 
-    /// The Receive Maximum announced to the broker: `mqtt.receive_maximum`, else `limits.queue`
-    /// (at most 65535, the protocol's limit).
+    /// The Receive Maximum announced to the broker: `mqtt.receive_maximum`, else 65535 (the
+    /// protocol's limit) with a waiting room, `limits.queue` (at most 65535) without one.
     pub fn receive_maximum(&self) -> u16 {
         match self.mqtt.receive_maximum {
+            0 if self.limits.waiting_bytes > 0 => u16::MAX,
             0 => self.limits.queue.clamp(1, usize::from(u16::MAX)) as u16,
             n => n,
         }

@@ -189,6 +189,21 @@ impl Schema {
         Ok(format!("{}/{REPLY_LEVEL}/{client}/{key}", self.prefix))
     }
 
+    /// The client level of a response topic `{prefix}/reply/{client}/{key}...` ([`Schema::client_reply`]
+    /// read back); `None` for any other topic.
+    ///
+    /// ```
+    /// let s = laya_topics::topic::Schema::default();
+    /// assert_eq!(s.reply_client("laya/v1/reply/app-1/4f2a/x"), Some("app-1"));
+    /// assert_eq!(s.reply_client("laya/v1/reply/app-1"), None);
+    /// assert_eq!(s.reply_client("laya/v1/dev1/reply/r1"), None);
+    /// ```
+    pub fn reply_client<'t>(&self, topic: &'t str) -> Option<&'t str> {
+        let rest = topic.strip_prefix(self.prefix.as_str())?.strip_prefix('/')?.strip_prefix(REPLY_LEVEL)?;
+        let (client, key) = rest.strip_prefix('/')?.split_once('/')?;
+        (!key.is_empty()).then_some(client)
+    }
+
     /// The default response-topic allowlist: [`DEFAULT_RESPONSE_TOPICS`] under this prefix,
     /// `{prefix}/reply/+/+/#`.
     pub fn default_reply_filter(&self) -> String {

@@ -20,8 +20,8 @@ use super::health::Evidence;
 use super::probe::Report;
 use super::protocol::{FromWorker, ToWorker};
 use super::supervisor::{
-    Action, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Supervisor, Timer,
-    TimerKind, WorkerId,
+    Action, Asker, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Supervisor,
+    Timer, TimerKind, WorkerId,
 };
 use super::{
     EngineConfig, EngineError, EngineStatus, ProbeRun, ProbeRuns, RESTARTS_KEPT, RestartLog, RestartRecord, RunOutput,
@@ -31,7 +31,12 @@ use crate::prompt::Row;
 
 /// What the [`Engine`](super::Engine) handle asks of the driver.
 pub(super) enum Request {
-    Run { rows: Vec<Row>, deadline: Option<Instant>, reply: oneshot::Sender<Result<RunOutput, EngineError>> },
+    Run {
+        rows: Vec<Row>,
+        deadline: Option<Instant>,
+        asker: Asker,
+        reply: oneshot::Sender<Result<RunOutput, EngineError>>,
+    },
 }
 
 /// A call the driver holds for its caller, from submission to answer.
@@ -137,14 +142,14 @@ impl Driver {
             };
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
-                    Some(Request::Run { rows, deadline, reply }) => {
+                    Some(Request::Run { rows, deadline, asker, reply }) => {
                         // Testing only (LAYA_TEST_PANIC): a task that panics ends the process.
                         crate::platform::panic::injected("engine-call");
                         let call = self.next_call;
                         self.next_call += 1;
                         let n = rows.len();
                         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-                        self.apply(Event::Submit { call, rows: n, deadline, probe: false }, &wtx);
+                        self.apply(Event::Submit { call, rows: n, deadline, probe: false, asker }, &wtx);
                     }
                     None => break,
                 },
@@ -327,7 +332,7 @@ impl Driver {
         let n = rows.len();
         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
         // Alone (the supervisor never merges a probe): its judgement reads this call's rows only.
-        Some(Event::Submit { call, rows: n, deadline: None, probe: true })
+        Some(Event::Submit { call, rows: n, deadline: None, probe: true, asker: Asker::default() })
     }
 
     fn kill(&mut self, id: WorkerId) {

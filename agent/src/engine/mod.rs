@@ -32,6 +32,7 @@ use crate::prompt::{Row, RowShape};
 use driver::{Driver, Request, Shared};
 use probe::{Probe, Report};
 pub use spec::WorkerSpec;
+pub use supervisor::Asker;
 use supervisor::{BackendState, Notice, Policy, RestartReason, Role, Supervisor, WorkerState};
 
 /// The engine's configuration.
@@ -357,8 +358,18 @@ impl Engine {
     /// Runs a batch of rows; waits for the result however the workers fare. A call whose
     /// `deadline` passes while it is queued, or whose caller stops waiting, never reaches a worker.
     pub async fn run(&self, rows: Vec<Row>, deadline: Option<Instant>) -> Result<RunOutput, EngineError> {
+        self.run_as(Asker::default(), rows, deadline).await
+    }
+
+    /// [`Engine::run`] for `asker`: its calls take their turns with other askers' in the queue.
+    pub async fn run_as(
+        &self,
+        asker: Asker,
+        rows: Vec<Row>,
+        deadline: Option<Instant>,
+    ) -> Result<RunOutput, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Request::Run { rows, deadline, reply }).await.map_err(|_| EngineError::Stopped)?;
+        self.tx.send(Request::Run { rows, deadline, asker, reply }).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)?
     }
 

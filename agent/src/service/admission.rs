@@ -54,6 +54,18 @@ pub struct Incoming<'a> {
     pub retained: bool,
 }
 
+/// Who asked a question, as flow control tells clients apart (`flow.rs`: each client's share and
+/// turn): the client level of its MQTT 5 response topic, `{prefix}/reply/{client}/{key}` (the
+/// shipped ACL lets only that user read it), else one key for every question without one (MQTT
+/// 3.1.1 clients). A plain name, read before the payload is decoded; another door (HTTP) names
+/// its callers the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClientKey {
+    Named(String),
+    /// Questions with no response topic.
+    Unnamed,
+}
+
 /// The verdict.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -184,6 +196,15 @@ impl Admission {
             h.write(part);
         }
         h.finish()
+    }
+
+    /// Who asked `msg` ([`ClientKey`]), from its response topic alone. A topic outside
+    /// `{prefix}/reply/` (refused later, by the allowlist) is its own key.
+    pub fn client_of(&self, msg: &Incoming<'_>) -> ClientKey {
+        match msg.response_topic {
+            Some(t) => ClientKey::Named(self.schema.reply_client(t).unwrap_or(t).to_owned()),
+            None => ClientKey::Unnamed,
+        }
     }
 
     /// Decides what to do with a message received at `now`.
@@ -484,6 +505,18 @@ mod tests {
         }
         assert_eq!(reports.order.len(), RetainedReports::CAPACITY);
         assert!(reports.first(a.retained_key(&planted)));
+    }
+
+    #[test]
+    fn a_question_is_told_apart_by_the_client_level_of_its_response_topic() {
+        let a = admission();
+        let with = |t| Incoming { response_topic: Some(t), ..msg(b"") };
+        let named = |n: &str| ClientKey::Named(n.into());
+        assert_eq!(a.client_of(&with("laya/v1/reply/app-1/k1")), named("app-1"));
+        assert_eq!(a.client_of(&with("laya/v1/reply/app-1/k2/deeper")), named("app-1"));
+        assert_eq!(a.client_of(&with("laya/v1/reply/app-2/k1")), named("app-2"));
+        assert_eq!(a.client_of(&with("factory/valves")), named("factory/valves"));
+        assert_eq!(a.client_of(&msg(b"")), ClientKey::Unnamed);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use rumqttc::v5::AsyncClient;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
-use tokio::sync::{OwnedSemaphorePermit, RwLock};
+use tokio::sync::RwLock;
 
 use laya_topics::wire::Encoding;
 
@@ -51,10 +51,10 @@ impl Gate {
     /// Sends what a question's handling produced, then acknowledges the question; after
     /// shutdown closed the gate, neither.
     ///
-    /// `permit` (the question's place in `limits.queue`) is given back before the acknowledgement:
-    /// the broker sends the next question as soon as it has the PUBACK (the Receive Maximum is the
-    /// queue), and that question must find its place free, not be refused `overloaded`.
-    pub async fn deliver(&self, publish: &Publish, out: Option<Outbound>, permit: Option<OwnedSemaphorePermit>) {
+    /// `place` (the question's place in `limits.queue`) is given back before the acknowledgement:
+    /// the broker sends the next question as soon as it has the PUBACK, and that question must
+    /// find its place free (or its turn in the waiting room), not be refused `overloaded`.
+    pub async fn deliver<P>(&self, publish: &Publish, out: Option<Outbound>, place: Option<P>) {
         let closed = self.closed.read().await;
         if *closed {
             return; // not acknowledged: the broker delivers it again to the next run
@@ -68,7 +68,7 @@ impl Gate {
             }
             self.flow.replied();
         }
-        drop(permit);
+        drop(place);
         let _ = self.client.ack(publish).await;
     }
 

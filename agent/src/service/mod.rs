@@ -6,8 +6,9 @@
 //!
 //! - `poller` polls rumqttc's event loop and does nothing else; `link` decides when the
 //!   connection is lost and how long to wait (pure); `connection` builds the broker options.
-//! - `flow` decides where an arriving question goes: a place in `limits.queue`, the waiting room,
-//!   or a refusal (pure); [`Handler`] runs each admitted question in its own task.
+//! - `flow` decides where an arriving question goes: a place in `limits.queue`, the waiting room
+//!   (clients in turn, the heaviest giving way when it is full), or a refusal (pure); [`Handler`]
+//!   runs each admitted question in its own task.
 //! - `question` is one question's path (admission, redelivery, the answer via `pipeline`), and
 //!   `delivery` the gate that publishes its reply and acknowledges it, together or not at all;
 //!   `admission` decides what to do with a message (pure).
@@ -49,13 +50,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{Encoding, EngineEvent, EventKind};
 
-pub use flow::{INLINE_TOKENIZE_BYTES, PREPARING_AT_ONCE};
+pub use flow::INLINE_TOKENIZE_BYTES;
 pub use reload::{Reload, Serving};
 
 use admission::{Admission, ReplyCache, ReplyTo};
 use delivery::Gate;
 use events::{notice_events, probe_event, reload_event, takeover_event};
-use flow::{Flow, Place, Ticket};
+use flow::{ClientKey, Entered, Flow, Full, Room};
 use liveness::{Liveness, Part};
 use outbox::{Item, Outbox};
 use poller::Net;
@@ -81,53 +82,104 @@ pub enum ServeError {
 struct Handler {
     questions: Questions,
     gate: Gate,
-    /// The `limits.queue` places: a question holds one from its start to its acknowledgement.
+    /// The `limits.queue` places: a question holds one ([`Seat`]) from its start to its
+    /// acknowledgement.
     places: Arc<Semaphore>,
     flow: Arc<Flow>,
+    /// The questions waiting for a place, by client, served in turn, and the places each client
+    /// holds ([`flow::Room`]).
+    room: Mutex<Room<Waiting>>,
+}
+
+/// A question's place in the queue, counted against its client's share; when it is given back
+/// (dropped, before the acknowledgement), the next waiting question in turn takes a place.
+struct Seat {
+    permit: Option<OwnedSemaphorePermit>,
+    client: ClientKey,
+    handler: Arc<Handler>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.handler.room().unseat(&self.client);
+        self.handler.dispatch();
+    }
 }
 
 impl Handler {
+    fn room(&self) -> std::sync::MutexGuard<'_, Room<Waiting>> {
+        self.room.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Handles a question that has its place, in a task of its own.
-    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, place: OwnedSemaphorePermit) {
+    fn spawn(self: &Arc<Self>, p: Box<Publish>, received: Instant, permit: OwnedSemaphorePermit, client: ClientKey) {
+        let asker = self.flow.asker(&client);
+        let seat = Seat { permit: Some(permit), client, handler: self.clone() };
         let h = self.clone();
         tokio::spawn(async move {
-            let out = h.questions.handle(&p, received).await;
-            h.gate.deliver(&p, out, Some(place)).await;
+            let out = h.questions.handle(&p, received, asker).await;
+            h.gate.deliver(&p, out, Some(seat)).await;
         });
     }
 
-    /// A question that arrived, handled by where [`Flow::arrive`] puts it.
-    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant, waiting: &mpsc::UnboundedSender<Waiting>) {
-        match self.flow.arrive(self.places.clone().try_acquire_owned().ok(), p.payload.len()) {
-            Place::Queue(place) => self.spawn(p, received, place),
-            // More than the Receive Maximum lets the broker send: the question waits,
-            // unacknowledged, for a place, in arrival order; its deadline runs from its arrival.
-            Place::Wait(ticket) => {
-                let _ = waiting.send(Waiting { p, received, ticket });
+    /// A question that arrived: it takes a free place if its client is below its share, else
+    /// waits in the room, else is refused.
+    fn arrived(self: &Arc<Self>, p: Box<Publish>, received: Instant) {
+        let client = self.questions.admission.client_of(&question::incoming(&p));
+        let entered = {
+            let mut room = self.room();
+            // A free place means nothing that may take one waits ([`Handler::dispatch`]).
+            if let Ok(permit) = self.places.clone().try_acquire_owned()
+                && room.seat(&client)
+            {
+                drop(room);
+                return self.spawn(p, received, permit, client);
             }
-            // Over the queue and the waiting room: a retryable error, then the ack (not
-            // redelivered for ever). The refusal is made now and the question's payload let go:
-            // what waits to be sent is the small refusal only.
-            Place::Refuse => {
-                let out = self.questions.when_full(&p);
-                let ack = delivery::ack_only(&p);
-                drop(p);
-                let h = self.clone();
-                tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None).await });
-            }
+            // The question waits, unacknowledged, for a place in its client's turn; its
+            // deadline runs from its arrival.
+            let entered = room.enter(client, flow::waiting_charge(p.payload.len()), Waiting { p, received });
+            self.flow.waiting(&room);
+            entered
+        };
+        match entered {
+            Entered::Waits(gave_way) => gave_way.into_iter().for_each(|w| self.refuse(w.p, Full::GaveWay)),
+            Entered::Refused(w) => self.refuse(w.p, Full::Queue),
         }
     }
 
-    /// The waiting room's task: hands places to waiting questions in arrival order.
-    async fn waiting_room(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
-        while let Some(Waiting { p, received, ticket }) = rx.recv().await {
-            let place = self.places.clone().acquire_owned().await;
-            self.flow.leave(ticket);
-            let Ok(place) = place else { break };
-            if self.flow.stopping() {
-                continue; // not acknowledged: the broker delivers it again later
-            }
-            self.spawn(p, received, place);
+    /// A question not taken (or not kept): a retryable error, then the ack (not redelivered for
+    /// ever). The refusal is made now and the question's payload let go: what waits to be sent
+    /// is the small refusal only.
+    fn refuse(self: &Arc<Self>, p: Box<Publish>, why: Full) {
+        let out = self.questions.when_full(&p, why);
+        let ack = delivery::ack_only(&p);
+        drop(p);
+        let h = self.clone();
+        tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None::<Seat>).await });
+    }
+
+    /// Hands free places to waiting questions, their clients in turn, while both last; called
+    /// whenever a place is given back. Not while stopping: what waits is left unacknowledged,
+    /// for the broker to deliver again later.
+    fn dispatch(self: &Arc<Self>) {
+        // A place given back as the runtime goes away (its tasks dropped) starts nothing.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        while !self.flow.stopping() {
+            let next = {
+                let mut room = self.room();
+                if room.is_empty() {
+                    return;
+                }
+                let Ok(permit) = self.places.clone().try_acquire_owned() else { return };
+                let next = room.take().map(|(client, w)| (permit, client, w));
+                self.flow.waiting(&room);
+                next
+            };
+            let Some((permit, client, Waiting { p, received })) = next else { return };
+            self.spawn(p, received, permit, client);
         }
     }
 }
@@ -136,7 +188,6 @@ impl Handler {
 struct Waiting {
     p: Box<Publish>,
     received: Instant,
-    ticket: Ticket,
 }
 
 /// Runs the service until `shutdown` resolves, then stops taking questions, finishes those in
@@ -170,7 +221,7 @@ pub async fn run(
     let (client, eventloop) =
         AsyncClient::new(connection::options(&config, &status_topic, Encoding::Json.encode(&will.to_value()))?, 256);
     let (current, counters) = (Arc::new(Current::new(serving)), Arc::new(Counters::default()));
-    let flow = Arc::new(Flow::new(config.limits.queue, config.limits.waiting_bytes));
+    let flow = Arc::new(Flow::new(config.limits.queue));
     let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();
     let reporter = Reporter {
         current: current.clone(),
@@ -190,7 +241,7 @@ pub async fn run(
             replies: Mutex::new(ReplyCache::bounded(config.limits.remember_replies, config.limits.remember_bytes)),
             in_flight: Default::default(),
             retained: Default::default(),
-            preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
+            budget: flow::Budget::new(config.limits.decoded_bytes),
             device: device.clone(),
             errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
             counters: counters.clone(),
@@ -199,9 +250,8 @@ pub async fn run(
         gate: Gate::new(client.clone(), counters.clone(), flow.clone()),
         places: Arc::new(Semaphore::new(config.limits.queue)),
         flow: flow.clone(),
+        room: Mutex::new(Room::new(config.limits.waiting_bytes, config.limits.queue)),
     });
-    let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
-    tokio::spawn(handler.clone().waiting_room(waiting_rx));
 
     // What the loop publishes for itself goes through the outbox: the loop never waits on the
     // client (whose connection task may be waiting for the loop).
@@ -301,7 +351,7 @@ pub async fn run(
                     outbox.push(Item::Status(reporter.status(true)));
                 }
                 // Not acknowledged while stopping: the broker delivers it again later.
-                Some(Net::Question(p)) if !flow.stopping() => handler.arrived(p, Instant::now(), &waiting_tx),
+                Some(Net::Question(p)) if !flow.stopping() => handler.arrived(p, Instant::now()),
                 Some(Net::Question(_)) => {}
                 Some(Net::Lost) => connected = false,
                 Some(Net::Closed) | None => break,

@@ -3,10 +3,12 @@
 //!
 //! A redelivered copy of a question still in progress (after a reconnect) waits for that answer
 //! instead of computing it again ([`InFlight`]); one already answered gets the remembered reply
-//! (the reply cache, consulted by admission). A small request is tokenized in place (a hand-over
-//! to another thread would cost more than its tokenizing); a large one waits for a preparation
-//! slot and is tokenized in the blocking pool. While a question waits for the engine, others
-//! are tokenizing: the worker is never idle for host work. Delivering the outcome is the
+//! (the reply cache, consulted by admission). Before it is decoded a request takes its part of
+//! the memory budget of decoded requests and their rows (`flow::Budget`, `limits.decoded_bytes`),
+//! waiting for it in turn, keeps only its rows' part once laid out and gives that back when
+//! answered. A small request is tokenized in place (a hand-over to another thread would cost more
+//! than its tokenizing); a large one in the blocking pool. While a question waits for the engine,
+//! others are tokenizing: the worker is never idle for host work. Delivering the outcome is the
 //! caller's (`delivery`).
 
 use std::collections::HashMap;
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5::Publish;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 
 use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Timing, Undeliverable};
 
@@ -23,8 +25,8 @@ use super::delivery::Outbound;
 use super::flow::{self, WhenFull};
 use super::reload::Current;
 use super::telemetry::{Counters, Interval};
-use crate::engine::EngineError;
 use crate::engine::supervisor::Role;
+use crate::engine::{Asker, EngineError};
 use crate::pipeline;
 use crate::prompt::Row;
 
@@ -114,8 +116,9 @@ pub struct Questions {
     pub in_flight: InFlight,
     /// Retained questions reported in this MQTT session (each is reported once a session).
     pub retained: Mutex<RetainedReports>,
-    /// Slots for decoding and laying out large requests ([`flow::PREPARING_AT_ONCE`]).
-    pub preparing: Arc<Semaphore>,
+    /// The memory budget of requests being decoded and laid out, and of their rows until
+    /// answered.
+    pub budget: flow::Budget,
     pub device: String,
     /// `{prefix}/{device}/errors`, where undeliverable questions are reported.
     pub errors_to: ReplyTo,
@@ -125,16 +128,14 @@ pub struct Questions {
 }
 
 impl Questions {
-    /// Handles one question end to end, up to what to send back; the caller delivers it.
-    pub async fn handle(&self, publish: &Publish, received: Instant) -> Option<Outbound> {
+    /// Handles one question of `asker` end to end, up to what to send back; the caller delivers
+    /// it.
+    pub async fn handle(&self, publish: &Publish, received: Instant, asker: Asker) -> Option<Outbound> {
         let incoming = incoming(publish);
-        // A large request waits for a slot before it is decoded, and keeps it until laid out.
+        // Its part of the budget before it is decoded, kept (its rows' part) until answered.
         let encoding = Encoding::detect(incoming.content_type, incoming.payload);
-        let slot = if flow::needs_preparing_slot(encoding, publish.payload.len()) {
-            self.preparing.clone().acquire_owned().await.ok()
-        } else {
-            None
-        };
+        let share = self.budget.take(flow::preparing_cost(encoding, publish.payload.len())).await;
+        let aside = flow::prepared_aside(encoding, publish.payload.len());
         let decision = self.admission.decide_with(&incoming, received, |key| {
             self.replies.lock().unwrap_or_else(|e| e.into_inner()).get(key).map(<[u8]>::to_vec)
         });
@@ -183,7 +184,7 @@ impl Questions {
                     device = %self.device,
                     questions = request.questions.len(),
                 );
-                let answer = self.answer(*request, &reply_to, deadline, received, slot);
+                let answer = self.answer(*request, &reply_to, deadline, received, (share, aside), asker);
                 match tracing::Instrument::instrument(answer, span).await {
                     Ok(payload) => {
                         if let Some(o) = original {
@@ -225,10 +226,9 @@ impl Questions {
         Outbound { to: self.errors_to.clone(), payload: Encoding::Json.encode(&report.to_value()), answered: false }
     }
 
-    /// What a question that finds the queue and the waiting room full is sent
-    /// ([`flow::refusal_when_full`]).
-    pub fn when_full(&self, p: &Publish) -> Outbound {
-        match flow::refusal_when_full(&self.admission, &incoming(p), Instant::now()) {
+    /// What a question that is not taken (`why`) is sent ([`flow::refusal_when_full`]).
+    pub fn when_full(&self, p: &Publish, why: flow::Full) -> Outbound {
+        match flow::refusal_when_full(&self.admission, &incoming(p), Instant::now(), why) {
             WhenFull::Refuse { reply_to, error } => self.refusal(&reply_to, error),
             WhenFull::Report(report) => self.report(&report),
         }
@@ -241,7 +241,8 @@ impl Questions {
         to: &ReplyTo,
         deadline: Option<Instant>,
         received: Instant,
-        slot: Option<OwnedSemaphorePermit>,
+        (mut share, aside): (flow::Share, bool),
+        asker: Asker,
     ) -> Result<Vec<u8>, ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
@@ -258,19 +259,19 @@ impl Questions {
             crate::platform::panic::contained(|| pipeline::prepare(&bundle, &request, max_tokens))
                 .map_err(|_| "it panicked".to_owned())
         };
-        let prepared = match slot {
-            None => prepare(),
-            Some(slot) => {
-                let prepared = tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string()).and_then(|r| r);
-                drop(slot);
-                prepared
-            }
+        let prepared = if aside {
+            tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string()).and_then(|r| r)
+        } else {
+            prepare()
         };
         let prepared = match prepared {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => return Err(error(e.code(), e.to_string())),
             Err(e) => return Err(error(ErrorCode::Internal, format!("tokenizer task failed: {e}"))),
         };
+        // Laid out: what stays of it until answered is its rows.
+        let (rows, tokens) = prepared.rows().fold((0, 0), |(n, t), r| (n + 1, t + r.input_ids.len()));
+        share.keep(flow::rows_cost(rows, tokens));
         let tokenized = Instant::now();
         if deadline.is_some_and(|d| tokenized >= d) {
             return Err(error(ErrorCode::DeadlineExceeded, "the deadline passed before inference".into()));
@@ -280,7 +281,7 @@ impl Questions {
         let (outputs, infer_ms) = if rows.is_empty() {
             (Vec::new(), 0.0)
         } else {
-            let run = serving.engine.run(rows, deadline);
+            let run = serving.engine.run_as(asker, rows, deadline);
             let result = match deadline {
                 Some(d) => match tokio::time::timeout_at(d.into(), run).await {
                     Ok(r) => r,

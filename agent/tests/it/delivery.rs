@@ -403,8 +403,10 @@ fn most_unacknowledged(log: &str, client: &str) -> usize {
 async fn a_share_group_member_holds_at_most_its_receive_maximum_and_a_killed_ones_share_is_answered_when_it_returns() {
     let broker = Broker::start("strand", "log_type all\n");
     let queue = 4;
+    // The Receive Maximum is what this test is about: the queue's, as before the waiting room
+    // made it 65535 by default.
     let extra = format!(
-        "fleet = \"north\"\nshare_group = \"workers\"\n[limits]\nqueue = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
+        "fleet = \"north\"\nshare_group = \"workers\"\nreceive_maximum = {queue}\n[limits]\nqueue = {queue}\n[engine]\nbackend = \"null\"\nnull_faults = \"sleep=50\"\n"
     );
     let mut doomed = Agent::start(&broker, "strand-a", &extra);
     let _survivor = Agent::start(&broker, "strand-b", &extra);
@@ -585,11 +587,16 @@ fn connect_properties_announced(listener: std::net::TcpListener, extra: &str) ->
 }
 
 #[test]
-fn the_connect_announces_a_receive_maximum_of_limits_queue_or_of_mqtt_receive_maximum() {
+fn the_connect_announces_a_receive_maximum_of_65535_else_the_queue_or_the_one_configured() {
     const RECEIVE_MAXIMUM: u8 = 0x21;
     let props = connect_properties_announced(
         std::net::TcpListener::bind("127.0.0.1:0").expect("listen"),
         "[limits]\nqueue = 7",
+    );
+    assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&65535), "{props:?}");
+    let props = connect_properties_announced(
+        std::net::TcpListener::bind("127.0.0.1:0").expect("listen"),
+        "[limits]\nqueue = 7\nwaiting_bytes = 0",
     );
     assert_eq!(props.get(&RECEIVE_MAXIMUM), Some(&7), "{props:?}");
     let props = connect_properties_announced(

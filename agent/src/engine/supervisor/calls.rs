@@ -6,11 +6,23 @@
 //! request does. A failure of a merged batch is nobody's in particular: its calls run again
 //! *alone*, their attempts unchanged ([`CallQueue::split_running`]). Apart from the lifecycle so
 //! merging, expiry and the gathering window can be read without it.
+//!
+//! The queue is fair between askers ([`Asker`]: the service names one per client). A call is
+//! queued at its turn, not at the back: self-clocked fair queueing, rows as the cost. Each asker's
+//! turns run on from its last call's (`finish`), or from the turn the worker was last given
+//! (`clock`) if that is later, each call adding its rows; calls stand in the queue in turn order,
+//! arrival order among equal turns. So a client holding sixty calls and one that asks once take
+//! turns: the newcomer's call goes before the flood's second, whatever the flood queued first, and
+//! waits for at most the batch running and its own (issue #40). A merged batch takes at most an
+//! equal part of its rows from each asker queued, so that own batch is not one the flood fills.
+//! With one asker, or none named, every new turn is the latest and the queue is first come, first
+//! served as before. Calls that go back to the front (a failed batch's, a retry) keep their place
+//! there.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::events::CallId;
+use super::events::{Asker, CallId};
 
 /// One call the supervisor holds.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +36,10 @@ pub(super) struct Call {
     /// Runs alone, never merged: a probe call, or a call whose merged batch failed (so a failure
     /// is its own, and never a neighbour's).
     pub(super) alone: bool,
+    /// Who asked: whose turns it takes.
+    pub(super) asker: Asker,
+    /// Its turn in the queue (given by [`CallQueue::submit`]).
+    pub(super) turn: u64,
 }
 
 impl Call {
@@ -57,10 +73,16 @@ pub(super) enum Retry {
 /// The queue, the calls in it and the batch the serving worker runs.
 #[derive(Debug, Default)]
 pub(super) struct CallQueue {
+    /// In turn order (module doc), but for calls put back at the front.
     queue: VecDeque<CallId>,
     calls: BTreeMap<CallId, Call>,
     /// The calls the serving worker runs now, in row order (empty unless it is `Busy`).
     running: Vec<CallId>,
+    /// The latest turn given to a worker: a new call's turn is never earlier.
+    clock: u64,
+    /// Each asker's last turn given, while later than `clock` (older ones are forgotten: they
+    /// would count as `clock`).
+    finish: HashMap<Asker, u64>,
 }
 
 impl CallQueue {
@@ -78,10 +100,21 @@ impl CallQueue {
         self.queue.is_empty()
     }
 
-    /// Queues a new call at the back.
-    pub(super) fn submit(&mut self, id: CallId, call: Call) {
+    /// Queues a new call at its asker's next turn (module doc): behind every call of an earlier
+    /// or equal turn, before the later ones.
+    pub(super) fn submit(&mut self, id: CallId, mut call: Call) {
+        let clock = self.clock;
+        self.finish.retain(|_, last| *last > clock);
+        let start = self.finish.get(&call.asker).copied().unwrap_or(clock).max(clock);
+        call.turn = start.saturating_add(call.rows.max(1) as u64);
+        self.finish.insert(call.asker, call.turn);
+        let at = self
+            .queue
+            .iter()
+            .rposition(|c| self.calls.get(c).is_none_or(|queued| queued.turn <= call.turn))
+            .map_or(0, |i| i + 1);
         self.calls.insert(id, call);
-        self.queue.push_back(id);
+        self.queue.insert(at, id);
     }
 
     /// Forgets `call` wherever it is; whether it was held.
@@ -109,20 +142,27 @@ impl CallQueue {
     }
 
     /// The next batch for an idle worker, from the front of the queue: the calls that fit in
-    /// `cap` rows (the first always does) while none of them must run alone; and the calls
-    /// whose deadline passed on the way, which left the queue (to be answered `Expired`).
-    /// Returns the batch (in row order), its rows, and the expired calls.
+    /// `cap` rows (the first always does) while none of them must run alone, each asker's up to
+    /// an equal part of `cap` when several are queued (their later calls wait for the next batch,
+    /// so a newcomer's call runs in a batch of its part and the flood's, not one the flood
+    /// fills); and the calls whose deadline passed on the way, which left the queue (to be
+    /// answered `Expired`). Returns the batch (in row order), its rows, and the expired calls.
     pub(super) fn next_batch(&mut self, now: Instant, cap: usize) -> (Vec<CallId>, usize, Vec<CallId>) {
         let mut batch = Vec::new();
         let mut expired = Vec::new();
         let mut rows = 0;
-        while let Some(&call) = self.queue.front() {
+        let askers: HashSet<Asker> =
+            self.queue.iter().filter_map(|c| self.calls.get(c)).filter(|c| !c.expired(now)).map(|c| c.asker).collect();
+        let part = if askers.len() > 1 { (cap / askers.len()).max(1) } else { cap };
+        let mut taken: HashMap<Asker, usize> = HashMap::new();
+        let mut at = 0;
+        while let Some(&call) = self.queue.get(at) {
             let Some(c) = self.calls.get(&call).copied() else {
-                self.queue.pop_front();
+                self.queue.remove(at);
                 continue;
             };
             if c.expired(now) {
-                self.queue.pop_front();
+                self.queue.remove(at);
                 self.calls.remove(&call);
                 expired.push(call);
                 continue;
@@ -130,7 +170,14 @@ impl CallQueue {
             if !batch.is_empty() && (c.alone || rows + c.rows > cap) {
                 break;
             }
-            self.queue.pop_front();
+            let mine = taken.entry(c.asker).or_default();
+            if !batch.is_empty() && *mine + c.rows > part {
+                at += 1;
+                continue;
+            }
+            *mine += c.rows;
+            self.queue.remove(at);
+            self.clock = self.clock.max(c.turn);
             batch.push(call);
             rows += c.rows;
             if c.alone {

@@ -18,6 +18,13 @@ pub type WorkerId = u64;
 /// The call id of a worker's health call (real calls start at 1).
 pub const HEALTH_CALL: CallId = 0;
 
+/// Who asked for a call, as the engine's caller names it (the service: one per client that asks
+/// questions); the call queue takes askers' calls in turn, so one asker's many calls cannot hold
+/// back another's (`calls.rs`). An opaque number: the engine only compares them. Calls that name
+/// no one (the command line, the probe) share [`Asker::default`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Asker(pub u64);
+
 // Which backend a worker runs, and the backend's state as clients see it: the wire's own types
 // (laya-topics), so the engine and its clients share one enum each.
 pub use laya_topics::wire::{BackendState, Role};
@@ -112,10 +119,10 @@ pub enum TimerKind {
 pub enum Event {
     /// Start the first worker.
     Start,
-    /// A call was queued: its rows, the caller's deadline, and whether it is the periodic probe
+    /// A call was queued: its rows, the caller's deadline, whether it is the periodic probe
     /// (asked for by [`Action::Probe`]: it runs alone, never merged with questions, and one at
-    /// a time).
-    Submit { call: CallId, rows: usize, deadline: Option<Instant>, probe: bool },
+    /// a time), and who asked.
+    Submit { call: CallId, rows: usize, deadline: Option<Instant>, probe: bool, asker: Asker },
     /// The caller of a call went away (or the driver found it gone before sending it).
     Cancelled(CallId),
     /// A worker loaded its backend.

@@ -58,7 +58,7 @@ use crate::engine::EngineError;
 use calls::{Call, CallQueue, Gather, Retry};
 use deadline::Estimator;
 pub use events::{
-    Action, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer, TimerKind,
+    Action, Asker, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer, TimerKind,
     WorkerId, WorkerState,
 };
 pub use policy::Policy;
@@ -248,8 +248,8 @@ impl Supervisor {
         let mut actions = Vec::new();
         let handled = match event {
             Event::Start => self.on_start(now, &mut actions),
-            Event::Submit { call, rows, deadline, probe } => {
-                let submitted = Call { rows, since: now, deadline, attempt: 0, alone: probe };
+            Event::Submit { call, rows, deadline, probe, asker } => {
+                let submitted = Call { rows, since: now, deadline, attempt: 0, alone: probe, asker, turn: 0 };
                 self.on_submit(now, call, submitted, probe, &mut actions)
             }
             Event::Cancelled(call) => self.on_cancelled(now, call, &mut actions),

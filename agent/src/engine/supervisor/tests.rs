@@ -54,7 +54,11 @@ impl Sim {
     }
 
     fn submit(&mut self, call: CallId, rows: usize) -> Vec<Action> {
-        self.feed(Event::Submit { call, rows, deadline: None, probe: false })
+        self.submit_as(Asker::default(), call, rows)
+    }
+
+    fn submit_as(&mut self, asker: Asker, call: CallId, rows: usize) -> Vec<Action> {
+        self.feed(Event::Submit { call, rows, deadline: None, probe: false, asker })
     }
 
     /// One-row calls `calls` on worker `w`, each answered `took` after it was submitted.
@@ -347,8 +351,8 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let w = s.worker();
     s.submit(1, 1);
     let soon = Some(s.now + ms(100));
-    s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, probe: false });
-    s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, probe: false });
+    s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, probe: false, asker: Asker::default() });
+    s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, probe: false, asker: Asker::default() });
     assert_eq!(s.sup.in_flight(), 3);
     assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, EngineError::Overloaded(_))));
     s.now += ms(200);
@@ -356,7 +360,7 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let a = s.feed(Event::Tick);
     assert_eq!(a, [Action::Reject(2, EngineError::Expired), Action::Reject(3, EngineError::Expired)]);
     assert_eq!(s.sup.in_flight(), 1);
-    s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), probe: false });
+    s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), probe: false, asker: Asker::default() });
     s.submit(6, 1);
     s.now += ms(50);
     // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
@@ -367,7 +371,7 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     s.feed(Event::Cancelled(7));
     assert_eq!(s.sup.in_flight(), 1);
     assert!(matches!(
-        s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), probe: false })[0],
+        s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), probe: false, asker: Asker::default() })[0],
         Action::Reject(8, EngineError::Expired)
     ));
 }
@@ -518,6 +522,46 @@ fn calls_queued_behind_a_busy_worker_go_together_in_queue_order_up_to_the_row_ca
 }
 
 #[test]
+fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_and_half_of_a_merged_batch() {
+    let (flood, newcomer, third) = (Asker(1), Asker(2), Asker(3));
+    // One call at a time (the CPU): the flood's calls 2..=6 wait behind call 1; the newcomer's
+    // call 7 runs after the flood's first queued call, not after all five.
+    let mut s = Sim::new(Policy { merge_rows: 1, ..merging_policy() });
+    s.ready_and_healthy(1);
+    let w = s.worker();
+    let first = s.submit_as(flood, 1, 1);
+    for call in 2..=6 {
+        s.submit_as(flood, call, 1);
+    }
+    s.submit_as(newcomer, 7, 1);
+    let order: Vec<CallId> = answer_all(&mut s, w, first).into_iter().flatten().collect();
+    assert_eq!(order, [1, 2, 7, 3, 4, 5, 6]);
+    // Two newcomers later on and a two-row flood: turns count rows, and go round.
+    let first = s.submit_as(flood, 10, 2);
+    for call in 11..=13 {
+        s.submit_as(flood, call, 2);
+    }
+    s.submit_as(newcomer, 14, 1);
+    s.submit_as(third, 15, 1);
+    s.submit_as(newcomer, 16, 1);
+    let order: Vec<CallId> = answer_all(&mut s, w, first).into_iter().flatten().collect();
+    assert_eq!(order, [10, 14, 15, 11, 16, 12, 13]);
+
+    // Merged batches (an NPU) of up to four rows: the newcomer's call is in the next batch, and
+    // with two askers queued each has half of it; the flood alone fills the next ones again.
+    let mut s = Sim::new(merging_policy());
+    s.ready_and_healthy(1);
+    let w = s.worker();
+    let first = s.submit_as(flood, 1, 1);
+    for call in 2..=9 {
+        s.submit_as(flood, call, 1);
+    }
+    s.submit_as(newcomer, 10, 1);
+    let batches = answer_all(&mut s, w, first);
+    assert_eq!(batches, [vec![1], vec![2, 10, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+}
+
+#[test]
 fn the_fallback_and_a_policy_without_merging_run_one_call_at_a_time() {
     for policy in [Policy { merge_rows: 1, ..merging_policy() }, Policy { fallback: true, ..merging_policy() }] {
         let fallback = policy.fallback;
@@ -628,9 +672,9 @@ fn cancelled_expired_and_probe_calls_are_never_merged() {
     s.submit(1, 1);
     s.submit(2, 1);
     s.submit(3, 1);
-    s.feed(Event::Submit { call: 4, rows: 1, deadline: Some(s.now + ms(50)), probe: false });
+    s.feed(Event::Submit { call: 4, rows: 1, deadline: Some(s.now + ms(50)), probe: false, asker: Asker::default() });
     s.submit(5, 1);
-    s.feed(Event::Submit { call: 6, rows: 1, deadline: None, probe: true }); // the probe
+    s.feed(Event::Submit { call: 6, rows: 1, deadline: None, probe: true, asker: Asker::default() }); // the probe
     s.submit(7, 1);
     // The caller of call 3 went away; call 4's deadline passes while call 1 runs.
     s.feed(Event::Cancelled(3));
@@ -708,7 +752,7 @@ fn with_concurrent_callers_an_idle_primary_waits_briefly_to_fill_a_round_of_its_
     // A probe (alone) waiting ends the wait: nothing is held back behind it.
     s.submit(8, 1);
     assert!(sends(&s.feed(Event::Done(w, 7))).is_empty());
-    let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, probe: true });
+    let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, probe: true, asker: Asker::default() });
     assert_eq!(sends(&a), [vec![8]]);
     assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9]]);
     // The window is at most a tenth of the per-row estimate.
@@ -931,7 +975,7 @@ fn the_probe_is_asked_for_every_interval_on_a_serving_worker_one_at_a_time_and_n
     let a = s.advance(every);
     assert_eq!(probes(&a), 1, "{a:?}");
     let w = s.worker();
-    let a = s.feed(Event::Submit { call: 1, rows: 4, deadline: None, probe: true });
+    let a = s.feed(Event::Submit { call: 1, rows: 4, deadline: None, probe: true, asker: Asker::default() });
     assert_eq!(a[0], Action::Send(w, vec![1]));
     // Still running when the next interval ends: no second probe beside it.
     assert_eq!(probes(&s.advance(every)), 0);
