@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use laya_edge::bundle::HostBundle;
-use laya_edge::engine::supervisor::Policy;
+use laya_edge::engine::Policy;
 use laya_edge::engine::{Engine, EngineConfig, WorkerSpec};
 use laya_edge::pipeline::limits_for;
 use laya_edge::prompt;

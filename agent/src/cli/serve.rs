@@ -203,7 +203,7 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
     };
     let reloads = reload_on_sighup(hup, args, config.clone());
-    service::run(config, engine, bundle, shutdown, reloads).await.map_err(|e| e.to_string())
+    service::run(config, engine, bundle, shutdown, reloads, |_| {}).await.map_err(|e| e.to_string())
 }
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and

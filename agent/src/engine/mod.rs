@@ -14,7 +14,7 @@ pub mod probe;
 pub mod probe_file;
 pub mod protocol;
 pub mod spec;
-pub mod supervisor;
+mod supervisor;
 pub mod worker;
 
 use std::collections::VecDeque;
@@ -32,14 +32,14 @@ use crate::prompt::{Row, RowShape};
 use driver::{Driver, Request, Shared};
 use probe::{Probe, Report};
 pub use spec::WorkerSpec;
-pub use supervisor::Asker;
-use supervisor::{BackendState, Notice, Policy, RestartReason, Role, Supervisor, WorkerState};
+use supervisor::Supervisor;
+pub use supervisor::{Asker, BackendState, Notice, NoticeKind, Policy, RestartReason, Role, WorkerState};
 
 /// The engine's configuration.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// The supervision policy ([`Policy::from_config`]); the queue limit, the health call's
-    /// rows and the probe's cadence in it are this configuration's (`queue`, `health` and
+    /// The supervision policy ([`Policy::from_config`], the queue limit `limits.queue`'s); the
+    /// health call's rows and the probe's cadence in it are this configuration's (`health` and
     /// `probe`, `probe_every`).
     pub policy: Policy,
     pub primary: WorkerSpec,
@@ -48,8 +48,6 @@ pub struct EngineConfig {
     /// The health call every new worker answers before any question: two different valid rows
     /// (`engine::health::rows`); empty for none.
     pub health: Vec<Row>,
-    /// Calls queued or running beyond this are refused (`limits.queue`).
-    pub queue: usize,
     /// The bundle's probe: run after the health rows in every health call, and every
     /// `probe_every` on the serving worker; a worker that fails it is treated as broken.
     pub probe: Option<Arc<Probe>>,
@@ -61,14 +59,13 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// A primary backend alone: no fallback, no health call, a queue of 1024.
+    /// A primary backend alone: no fallback, no health call, the policy's queue limit.
     pub fn new(policy: Policy, primary: WorkerSpec) -> EngineConfig {
         EngineConfig {
             policy,
             primary,
             fallback: None,
             health: Vec::new(),
-            queue: 1024,
             probe: None,
             probe_every: None,
             probe_graphs: None,
@@ -90,7 +87,6 @@ impl EngineConfig {
             primary: spec::worker_spec(program, kind, config)?,
             fallback,
             health: health::rows(&bundle.tokenizer, bundle.config.limits).map_err(SetupError::Health)?,
-            queue: config.limits.queue,
             probe: probe_file::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(Arc::new),
             probe_every: (config.probe.interval_min > 0).then(|| Duration::from_secs(config.probe.interval_min * 60)),
             probe_graphs: probe::probed_graphs(&bundle.capacity),
@@ -98,11 +94,10 @@ impl EngineConfig {
     }
 
     /// What the supervisor runs with: [`EngineConfig::policy`] with what this configuration
-    /// decides (the queue limit, the health call's rows, the probe's cadence), and the health
+    /// decides (the health call's rows, the probe's cadence), and the health
     /// call's rows (the health rows, then the probe's).
     fn supervision(&self) -> (Policy, Vec<Row>) {
         let mut policy = self.policy.clone();
-        policy.queue_limit = self.queue.max(1);
         let mut health_rows = self.health.clone();
         if let Some(p) = &self.probe {
             health_rows.extend(p.rows.iter().cloned());

@@ -196,13 +196,13 @@ pub fn build_row(
         options_distinct,
         tokens_per_option,
     };
-    let row = Row { input_ids: ids, marker_pos, qtype: q.qtype, layout: None };
-    let row = match layout {
-        OptionLayout::Sequential => row,
+    let layout = match layout {
+        OptionLayout::Sequential => None,
         // Every row here kept all its markers, so laying out after the `max_len` cut is laya's
-        // "lay out, then cut both" (`parallel::with_parallel_layout`).
-        OptionLayout::Parallel => super::parallel::with_parallel_layout(row, head_len),
+        // "lay out, then cut both" (`parallel::row_layout`).
+        OptionLayout::Parallel => Some(super::parallel::row_layout(&marker_pos, head_len, ids.len())),
     };
+    let row = Row { input_ids: ids, marker_pos, qtype: q.qtype, layout };
     Ok((row, stats))
 }
 

@@ -12,8 +12,8 @@
 //! has no positional encoding, permutes its logits with them.
 //!
 //! The token ids do not change: a parallel row is a sequential row plus its [`ParallelLayout`].
-
-use super::layout::Row;
+//! This module knows markers and lengths only, not rows: `layout` builds the row and asks for its
+//! layout ([`row_layout`]), so the two depend one way.
 
 /// One row's parallel layout, one entry per token of the row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +86,9 @@ pub fn parallel_layout(markers: &[u32], head_len: usize, length: usize) -> Paral
     ParallelLayout { position_ids, option_ids }
 }
 
-/// `row` with the parallel layout laya 0.4.15's `build_sequence(..., return_layout=True)` gives
-/// it: [`parallel_layout`] over the row's markers, cut to the row's length.
+/// The parallel layout laya 0.4.15's `build_sequence(..., return_layout=True)` gives a row of
+/// `len` tokens with its options' `[MASK]`s at `marker_pos`: [`parallel_layout`] over the markers,
+/// cut to the row's length.
 ///
 /// `head_len` is the length of the row's head, `[CLS] instructions [SEP] ([MASK] option)* [SEP]`:
 /// the index of the first state token, one past the `[SEP]` that closes the options (in
@@ -98,18 +99,15 @@ pub fn parallel_layout(markers: &[u32], head_len: usize, length: usize) -> Paral
 /// to `max_len` is an error, not a row), and laying out at the full length then cutting (what
 /// laya does) gives the same first entries as laying out at the cut length then cutting, since
 /// an entry depends only on the markers, `head_len` and its own index.
-pub fn with_parallel_layout(mut row: Row, head_len: usize) -> Row {
-    let len = row.input_ids.len();
-    let mut layout = parallel_layout(&row.marker_pos, head_len, len);
+pub fn row_layout(marker_pos: &[u32], head_len: usize, len: usize) -> ParallelLayout {
+    let mut layout = parallel_layout(marker_pos, head_len, len);
     layout.truncate(len);
-    row.layout = Some(layout);
-    row
+    layout
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prompt::QType;
 
     fn layout(position_ids: &[u32], option_ids: &[u32]) -> ParallelLayout {
         ParallelLayout { position_ids: position_ids.to_vec(), option_ids: option_ids.to_vec() }
@@ -157,11 +155,6 @@ mod tests {
         );
     }
 
-    /// A row as `build_row` returns it, from the ids and markers laya's `build_sequence` printed.
-    fn row(input_ids: &[u32], marker_pos: &[u32]) -> Row {
-        Row { input_ids: input_ids.to_vec(), marker_pos: marker_pos.to_vec(), qtype: QType::Choice, layout: None }
-    }
-
     #[test]
     fn a_built_row_gets_the_layout_build_sequence_returns() {
         // build_sequence(tok, "The parcel never arrived and I was charged twice.", <choice "Which team?",
@@ -172,7 +165,7 @@ mod tests {
             533, 87, 4, 266, 430, 2, 56, 76, 73, 279, 327, 533, 333, 322, 271, 86, 330, 299, 72, 758, 225, 45, 747,
             361, 327, 799, 266, 91, 326, 18, 2,
         ];
-        let got = with_parallel_layout(row(&ids, &[15, 17, 26]), 30);
+        let got = row_layout(&[15, 17, 26], 30, ids.len());
         let want = layout(
             &[
                 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 15, 16, 17, 18, 19, 20, 21, 22, 23, 15, 16,
@@ -184,8 +177,7 @@ mod tests {
                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
             ],
         );
-        assert_eq!(got.layout, Some(want));
-        assert_eq!(got.input_ids, ids, "the token ids do not change");
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -195,7 +187,7 @@ mod tests {
             1, 303, 364, 357, 30, 225, 59, 76, 495, 266, 73, 69, 81, 35, 2, 4, 821, 4, 710, 758, 552, 606, 279, 327,
             533, 87, 4, 266, 430, 2, 56, 76, 73, 279, 327, 533, 333, 322, 271, 2,
         ];
-        let got = with_parallel_layout(row(&ids, &[15, 17, 26]), 30);
+        let got = row_layout(&[15, 17, 26], 30, ids.len());
         let want = layout(
             &[
                 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 15, 16, 17, 18, 19, 20, 21, 22, 23, 15, 16,
@@ -206,17 +198,17 @@ mod tests {
                 0, 0, 0, 0, 0, 0,
             ],
         );
-        assert_eq!(got.layout, Some(want));
+        assert_eq!(got, want);
 
         // build_sequence(..., max_len=24, head_max_len=10, return_layout=True): the options cut
         // to 4 tokens each (head_len 20) and the state to 3 tokens.
         let ids = [1, 303, 364, 357, 30, 225, 59, 76, 495, 2, 4, 821, 4, 710, 758, 552, 4, 266, 430, 2, 56, 76, 73, 2];
-        let got = with_parallel_layout(row(&ids, &[10, 12, 16]), 20);
+        let got = row_layout(&[10, 12, 16], 20, ids.len());
         let want = layout(
             &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 10, 11, 12, 13, 10, 11, 12, 14, 15, 16, 17, 18],
             &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 0, 0, 0, 0, 0],
         );
-        assert_eq!(got.layout, Some(want));
+        assert_eq!(got, want);
     }
 
     #[test]

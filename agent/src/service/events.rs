@@ -10,7 +10,7 @@ use crate::backend::{LoadError, LoadFailure};
 use laya_topics::wire::{self, EngineEvent, EventKind, ProbeFigures, ProbeGraph, ProbeHistory};
 
 use crate::engine::probe::GraphReport;
-use crate::engine::supervisor::{Notice, NoticeKind, RestartReason};
+use crate::engine::{Notice, NoticeKind, RestartReason};
 use crate::engine::{ProbeRun, ProbeRuns};
 
 impl From<&NoticeKind> for EventKind {

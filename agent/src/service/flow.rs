@@ -16,7 +16,7 @@
 //! client, BENCHMARKS.md). So the agent announces the most MQTT allows (`mqtt.receive_maximum`)
 //! and the wait happens here, where it is fair: the waiting room hands each free place to its
 //! clients in turn ([`Turns`]), and the engine's call queue takes their calls in turn
-//! (`engine::supervisor`'s `calls.rs`). When the room is full, a question of a client that holds
+//! (the engine's call queue). When the room is full, a question of a client that holds
 //! less of it than another does not find it full: the newest waiting question of the client
 //! holding the most gives way, refused `overloaded` ([`Full::GaveWay`]; the room's fair share,
 //! as a fair-queueing router drops from its longest queue). The flood's client alone is refused.
@@ -303,6 +303,18 @@ impl<T> Room<T> {
         self.forget(&client, bytes);
         *self.placed.entry(client.clone()).or_default() += 1;
         Some((client, item))
+    }
+
+    /// Every waiting question, clients in turn; the room is empty after (the places held are
+    /// still counted until given back).
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut all = Vec::with_capacity(self.turns.len());
+        while let Some((_, (item, _))) = self.turns.pop_with_client() {
+            all.push(item);
+        }
+        self.bytes = 0;
+        self.by_client.clear();
+        all
     }
 
     fn forget(&mut self, client: &ClientKey, bytes: usize) {

@@ -25,7 +25,7 @@ use super::delivery::Outbound;
 use super::flow::{self, WhenFull};
 use super::reload::Current;
 use super::telemetry::{Counters, Interval};
-use crate::engine::supervisor::Role;
+use crate::engine::Role;
 use crate::engine::{Asker, EngineError};
 use crate::pipeline;
 use crate::prompt::Row;
@@ -184,9 +184,10 @@ impl Questions {
                     device = %self.device,
                     questions = request.questions.len(),
                 );
-                let answer = self.answer(*request, &reply_to, deadline, received, (share, aside), asker);
+                let answer = self.answer(*request, deadline, received, (share, aside), asker);
                 match tracing::Instrument::instrument(answer, span).await {
-                    Ok(payload) => {
+                    Ok(reply) => {
+                        let payload = reply_to.encoding.encode(&reply.to_value());
                         if let Some(o) = original {
                             self.replies
                                 .lock()
@@ -234,16 +235,45 @@ impl Questions {
         }
     }
 
-    /// Answers an admitted request: the reply payload, or the error to reply with.
+    /// Answers a request another door admitted (HTTP: laya.serve's checks passed at the door),
+    /// `bytes` its body's size, on the same path as an MQTT question from its part of the
+    /// memory budget on: the reply, or the error it gets (counted like an MQTT question's).
+    pub async fn handle_request(
+        &self,
+        request: laya_topics::Request,
+        bytes: usize,
+        received: Instant,
+        asker: Asker,
+    ) -> Result<Reply, ErrorReply> {
+        let share = self.budget.take(flow::preparing_cost(Encoding::Json, bytes)).await;
+        let aside = flow::prepared_aside(Encoding::Json, bytes);
+        let span = tracing::info_span!(
+            "question",
+            id = %request.id.as_ref().map(id_text).unwrap_or_default(),
+            device = %self.device,
+            questions = request.questions.len(),
+        );
+        let answer = self.answer(request, None, received, (share, aside), asker);
+        let outcome = tracing::Instrument::instrument(answer, span).await;
+        match &outcome {
+            Ok(_) => self.counters.answered(),
+            Err(error) => {
+                self.counters.refused(error.code);
+                tracing::info!(code = error.code.as_str(), reason = %error.message, "question refused");
+            }
+        }
+        outcome
+    }
+
+    /// Answers an admitted request: the reply, or the error to reply with.
     async fn answer(
         &self,
         request: laya_topics::Request,
-        to: &ReplyTo,
         deadline: Option<Instant>,
         received: Instant,
         (mut share, aside): (flow::Share, bool),
         asker: Asker,
-    ) -> Result<Vec<u8>, ErrorReply> {
+    ) -> Result<Reply, ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
         // The bundle and engine this question started with, whatever a reload does meanwhile.
@@ -327,8 +357,7 @@ impl Questions {
         tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
         let (backend, role) = answered_by;
         let backend = if backend.is_empty() { serving.backend.clone() } else { backend };
-        let reply = Reply { id, device: self.device.clone(), backend, serving: role, result, timing };
-        Ok(to.encoding.encode(&reply.to_value()))
+        Ok(Reply { id, device: self.device.clone(), backend, serving: role, result, timing })
     }
 }
 

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::events::reload_event;
-use super::telemetry::{Identity, Served};
+use super::identity::{self, Identity, Served};
 use crate::bundle::HostBundle;
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
@@ -65,7 +65,7 @@ pub struct Current(RwLock<(Arc<Serving>, u64)>);
 
 impl Current {
     pub fn new(serving: Serving) -> Current {
-        Current(RwLock::new((Arc::new(serving), super::telemetry::epoch_s())))
+        Current(RwLock::new((Arc::new(serving), identity::epoch_s())))
     }
 
     /// What answers questions now.
@@ -81,7 +81,7 @@ impl Current {
     /// Serves `next` from now on; the one it replaces stops once its last question is answered
     /// (its last handle is dropped then).
     pub fn replace(&self, next: Arc<Serving>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = (next, super::telemetry::epoch_s());
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = (next, identity::epoch_s());
     }
 }
 
@@ -157,6 +157,30 @@ pub struct Taken {
     pub config: Box<Config>,
     pub serving: Arc<Serving>,
     pub taken: oneshot::Sender<()>,
+}
+
+/// The takeover: `taken` serves from now on (questions already on the old engine finish
+/// there), the telemetry interval counts the new engine's busy time from here, and the candidate's
+/// task is told. Returns the `reloaded` event and the configuration that now serves.
+pub fn take_over(
+    current: &Current,
+    request: ReloadRef,
+    taken: Taken,
+    interval: &std::sync::Mutex<super::telemetry::Interval>,
+) -> (EngineEvent, Config) {
+    let candidate = taken.serving;
+    let message = format!(
+        "now serving {} on the {} backend (the new engine passed its health call)",
+        candidate.bundle.dir.display(),
+        candidate.backend
+    );
+    tracing::info!(%message, "reload: taking over");
+    if let Ok(mut i) = interval.lock() {
+        i.engine_changed(candidate.engine.busy_time());
+    }
+    current.replace(candidate);
+    let _ = taken.taken.send(());
+    (reload_event(EventKind::Reloaded, request, message), *taken.config)
 }
 
 /// What the service loop does with a verdict.
@@ -339,7 +363,7 @@ pub fn reload_allowance(config: &Config) -> Duration {
 /// health call and probe), the reason of its first failure (a restart, or degradation), or a
 /// time-out after `within`.
 pub async fn until_ready(engine: &Engine, within: Duration) -> Result<(), String> {
-    use crate::engine::supervisor::{BackendState, NoticeKind};
+    use crate::engine::{BackendState, NoticeKind};
     use tokio::sync::broadcast::error::RecvError;
     let mut state = engine.backend_state();
     let mut notices = engine.notices();

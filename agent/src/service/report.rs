@@ -18,7 +18,8 @@ use laya_topics::topic::{Channel, Schema};
 use laya_topics::wire::{Encoding, EngineEvent, EventKind, Role};
 
 use super::connection;
-use super::telemetry::{self, Birth, Identity, Served};
+use super::identity::{Identity, Served};
+use super::telemetry::{self, Birth};
 use crate::config::Config;
 
 /// How long the report may take (connect, publish, acknowledgement).

@@ -17,9 +17,9 @@ use laya_topics::wire::{self, Encoding, ErrorCode, Status, Telemetry, Timing, To
 
 use super::events::{probe_figures, probe_histories};
 use super::flow::Flow;
+use super::identity::{Served, epoch_s};
 use super::latency::StageLatencies;
 use super::reload::Current;
-use crate::bundle::HostBundle;
 use crate::engine::{Engine, EngineStatus};
 
 /// Counters for telemetry (and the status document's `takeovers`).
@@ -72,41 +72,6 @@ impl Counters {
     }
 }
 
-/// What the status document says about the model being served.
-#[derive(Debug, Clone, Default)]
-pub struct Identity {
-    /// The manifest's `name`, else the model directory's name (empty: not known yet).
-    pub model_name: String,
-    /// The sha256 of the bundle's manifest (none: a plain checkpoint directory).
-    pub bundle_sha256: Option<String>,
-    /// The laya whose semantics the model is answered with.
-    pub laya: laya_topics::wire::LayaVersion,
-    /// The manifest's `version`, else the model directory's name (a store's version name).
-    pub model_version: String,
-}
-
-impl Identity {
-    pub fn new(bundle: &HostBundle) -> Identity {
-        let manifest = bundle.dir.join(crate::bundle::MANIFEST);
-        let bundle_sha256 = if manifest.is_file() {
-            match crate::bundle::digest::sha256_file(&manifest) {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    tracing::warn!(file = %manifest.display(), error = %e, "cannot hash the bundle manifest");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let field = |key| bundle.manifest.as_ref().and_then(|m| m.raw.get(key)).and_then(|v| v.as_str());
-        let dir_name = || bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let model_name = field("name").map_or_else(dir_name, str::to_owned);
-        let model_version = field("version").map_or_else(dir_name, str::to_owned);
-        Identity { model_name, bundle_sha256, laya: bundle.laya, model_version }
-    }
-}
-
 /// What the status document says about this run, fixed at its start.
 #[derive(Debug, Clone)]
 pub struct Birth {
@@ -124,16 +89,6 @@ impl Birth {
         let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         Birth { started_at: since.as_secs(), birth: since.as_millis() as u64, fleet: fleet.to_owned() }
     }
-}
-
-/// What is served: the backend's name, the model directory and its identity, since when (seconds
-/// since the epoch; 0: not serving yet), and the last reload's outcome.
-pub struct Served<'a> {
-    pub backend: &'a str,
-    pub model: String,
-    pub identity: &'a Identity,
-    pub since: u64,
-    pub last_reload: Option<wire::LastReload>,
 }
 
 /// The status document. `engine` is the serving engine's state; none before it has any (the
@@ -164,11 +119,6 @@ pub fn status(
         serving_since: served.since,
         last_reload: served.last_reload.clone(),
     }
-}
-
-/// Seconds since the Unix epoch, now.
-pub fn epoch_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
 }
 
 /// One telemetry interval in the making.
@@ -325,6 +275,7 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::identity::Identity;
 
     fn identity() -> Identity {
         Identity {

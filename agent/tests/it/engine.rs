@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use laya_edge::backend::null::NullBackend;
-use laya_edge::engine::supervisor::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
+use laya_edge::engine::{BackendState, NoticeKind, Policy, RestartReason, Role, WorkerState};
 use laya_edge::engine::{Engine, EngineConfig, EngineError, RunOutput, WorkerSpec};
 use laya_edge::prompt::{QType, Row};
 
@@ -89,11 +89,7 @@ fn defaults(change: impl FnOnce(&mut laya_edge::config::Engine)) -> Policy {
 
 /// A null primary with the health call of every worker (two different rows), as `serve` runs it.
 fn with_health(policy: Policy, faults: &str) -> EngineConfig {
-    EngineConfig {
-        health: vec![row(200), row(201)],
-        queue: 64,
-        ..EngineConfig::new(policy, worker("null", "-", Some(faults)))
-    }
+    EngineConfig { health: vec![row(200), row(201)], ..EngineConfig::new(policy, worker("null", "-", Some(faults))) }
 }
 
 /// Waits (up to `within`) until `done` holds.
@@ -400,7 +396,7 @@ async fn expired_calls_never_reach_the_worker_and_the_engine_queue_is_bounded() 
     assert_eq!(sorted, answered, "the worker got {given:?}; {expired:?} expired");
 
     // A queue of 2: the third concurrent call is refused, and in_flight counts what is there.
-    let engine = Engine::start(EngineConfig { queue: 2, ..with_health(defaults(|_| {}), "sleep=300") });
+    let engine = Engine::start(with_health(Policy { queue_limit: 2, ..defaults(|_| {}) }, "sleep=300"));
     assert!(engine.run(vec![row(0)], None).await.is_ok());
     let mut calls = Vec::new();
     for i in 0..5 {
@@ -476,11 +472,8 @@ async fn a_model_whose_weights_give_constant_output_on_the_cpu_is_reported_as_su
     let policy =
         Policy { backoff_min: Duration::from_millis(50), backoff_max: Duration::from_millis(50), ..defaults(|_| {}) };
     let path = dir.display().to_string();
-    let engine = Engine::start(EngineConfig {
-        health: health.clone(),
-        queue: 64,
-        ..EngineConfig::new(policy, worker("cpu", &path, None))
-    });
+    let engine =
+        Engine::start(EngineConfig { health: health.clone(), ..EngineConfig::new(policy, worker("cpu", &path, None)) });
     let result = engine.run(vec![health[0].clone()], None).await;
     let says_so = |m: &str| {
         m.contains("constant output")
@@ -921,9 +914,7 @@ async fn a_caller_that_gives_up_leaves_the_queue_and_the_others_are_merged_witho
 }
 
 /// The notices received so far.
-fn drain(
-    notices: &mut tokio::sync::broadcast::Receiver<laya_edge::engine::supervisor::Notice>,
-) -> Vec<laya_edge::engine::supervisor::Notice> {
+fn drain(notices: &mut tokio::sync::broadcast::Receiver<laya_edge::engine::Notice>) -> Vec<laya_edge::engine::Notice> {
     let mut out = Vec::new();
     while let Ok(n) = notices.try_recv() {
         out.push(n);

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use crate::support::*;
 use laya_edge::config::BackendKind;
-use laya_edge::engine::supervisor::{Policy, RestartReason};
 use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
+use laya_edge::engine::{Policy, RestartReason};
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
 use laya_topics::json::{self, ParseOptions};

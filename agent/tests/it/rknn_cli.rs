@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use laya_edge::config::BackendKind;
-use laya_edge::engine::supervisor::Policy;
+use laya_edge::engine::Policy;
 use laya_edge::engine::{Engine, EngineConfig, EngineError, WorkerSpec};
 use laya_edge::prompt::{QType, Row};
 use laya_topics::Value;
@@ -155,9 +155,7 @@ async fn a_hung_or_failing_rknn_runtime_is_restarted_by_the_watchdog() {
     let restarts = engine.restarts();
     assert_eq!(restarts.len(), 2);
     assert!(
-        restarts
-            .iter()
-            .all(|r| matches!(r.reason, laya_edge::engine::supervisor::RestartReason::Fatal { code: Some(-1), .. })),
+        restarts.iter().all(|r| matches!(r.reason, laya_edge::engine::RestartReason::Fatal { code: Some(-1), .. })),
         "{restarts:?}"
     );
 }
@@ -273,7 +271,7 @@ async fn a_constant_output_rknn_runtime_is_caught_on_a_new_workers_first_row_aft
     let config = rknn_config(&bundle, &lib);
     // No health call: nothing but the answers themselves can show the runtime is constant.
     let engine = Engine::start(EngineConfig::new(
-        laya_edge::engine::supervisor::Policy::from_config(&config, false),
+        laya_edge::engine::Policy::from_config(&config, false),
         rknn_worker(&bundle, &lib, &[CONSTANT]),
     ));
     let first = Row { input_ids: vec![1, 60, 70, 2, 4, 80, 2], marker_pos: vec![4], qtype: QType::Noul, layout: None };

@@ -239,6 +239,7 @@ impl Supervisor {
     }
 
     /// The deadline a call of `rows` rows gets now on the worker that serves.
+    #[cfg(test)]
     pub fn deadline(&self, rows: usize) -> Duration {
         self.bound(self.role(), rows as f64, None)
     }

@@ -83,7 +83,8 @@ impl Default for Policy {
             ready_wait: Some(Duration::from_secs(20)),
             fallback: false,
             primary_retry: Duration::from_secs(300),
-            queue_limit: 64,
+            // `limits.queue`'s one default.
+            queue_limit: crate::config::Limits::default().queue,
             health_rows: 0,
             primary_parallel: 1,
             merge_rows: 1,
@@ -96,8 +97,8 @@ impl Default for Policy {
 impl Policy {
     /// The policy `config` asks for, the only place it is assembled: the `[engine]` section, and
     /// what the backend it names runs side by side and together. `fallback` says whether a CPU
-    /// fallback worker exists. The queue limit, the health call's rows and the probe's cadence
-    /// come with the engine's configuration (`EngineConfig`), which sets them when it starts.
+    /// fallback worker exists. The health call's rows and the probe's cadence come with the engine's
+    /// configuration (`EngineConfig`), which sets them when it starts.
     pub fn from_config(config: &Config, fallback: bool) -> Policy {
         let e = &config.engine;
         let mut policy = Policy {
@@ -111,6 +112,7 @@ impl Policy {
             ready_wait: (e.ready_wait_s > 0).then(|| Duration::from_secs(e.ready_wait_s)),
             fallback,
             primary_retry: Duration::from_secs(e.retry_primary_s.max(1)),
+            queue_limit: config.limits.queue.max(1),
             ..Policy::default()
         };
         if e.backend == BackendKind::Rknn {
