@@ -1085,7 +1085,8 @@ mod tests {
     fn thin_edge_names_are_checked_and_enabling_it_needs_a_broker() {
         let c = Config::parse("[thin_edge]\nenabled = true\n", Path::new("test")).unwrap();
         assert_eq!(c.thin_edge.service().unwrap().entity(), "te/device/main/service/laya-edge");
-        let c = Config::parse("[mqtt]\nclient_id = \"c1\"\n[thin_edge]\ndevice = \"child-7\"\n", Path::new("t")).unwrap();
+        let c =
+            Config::parse("[mqtt]\nclient_id = \"c1\"\n[thin_edge]\ndevice = \"child-7\"\n", Path::new("t")).unwrap();
         assert_eq!(c.thin_edge_client_id(), "c1-tedge");
         assert_eq!(c.thin_edge.service().unwrap().entity(), "te/device/child-7/service/laya-edge");
         for (text, named) in [

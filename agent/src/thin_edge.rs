@@ -16,10 +16,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use rumqttc::Outgoing;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -287,5 +287,74 @@ async fn run(mut state: State, options: MqttOptions, mut backoff: Backoff, mut s
     match flushed {
         Ok(true) => tracing::info!("thin-edge bridge: down published, disconnected"),
         _ => tracing::warn!("thin-edge bridge: could not say down before stopping; the broker's will says it"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        let mut config = Config::default();
+        config.mqtt.device = "board-7".into();
+        config.thin_edge.enabled = true;
+        State::new(&config).expect("a state")
+    }
+
+    fn status(online: bool, birth: u64) -> Vec<u8> {
+        let state = if online { "online" } else { "offline" };
+        format!(r#"{{"state":"{state}","backend_state":"ready","birth":{birth}}}"#).into_bytes()
+    }
+
+    fn delivered(topic: &str, payload: Vec<u8>, retain: bool) -> Publish {
+        let mut p = Publish::new(topic, QoS::AtLeastOnce, payload, None);
+        p.retain = retain;
+        p
+    }
+
+    fn health_of(m: &Message) -> String {
+        let v = laya_topics::json::parse(&m.payload, Default::default()).expect("json");
+        v.get("status").and_then(laya_topics::Value::as_str).unwrap_or_default().to_owned()
+    }
+
+    #[test]
+    fn a_live_status_sets_the_health_and_only_a_change_is_published() {
+        let mut s = state();
+        let up = s.on_publish(&delivered("laya/v1/board-7/status", status(true, 1), false)).expect("up");
+        assert_eq!(
+            (up.topic.as_str(), health_of(&up).as_str()),
+            ("te/device/main/service/laya-edge/status/health", "up")
+        );
+        assert_eq!(s.on_publish(&delivered("laya/v1/board-7/status", status(true, 1), false)), None);
+        let down = s.on_publish(&delivered("laya/v1/board-7/status", status(false, 1), false)).expect("down");
+        assert_eq!(health_of(&down), "down");
+        // The broker restarted: the same run's status, retained, still counts.
+        let up = s.on_publish(&delivered("laya/v1/board-7/status", status(true, 1), true)).expect("up");
+        assert_eq!(health_of(&up), "up");
+    }
+
+    #[test]
+    fn an_earlier_runs_retained_online_status_does_not_make_the_service_up() {
+        let mut s = state();
+        let before = s.started_ms - 60_000;
+        assert_eq!(s.on_publish(&delivered("laya/v1/board-7/status", status(true, before), true)), None);
+        assert_eq!(s.health, Health::Down);
+        let now = s.started_ms + 5;
+        let up = s.on_publish(&delivered("laya/v1/board-7/status", status(true, now), true)).expect("up");
+        assert_eq!(health_of(&up), "up");
+    }
+
+    #[test]
+    fn a_health_check_of_the_service_or_of_its_device_is_answered_with_the_current_health() {
+        let mut s = state();
+        for topic in ["te/device/main/service/laya-edge/cmd/health/check", "te/device/main///cmd/health/check"] {
+            let m = s.on_publish(&delivered(topic, b"{}".to_vec(), false)).expect(topic);
+            assert_eq!((m.topic.as_str(), m.retain), ("te/device/main/service/laya-edge/status/health", true));
+            assert_eq!(health_of(&m), "down");
+        }
+        assert_eq!(s.on_publish(&delivered("te/device/main/service/other/cmd/health/check", Vec::new(), false)), None);
+        // What cannot be read is left alone.
+        assert_eq!(s.on_publish(&delivered("laya/v1/board-7/telemetry", b"{not json".to_vec(), false)), None);
+        assert!(s.on_publish(&delivered("laya/v1/board-7/telemetry", br#"{"uptime_s":3}"#.to_vec(), false)).is_some());
     }
 }

@@ -108,8 +108,8 @@ async fn a_thin_edge_fleet_sees_the_agent_registered_up_measured_and_each_reload
     let mut c = watch(broker.port, "tedge-sees-watch").await;
     let agent = Agent::start(&broker, "dev-tedge-sees", THIN_EDGE);
 
-    let reg = next_on(&mut c, ENTITY, "registration", |v| v.get("@type").and_then(Value::as_str) == Some("service"))
-        .await;
+    let reg =
+        next_on(&mut c, ENTITY, "registration", |v| v.get("@type").and_then(Value::as_str) == Some("service")).await;
     let reg = reg.doc.expect("a document");
     assert_eq!(reg.get("name").and_then(Value::as_str), Some("laya-edge"), "{reg:?}");
     assert_eq!(reg.get("@parent").and_then(Value::as_str), Some("device/main//"), "{reg:?}");
