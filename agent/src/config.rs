@@ -170,6 +170,7 @@ pub struct Config {
     pub qnn: Qnn,
     pub log: Log,
     pub probe: ProbeConfig,
+    pub thin_edge: ThinEdge,
 }
 
 /// `[mqtt]`: the broker connection and the topic tree.
@@ -544,6 +545,39 @@ impl Default for ProbeConfig {
     }
 }
 
+/// `[thin_edge]`: the agent as a thin-edge.io service (`crate::thin_edge`; the topics and
+/// documents are `laya_topics::thin_edge`'s), on the `[mqtt]` broker under a client id of its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ThinEdge {
+    /// Publish the registration, health, measurements and events (off: nothing on `te/`).
+    pub enabled: bool,
+    /// thin-edge's topic root (its `mqtt.topic_root`).
+    pub topic_root: String,
+    /// The thin-edge device the agent runs on: `main`, or a child device's id.
+    pub device: String,
+    /// The service name the agent registers as.
+    pub service: String,
+}
+
+impl Default for ThinEdge {
+    fn default() -> ThinEdge {
+        ThinEdge {
+            enabled: false,
+            topic_root: laya_topics::thin_edge::DEFAULT_ROOT.into(),
+            device: laya_topics::thin_edge::DEFAULT_DEVICE.into(),
+            service: laya_topics::thin_edge::DEFAULT_SERVICE.into(),
+        }
+    }
+}
+
+impl ThinEdge {
+    /// The thin-edge service these keys name (checked: topic-safe names, lengths).
+    pub fn service(&self) -> Result<laya_topics::thin_edge::Service, laya_topics::thin_edge::NameError> {
+        laya_topics::thin_edge::Service::new(&self.topic_root, &self.device, &self.service)
+    }
+}
+
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -572,6 +606,10 @@ impl Config {
         if self.qnn.generator.is_some() && (self.qnn.model_lib.is_none() || self.qnn.backend_lib.is_none()) {
             return bad("qnn.generator needs qnn.model_lib (libQnnModelDlc.so) and qnn.backend_lib".into());
         }
+        if self.thin_edge.enabled && self.mqtt.broker.trim().is_empty() {
+            return bad("thin_edge.enabled needs [mqtt] broker: the thin-edge publication goes to that broker (thin-edge's own, mqtt://localhost:1883 on a thin-edge device)".into());
+        }
+        self.thin_edge.service().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
             return bad(format!("mqtt.broker {:?} must be an mqtt:// or mqtts:// URL", self.mqtt.broker));
         }
@@ -611,7 +649,11 @@ impl Config {
         };
         let client_id =
             if self.mqtt.client_id.is_empty() { "the client id (laya-edge-{mqtt.device})" } else { "mqtt.client_id" };
-        for (key, value) in [(client_id, self.client_id()), ("mqtt.username", self.mqtt.username.clone())] {
+        let mut ids = vec![(client_id, self.client_id()), ("mqtt.username", self.mqtt.username.clone())];
+        if self.thin_edge.enabled {
+            ids.push(("the thin-edge client id ({client id}-tedge)", self.thin_edge_client_id()));
+        }
+        for (key, value) in ids {
             if value.len() > MQTT_STRING_MAX {
                 return Err(too_long(key, value.len()));
             }
@@ -667,6 +709,11 @@ impl Config {
             0 => self.limits.queue.clamp(1, usize::from(u16::MAX)) as u16,
             n => n,
         }
+    }
+
+    /// The thin-edge publication's own MQTT client id: `{client id}-tedge`.
+    pub fn thin_edge_client_id(&self) -> String {
+        format!("{}-tedge", self.client_id())
     }
 
     /// The MQTT client id: configured, else `laya-edge-{device}`.
@@ -729,6 +776,7 @@ mod tests {
         assert_eq!(c.rknn, Rknn::default());
         assert_eq!(c.qnn, Qnn::default());
         assert_eq!(c.log, Log::default());
+        assert_eq!(c.thin_edge, ThinEdge::default());
     }
 
     #[test]
@@ -1041,5 +1089,28 @@ mod tests {
         }
         // At the limit: a client id of 65535 bytes is MQTT's longest, and taken.
         Config::parse(&format!("[mqtt]\nclient_id = \"{}\"", "x".repeat(65_535)), Path::new("test")).unwrap();
+    }
+
+    #[test]
+    fn thin_edge_names_are_checked_and_enabling_it_needs_a_broker() {
+        let c = Config::parse("[thin_edge]\nenabled = true\n", Path::new("test")).unwrap();
+        assert_eq!(c.thin_edge.service().unwrap().entity(), "te/device/main/service/laya-edge");
+        let c =
+            Config::parse("[mqtt]\nclient_id = \"c1\"\n[thin_edge]\ndevice = \"child-7\"\n", Path::new("t")).unwrap();
+        assert_eq!(c.thin_edge_client_id(), "c1-tedge");
+        assert_eq!(c.thin_edge.service().unwrap().entity(), "te/device/child-7/service/laya-edge");
+        for (text, named) in [
+            ("[thin_edge]\nservice = \"laya/edge\"", "thin_edge.service \"laya/edge\""),
+            ("[thin_edge]\ndevice = \"+\"", "thin_edge.device \"+\""),
+            ("[thin_edge]\ndevice = \"\"", "thin_edge.device \"\""),
+            ("[thin_edge]\ntopic_root = \"te/#\"", "thin_edge.topic_root \"te/#\""),
+            ("[mqtt]\nbroker = \"\"\n[thin_edge]\nenabled = true", "thin_edge.enabled needs [mqtt] broker"),
+        ] {
+            let e = Config::parse(text, Path::new("test")).expect_err(named).to_string();
+            assert!(e.contains(named), "{named}: {e}");
+        }
+        let long = format!("[mqtt]\nclient_id = \"{}\"\n[thin_edge]\nenabled = true", "x".repeat(65_535));
+        let e = Config::parse(&long, Path::new("test")).expect_err("too long").to_string();
+        assert!(e.contains("the thin-edge client id") && e.contains("65541 bytes"), "{e}");
     }
 }

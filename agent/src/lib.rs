@@ -11,6 +11,7 @@ pub mod decide;
 pub mod engine;
 pub mod service;
 pub mod store;
+pub mod thin_edge;
 
 pub mod pipeline;
 pub mod platform;

@@ -12,6 +12,7 @@ pub mod load;
 pub mod pyfloat;
 pub mod pyrepr;
 pub mod request;
+pub mod thin_edge;
 pub mod topic;
 pub mod value;
 pub mod wire;

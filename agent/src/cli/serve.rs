@@ -203,7 +203,13 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
         }
     };
     let reloads = reload_on_sighup(hup, args, config.clone());
-    service::run(config, engine, bundle, shutdown, reloads, |_| {}).await.map_err(|e| e.to_string())
+    // [thin_edge]: beside the service, on a connection of its own; stopped after it (it says down).
+    let thin_edge = crate::thin_edge::spawn(&config).map_err(|e| e.to_string())?;
+    let served = service::run(config, engine, bundle, shutdown, reloads, |_| {}).await.map_err(|e| e.to_string());
+    if let Some(bridge) = thin_edge {
+        bridge.stop().await;
+    }
+    served
 }
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and

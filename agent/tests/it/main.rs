@@ -30,5 +30,6 @@ mod sessions;
 mod support;
 mod systemd;
 mod telemetry;
+mod thin_edge;
 mod tls_and_login;
 mod topic_tree;
