@@ -4,9 +4,9 @@
 //!
 //! Why a helper of our own and not candle's quantized matmul: candle's `QMatMul` (Q8_0: a scale
 //! per block of 32 weights) multiplies one output row by one weight row at a time (a dot product
-//! per element, no register blocking), so every weight byte is read again for every token; at the
-//! encoder's 100-500-token calls it was slower than the f32 product it would replace
-//! (BENCHMARKS.md, "int8 and bf16 CPU modes"). Here the loop nest is the f32 one's (`panels`):
+//! per element, no register blocking: read in its source, not measured here), so every weight
+//! byte is read again for every token of a 100-500-token call. Here the loop nest is the f32
+//! one's (`panels`):
 //! weights packed once at load in panels of [`MR`] output channels, the tokens packed per call
 //! in tiles of [`NR`], and a microkernel that keeps an `MR x NR` block of i32 sums in registers
 //! over the whole depth:
@@ -444,6 +444,9 @@ mod tests {
         }
     }
 
+    /// Makes one (weight, activation) pair.
+    type Pair = Box<dyn Fn(&mut Rng) -> (i8, i8)>;
+
     /// Packs integer operands and runs every tile of every panel on `kernel`: the exact sums.
     fn products(kernel: I8Kernel, w: &[i8], x: &[i8], rows: usize, n: usize, depth: usize) -> Vec<i64> {
         let k4 = depth.div_ceil(4);
@@ -457,9 +460,9 @@ mod tests {
         for p in 0..rows.div_ceil(MR) {
             for t in 0..n.div_ceil(NR) {
                 kernel.tile(&pw[p * k4 * MR * 4..], &px[t * k4 * NR * 4..], k4, &mut acc);
-                for j in 0..NR.min(n - t * NR) {
-                    for i in 0..MR.min(rows - p * MR) {
-                        let (c, s) = (p * MR + i, i64::from(acc[j][i]));
+                for (j, a) in acc.iter().enumerate().take(NR.min(n - t * NR)) {
+                    for (i, &s) in a.iter().enumerate().take(MR.min(rows - p * MR)) {
+                        let (c, s) = (p * MR + i, i64::from(s));
                         out[(t * NR + j) * rows + c] = if kernel.offset() { s - offsets[c] } else { s };
                     }
                 }
@@ -485,7 +488,7 @@ mod tests {
         // -128 included. Sizes across panel, tile and quad edges; the deepest is the longest
         // product a layer of the fixtures has.
         for (rows, n, depth) in [(1, 1, 1), (33, 9, 7), (64, 16, 256), (70, 13, 1027), (32, 8, 5248)] {
-            let cases: [(&str, Box<dyn Fn(&mut Rng) -> (i8, i8)>); 4] = [
+            let cases: [(&str, Pair); 4] = [
                 ("random", Box::new(|r: &mut Rng| (r.byte().max(-127), r.byte()))),
                 ("+127 x +127", Box::new(|_: &mut Rng| (127, 127))),
                 ("-127 x -128", Box::new(|_: &mut Rng| (-127, -128))),
