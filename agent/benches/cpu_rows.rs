@@ -3,6 +3,8 @@
 //! runs through PyTorch). Not a test: see BENCHMARKS.md for recorded numbers.
 //!
 //!     LAYA_BENCH_MODEL=/tmp/laya-mid LAYA_BENCH_REQUESTS=10 cargo bench --bench cpu_rows
+//!
+//! `LAYA_BENCH_CPU_WEIGHTS` (`f32`, `int8`, `bf16`) runs the CPU model in that `[cpu] weights` mode.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,7 +34,13 @@ fn main() {
         .collect();
     let rows: usize = requests.iter().map(|r| r.questions.len()).sum();
     let bundle = HostBundle::load(&model).expect("model bundle");
-    let mut backend = Counting { inner: CpuBackend::load(&model, &bundle.config).expect("model"), tokens: 0 };
+    let mode = match std::env::var("LAYA_BENCH_CPU_WEIGHTS").as_deref() {
+        Ok("int8") => laya_edge::config::CpuWeights::Int8,
+        Ok("bf16") => laya_edge::config::CpuWeights::Bf16,
+        _ => laya_edge::config::CpuWeights::F32,
+    };
+    let inner = CpuBackend::load_with(&model, &bundle.config, mode).expect("model");
+    let mut backend = Counting { inner, tokens: 0 };
     for r in &requests {
         pipeline::answer(&bundle, &mut backend, r).expect("warm-up");
     }
@@ -50,7 +58,8 @@ fn main() {
     }
     let (secs, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu_start);
     println!(
-        "{{\"impl\": \"laya-edge-cpu\", \"threads\": {}, \"requests\": {}, \"rows\": {}, \"seconds\": {:.3}, \"rows_per_second\": {:.2}, \"rows_per_cpu_second\": {:.2}, \"best_pass_rows_per_second\": {:.2}, \"best_pass_rows_per_cpu_second\": {:.2}, \"tokens_per_row\": {:.1}}}",
+        "{{\"impl\": \"laya-edge-{}\", \"threads\": {}, \"requests\": {}, \"rows\": {}, \"seconds\": {:.3}, \"rows_per_second\": {:.2}, \"rows_per_cpu_second\": {:.2}, \"best_pass_rows_per_second\": {:.2}, \"best_pass_rows_per_cpu_second\": {:.2}, \"tokens_per_row\": {:.1}}}",
+        backend.inner.name(),
         rayon::current_num_threads(),
         requests.len(),
         rows * passes,

@@ -168,6 +168,7 @@ pub struct Config {
     pub engine: Engine,
     pub rknn: Rknn,
     pub qnn: Qnn,
+    pub cpu: Cpu,
     pub log: Log,
     pub probe: ProbeConfig,
     pub thin_edge: ThinEdge,
@@ -456,6 +457,42 @@ impl Default for Engine {
             null_faults: String::new(),
         }
     }
+}
+
+/// `[cpu] weights`: what the CPU model's encoder multiplies with. `f32` is the default and the
+/// reference; `int8` and `bf16` are opt-in modes for boards (issue #43), each judged by the
+/// bundle's probe as its own path (`cpu-int8`, `cpu-bf16`) and refused at start when it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuWeights {
+    /// The f32 weights as the checkpoint has them (widened from f16/bf16).
+    #[default]
+    F32,
+    /// The encoder's dense weights quantised at load to int8 per output channel, activations per
+    /// row, int8 products with i32 sums; embeddings, norms, attention and the head stay f32.
+    Int8,
+    /// The encoder's dense weights and their inputs rounded to bf16, f32 sums (CPUs with AVX-512
+    /// BF16 only).
+    Bf16,
+}
+
+impl CpuWeights {
+    /// The name in the configuration and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuWeights::F32 => "f32",
+            CpuWeights::Int8 => "int8",
+            CpuWeights::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `[cpu]`: the CPU backend's own settings (the primary's and the fallback's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cpu {
+    /// `f32` (the default), `int8` or `bf16` ([`CpuWeights`]).
+    pub weights: CpuWeights,
 }
 
 /// `[rknn]`: the Rockchip runtime.

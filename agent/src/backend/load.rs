@@ -26,6 +26,8 @@ pub enum SetupError {
     Probe(String),
     #[error(transparent)]
     Model(#[from] crate::backend::cpu::ModelError),
+    #[error("[cpu] weights: the {mode} mode is refused: {message}")]
+    Fidelity { mode: &'static str, message: String },
 }
 
 /// Checks, in this process and without loading it, the checkpoint a worker of `config` will load
@@ -33,17 +35,21 @@ pub enum SetupError {
 /// file and the architecture): the CPU backend's, the CPU fallback's, and the QNN backend's host
 /// stages (embeddings, head). A model that cannot load is refused at start rather than by
 /// every restarted worker. A bundle's checkpoint that no backend reads here is checked too when
-/// its weights are there (`laya-edge check` checks the rest).
+/// its weights are there (`laya-edge check` checks the rest). A CPU worker in a quantised mode
+/// (`[cpu] weights`) is judged by the probe here and refused if it fails it (`fidelity`): this
+/// one loads the model.
 pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupError> {
     let kind = config.engine.backend;
     let reads_checkpoint =
         matches!(kind, BackendKind::Cpu | BackendKind::Qnn) || config.engine.fallback == Fallback::Cpu;
     match &bundle.checkpoint {
         Some(ckpt) if reads_checkpoint || ckpt.join("model.safetensors").exists() => {
-            Ok(crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)?)
+            crate::backend::cpu::CpuModel::check(ckpt, &bundle.config)?
         }
-        _ => Ok(()),
+        _ => {}
     }
+    // A quantised CPU mode is judged by the probe here, once, and refused if it fails.
+    super::fidelity::check(config, bundle).map(|_| ())
 }
 
 /// This program, which is also the worker's.
@@ -71,7 +77,7 @@ pub fn load(kind: BackendKind, config: &Config) -> Result<Box<dyn Backend>, Load
         BackendKind::Cpu => {
             let bundle = HostBundle::load_as(model, config.model.laya).map_err(|e| e.to_string())?;
             let ckpt = bundle.checkpoint.clone().ok_or("this bundle has no checkpoint for the CPU backend")?;
-            Ok(Box::new(CpuBackend::load(&ckpt, &bundle.config).map_err(|e| e.to_string())?))
+            Ok(Box::new(CpuBackend::load_with(&ckpt, &bundle.config, config.cpu.weights).map_err(|e| e.to_string())?))
         }
         BackendKind::Null => {
             let faults = crate::backend::null::parse_faults(&config.engine.null_faults)?;

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::backend;
 use crate::backend::{Backend, BackendError, RowResult};
 use crate::bundle::HostBundle;
-use crate::config::{BackendKind, Config, Fallback};
+use crate::config::{BackendKind, Config, CpuWeights, Fallback};
 use crate::engine::Policy;
 use crate::engine::Role;
 use crate::engine::{Engine, EngineConfig};
@@ -52,6 +52,10 @@ pub struct BackendArgs {
     /// model.laya; default 0.3.20).
     #[arg(long, value_parser = laya_version)]
     laya: Option<LayaVersion>,
+    /// What the CPU model's encoder multiplies with: f32 (the reference), int8 or bf16
+    /// (overrides cpu.weights; default f32). The answers' `backend` names the mode (`cpu-int8`).
+    #[arg(long, value_enum)]
+    cpu_weights: Option<CpuWeights>,
 }
 
 /// `laya-edge --version`: the version, the git commit it was built from (when built from git),
@@ -71,12 +75,21 @@ pub fn version() -> &'static str {
             .map(|v| if *v == LayaVersion::default() { format!("{v} (default)") } else { v.to_string() })
             .collect();
         let features = if features.is_empty() { "none".to_owned() } else { features.join(", ") };
+        // Each `[cpu] weights` mode and the kernels its encoder's products run on here.
+        let weights: Vec<String> = crate::backend::cpu::weight_kernels()
+            .into_iter()
+            .map(|(mode, kernels)| {
+                let default = if mode == CpuWeights::default() { " (default)" } else { "" };
+                format!("{}{default} on {kernels}", mode.name())
+            })
+            .collect();
         format!(
-            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}\ncpu kernels: {}\ncpu vector passes: {}",
+            "{}\ncommit: {commit}\nfeatures: {features}\nlaya semantics: {}\ncpu kernels: {}\ncpu vector passes: {}\ncpu weights: {}",
             env!("CARGO_PKG_VERSION"),
             laya.join(", "),
             crate::backend::cpu::kernel_set(),
-            crate::backend::cpu::vector_set()
+            crate::backend::cpu::vector_set(),
+            weights.join(", ")
         )
     })
 }
@@ -119,6 +132,9 @@ impl BackendArgs {
         }
         if let Some(l) = self.laya {
             config.model.laya = l;
+        }
+        if let Some(w) = self.cpu_weights {
+            config.cpu.weights = w;
         }
         config.check().map_err(|e| e.to_string())?;
         Ok(config)

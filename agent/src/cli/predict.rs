@@ -1,6 +1,7 @@
 //! `laya-edge predict`: answers JSON-lines requests on stdin with laya's result per line, on the
 //! backend the configuration and flags name, each line saying which backend answered it
-//! (`backend`, `serving`: `cpu` and `fallback` when the CPU fallback did). The CPU backend runs in
+//! (`backend`, `serving`: `cpu` and `fallback` when the CPU fallback did; `cpu-int8` or
+//! `cpu-bf16` for the CPU in a quantised mode, `--cpu-weights`). The CPU backend runs in
 //! this process; any other runs in a supervised worker process built exactly as `serve` builds
 //! it (`cli::backend_for`), so `[engine]`, `[rknn]` and `[qnn]` keys reach it through `--config`
 //! (and `[limits] max_request_tokens` bounds each line as it bounds a request to `serve`). A
@@ -20,6 +21,9 @@ pub fn run(config: Config) -> Result<(), String> {
     let kind = config.engine.backend;
     let bundle =
         HostBundle::load_verified_as(Path::new(&config.model.dir), config.model.laya).map_err(|e| e.to_string())?;
+    // A quantised CPU mode (`--cpu-weights`) answers only once it has passed its probe, as at
+    // `serve`'s start; each line's `backend` names it (`cpu-int8`).
+    crate::backend::fidelity::check(&config, &bundle).map_err(|e| e.to_string())?;
     let mut backend = super::backend_for(&config, &bundle, true)?;
     tracing::debug!(backend = kind.name(), model = %config.model.dir.display(), "predict: answering the lines on stdin");
     let out = std::io::BufWriter::new(std::io::stdout().lock());

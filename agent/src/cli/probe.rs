@@ -17,9 +17,14 @@ pub type Args = super::BackendArgs;
 pub fn run(config: Config) -> Result<(), String> {
     let bundle =
         HostBundle::load_verified_as(Path::new(&config.model.dir), config.model.laya).map_err(|e| e.to_string())?;
-    let probe = probe::of_bundle(&bundle)
+    let mut probe = probe::of_bundle(&bundle)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir.display()))?;
+    // The CPU in a quantised mode (`--cpu-weights int8`) is its own path, held to the agreement
+    // it is refused at start below.
+    if crate::backend::fidelity::gated(&config) && config.engine.backend == crate::config::BackendKind::Cpu {
+        probe.thresholds = crate::backend::fidelity::thresholds(probe.thresholds);
+    }
     let mut backend = super::backend_for(&config, &bundle, false)?;
     let rows: Vec<&Row> = probe.rows.iter().collect();
     let outputs =

@@ -381,3 +381,37 @@ fn predict_names_the_root_cause_on_every_line_while_the_backend_is_degraded() {
         assert!(line.contains(r#""code":"backend_unavailable""#), "not backend_unavailable: {line}");
     }
 }
+
+/// `predict --cpu-weights int8` on `model`: (stdout, stderr, success).
+fn predict_int8(model: &std::path::Path) -> (String, String, bool) {
+    run(
+        &["predict", "--backend", "cpu", "--cpu-weights", "int8", "--model", model.to_str().expect("utf-8")],
+        &one_request(),
+    )
+}
+
+#[test]
+fn a_quantised_cpu_mode_that_fails_its_probe_is_refused_at_start_and_one_that_passes_answers_under_its_own_name() {
+    // bpe-small in int8 agrees with f32 on every built-in probe row: it answers, as cpu-int8.
+    let (stdout, stderr, ok) = predict_int8(&fixtures_dir().join("models/bpe-small"));
+    assert!(ok, "{stderr}");
+    let line = parse_str(stdout.trim(), ParseOptions::default()).expect("json");
+    assert!(line.get("answers").is_some(), "{stdout}");
+    assert_eq!(line.get("backend"), Some(&Value::from("cpu-int8")), "{stdout}");
+    // The demo model in int8 flips one of its 60 probe rows (0.983 < 0.99): refused before any
+    // line is answered, naming the mode and the figures.
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
+    let (stdout, stderr, ok) = predict_int8(&demo);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("the cpu-int8 mode is refused") && stderr.contains("argmax agreement 0.983 < 0.99"),
+        "{stderr}"
+    );
+    // f32, the reference, is never gated.
+    let (stdout, stderr, ok) =
+        run(&["predict", "--backend", "cpu", "--model", demo.to_str().expect("utf-8")], &one_request());
+    assert!(
+        ok && stdout.contains("\"backend\": \"cpu\"") || stdout.contains("\"backend\":\"cpu\""),
+        "{stdout} {stderr}"
+    );
+}

@@ -210,6 +210,28 @@ fn version_names_the_commit_the_features_the_laya_semantics_and_the_cpu_kernels(
     assert_eq!(line("cpu kernels: "), want, "{text}");
     // The vectorised passes (softmax's exp, the erf GELU, layer norm) on the same set.
     assert_eq!(line("cpu vector passes: "), want, "{text}");
+    // Each `[cpu] weights` mode and its products' kernels: the int8 set and bf16's (or that this
+    // CPU cannot run it).
+    let weights = line("cpu weights: ");
+    assert!(weights.starts_with(&format!("f32 (default) on {want}, int8 on ")), "{weights}");
+    #[cfg(target_arch = "x86_64")]
+    let int8 = if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw") {
+        "avx512-vnni"
+    } else if std::arch::is_x86_feature_detected!("avx2") {
+        "avx2"
+    } else {
+        "scalar"
+    };
+    #[cfg(target_arch = "aarch64")]
+    let int8 = if std::arch::is_aarch64_feature_detected!("dotprod") { "neon-sdot" } else { "scalar" };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let int8 = "scalar";
+    #[cfg(target_arch = "x86_64")]
+    let bf16 =
+        if std::arch::is_x86_feature_detected!("avx512bf16") { "avx512-bf16" } else { "unavailable on this CPU" };
+    #[cfg(not(target_arch = "x86_64"))]
+    let bf16 = "unavailable on this CPU";
+    assert_eq!(weights, format!("f32 (default) on {want}, int8 on {int8}, bf16 on {bf16}"), "{text}");
 }
 
 #[test]

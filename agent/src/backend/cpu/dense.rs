@@ -13,23 +13,57 @@ use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
+use super::bf16::{Bf16Kernel, Bf16Weights};
+use super::int8::{I8Kernel, QuantWeights};
 use super::panels::{Kernel, PackedWeights};
+use crate::config::CpuWeights;
 
-/// A `[out, inp]` weight packed for this CPU's kernels, read in place when it is a contiguous f32
-/// tensor (the loaded weights are: `weights.rs` widens everything to f32), so that loading holds
-/// the tensor and its packed copy, not a third, plain copy of the largest matrix on the way.
-fn packed(weight: &Tensor, out: usize, inp: usize) -> candle_core::Result<PackedWeights> {
-    let kernel = Kernel::detect();
+/// A `[out, inp]` weight packed for this CPU's kernels in `mode`, read in place when it is a
+/// contiguous f32 tensor (the loaded weights are: `weights.rs` widens everything to f32), so that
+/// loading holds the tensor and its packed copy, not a third, plain copy of the largest matrix on
+/// the way.
+fn packed(weight: &Tensor, out: usize, inp: usize, mode: CpuWeights) -> candle_core::Result<Product> {
+    let pack = |w: &[f32]| -> candle_core::Result<Product> {
+        Ok(match mode {
+            CpuWeights::F32 => Product::F32(PackedWeights::pack(Kernel::detect(), w, out, inp)),
+            CpuWeights::Int8 => {
+                Product::Int8(QuantWeights::quantise(I8Kernel::detect(), w, out, inp).map_err(candle_core::Error::Msg)?)
+            }
+            CpuWeights::Bf16 => Product::Bf16(
+                Bf16Weights::convert(Bf16Kernel::detect().map_err(candle_core::Error::Msg)?, w, out, inp)
+                    .map_err(candle_core::Error::Msg)?,
+            ),
+        })
+    };
     if weight.dtype() == DType::F32 {
         let (storage, layout) = weight.storage_and_layout();
         if let (candle_core::Storage::Cpu(CpuStorage::F32(data)), Some((start, end))) =
             (&*storage, layout.contiguous_offsets())
         {
-            return Ok(PackedWeights::pack(kernel, &data[start..end], out, inp));
+            return pack(&data[start..end]);
         }
     }
     let plain = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    Ok(PackedWeights::pack(kernel, &plain, out, inp))
+    pack(&plain)
+}
+
+/// A layer's weights as its product reads them: f32 panels (the reference), or the quantised
+/// CPU modes' int8 or bf16 ones (`[cpu] weights`).
+#[derive(Clone)]
+enum Product {
+    F32(PackedWeights),
+    Int8(QuantWeights),
+    Bf16(Bf16Weights),
+}
+
+impl Product {
+    fn rows(&self) -> usize {
+        match self {
+            Product::F32(w) => w.rows(),
+            Product::Int8(w) => w.rows(),
+            Product::Bf16(w) => w.rows(),
+        }
+    }
 }
 
 /// The floats of a custom op's CPU input (`what`: the op and the input, for the error), which
@@ -43,9 +77,9 @@ pub(super) fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> c
 /// `y = x W^T + b` over the last dimension of `x`, optionally `+ residual`.
 #[derive(Clone)]
 pub struct Dense {
-    /// `[out, inp]`, packed for the widest kernel set of this CPU; views of one packed matrix
+    /// `[out, inp]`, packed for the widest kernel set of this CPU; views of one packed f32 matrix
     /// share it ([`Dense::narrow`]).
-    weight: PackedWeights,
+    weight: Product,
     /// `[out]`, this layer's outputs only.
     bias: Option<Arc<Vec<f32>>>,
     inp: usize,
@@ -54,8 +88,14 @@ pub struct Dense {
 impl Dense {
     /// A layer from a `[out, inp]` weight and an optional `[out]` bias (f32).
     pub fn new(weight: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Dense> {
+        Dense::with_weights(weight, bias, CpuWeights::F32)
+    }
+
+    /// A layer whose product runs in `mode`: f32, or weights quantised here to int8 (per output
+    /// channel) or bf16; the bias stays f32.
+    pub fn with_weights(weight: &Tensor, bias: Option<&Tensor>, mode: CpuWeights) -> candle_core::Result<Dense> {
         let (out, inp) = weight.dims2()?;
-        let weight = packed(weight, out, inp)?;
+        let weight = packed(weight, out, inp, mode)?;
         let bias = match bias {
             Some(b) => {
                 if b.dims1()? != out {
@@ -71,7 +111,10 @@ impl Dense {
     /// The outputs `start..start + len` of this layer alone (shares the packed weights where
     /// `start` is on a panel boundary, as the head's `d` is).
     pub fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Dense> {
-        let Some(weight) = self.weight.select(start..start + len) else {
+        let Product::F32(packed) = &self.weight else {
+            candle_core::bail!("only an f32 layer is narrowed (the quantised modes keep the head in f32)");
+        };
+        let Some(weight) = packed.select(start..start + len).map(Product::F32) else {
             candle_core::bail!("outputs {start}..{} of a layer of {}", start + len, self.out());
         };
         let bias = self.bias.as_ref().map(|b| Arc::new(b[start..start + len].to_vec()));
@@ -122,7 +165,12 @@ impl Dense {
                 row.iter_mut().zip(b.iter()).for_each(|(y, b)| *y += b);
             }
         }
-        self.weight.multiply_add(x, n, dst, m, candle_core::utils::get_num_threads());
+        let threads = candle_core::utils::get_num_threads();
+        match &self.weight {
+            Product::F32(w) => w.multiply_add(x, n, dst, m, threads),
+            Product::Int8(w) => w.multiply_add(x, n, dst, m, threads),
+            Product::Bf16(w) => w.multiply_add(x, n, dst, m, threads),
+        }
         Ok(())
     }
 

@@ -21,6 +21,7 @@ use super::dense::Dense;
 use super::layer_norm::LayerNorm;
 use super::mlp::FeedForward;
 use super::weights::{Expected, Weights};
+use crate::config::CpuWeights;
 
 fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64) -> Result<LayerNorm, ModelError> {
     let weight = w.get(&format!("{prefix}.weight"))?;
@@ -28,10 +29,10 @@ fn layer_norm(w: &Weights, prefix: &str, bias: bool, eps: f64) -> Result<LayerNo
     Ok(LayerNorm::new(&weight, bias.as_ref(), eps)?)
 }
 
-fn linear(w: &Weights, prefix: &str, bias: bool) -> Result<Dense, ModelError> {
+fn linear(w: &Weights, prefix: &str, bias: bool, mode: CpuWeights) -> Result<Dense, ModelError> {
     let weight = w.get(&format!("{prefix}.weight"))?;
     let bias = if bias { Some(w.get(&format!("{prefix}.bias"))?) } else { None };
-    Ok(Dense::new(&weight, bias.as_ref())?)
+    Ok(Dense::with_weights(&weight, bias.as_ref(), mode)?)
 }
 
 struct Layer {
@@ -156,6 +157,13 @@ impl Encoder {
 
     /// Loads the encoder's tensors (already verified).
     pub fn load(cfg: EncoderConfig, w: &Weights) -> Result<Encoder, ModelError> {
+        Encoder::load_with(cfg, w, CpuWeights::F32)
+    }
+
+    /// [`Encoder::load`] with the layers' dense products in `mode` (`[cpu] weights`): the
+    /// quantised modes quantise the four dense weights of each layer here, as they are read;
+    /// the embeddings and the norms stay f32.
+    pub fn load_with(cfg: EncoderConfig, w: &Weights, mode: CpuWeights) -> Result<Encoder, ModelError> {
         let (eps, nb) = (cfg.norm_eps, cfg.norm_bias);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for (l, &kind) in cfg.layer_types.iter().enumerate() {
@@ -164,11 +172,11 @@ impl Encoder {
                 kind,
                 // Layer 0 has no attention norm: the embedding norm just ran.
                 attn_norm: if l == 0 { None } else { Some(layer_norm(w, &format!("{p}.attn_norm"), nb, eps)?) },
-                wqkv: linear(w, &format!("{p}.attn.Wqkv"), cfg.attention_bias)?,
-                wo: linear(w, &format!("{p}.attn.Wo"), cfg.attention_bias)?,
+                wqkv: linear(w, &format!("{p}.attn.Wqkv"), cfg.attention_bias, mode)?,
+                wo: linear(w, &format!("{p}.attn.Wo"), cfg.attention_bias, mode)?,
                 mlp_norm: layer_norm(w, &format!("{p}.mlp_norm"), nb, eps)?,
-                wi: linear(w, &format!("{p}.mlp.Wi"), cfg.mlp_bias)?,
-                mlp_wo: linear(w, &format!("{p}.mlp.Wo"), cfg.mlp_bias)?,
+                wi: linear(w, &format!("{p}.mlp.Wi"), cfg.mlp_bias, mode)?,
+                mlp_wo: linear(w, &format!("{p}.mlp.Wo"), cfg.mlp_bias, mode)?,
             });
         }
         Ok(Encoder {

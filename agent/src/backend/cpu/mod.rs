@@ -16,10 +16,12 @@
 //! [`CpuBackend`] is the [`Backend`](super::Backend) over [`CpuModel`], in this process or a worker.
 
 mod attention;
+mod bf16;
 pub mod config;
 pub mod dense;
 pub mod encoder;
 pub mod head;
+mod int8;
 mod layer_norm;
 pub mod masks;
 mod mlp;
@@ -47,27 +49,72 @@ pub fn vector_set() -> &'static str {
 
 pub use vector::FORCE_VAR as FORCE_KERNELS_VAR;
 
+/// What `--version` says each `[cpu] weights` mode runs its encoder's products on, on this CPU
+/// (and under `LAYA_CPU_KERNELS`): `f32` the `gemm` set, `int8` the int8 set (`avx512-vnni`,
+/// `avx2`, `neon-sdot` or `scalar`), `bf16` its set or why the mode is refused here.
+pub fn weight_kernels() -> Vec<(CpuWeights, String)> {
+    vec![
+        (CpuWeights::F32, kernel_set().to_owned()),
+        (CpuWeights::Int8, int8::I8Kernel::detect().name().to_owned()),
+        (
+            CpuWeights::Bf16,
+            match bf16::Bf16Kernel::detect() {
+                Ok(k) => k.name().to_owned(),
+                Err(_) => "unavailable on this CPU".to_owned(),
+            },
+        ),
+    ]
+}
+
+/// Whether this CPU (and process) can run `mode`; why not, if it cannot (bf16 without AVX-512
+/// BF16): what the agent refuses at start with.
+pub fn check_weights(mode: CpuWeights) -> Result<(), String> {
+    match mode {
+        CpuWeights::Bf16 => bf16::Bf16Kernel::detect().map(|_| ()),
+        CpuWeights::F32 | CpuWeights::Int8 => Ok(()),
+    }
+}
+
+/// The name the CPU backend answers under in `mode`: `cpu` (f32, the reference), `cpu-int8`,
+/// `cpu-bf16` (each quantised mode is its own probe path).
+pub fn backend_name(mode: CpuWeights) -> &'static str {
+    match mode {
+        CpuWeights::F32 => "cpu",
+        CpuWeights::Int8 => "cpu-int8",
+        CpuWeights::Bf16 => "cpu-bf16",
+    }
+}
+
 use std::path::Path;
 
 use super::{Backend, BackendError, RowResult};
 use crate::bundle::AgentConfig;
+use crate::config::CpuWeights;
 use crate::prompt::Row;
 
 /// The Laya model on the CPU.
 pub struct CpuBackend {
     model: CpuModel,
+    mode: CpuWeights,
 }
 
 impl CpuBackend {
-    /// Loads the checkpoint in `dir`.
+    /// Loads the checkpoint in `dir` (f32).
     pub fn load(dir: &Path, config: &AgentConfig) -> Result<CpuBackend, ModelError> {
-        Ok(CpuBackend { model: CpuModel::load(dir, config)? })
+        CpuBackend::load_with(dir, config, CpuWeights::F32)
+    }
+
+    /// Loads the checkpoint in `dir` with the encoder's products in `mode` (`[cpu] weights`).
+    pub fn load_with(dir: &Path, config: &AgentConfig, mode: CpuWeights) -> Result<CpuBackend, ModelError> {
+        check_weights(mode).map_err(|message| ModelError::Weights { path: dir.to_owned(), message })?;
+        Ok(CpuBackend { model: CpuModel::load_with(dir, config, mode)?, mode })
     }
 }
 
 impl Backend for CpuBackend {
+    /// `cpu`, `cpu-int8` or `cpu-bf16` ([`backend_name`]).
     fn name(&self) -> &'static str {
-        "cpu"
+        backend_name(self.mode)
     }
 
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {

@@ -21,6 +21,7 @@ use super::weights::{Expected, Weights};
 use super::{Encoder, EncoderConfig, Head, HeadOutput};
 
 use crate::bundle::{AgentConfig, BundleError};
+use crate::config::CpuWeights;
 use crate::prompt::Row;
 
 /// Tokens of the rows that run through the encoder together ([`token_groups`]).
@@ -106,10 +107,18 @@ impl CpuModel {
     /// Loads `dir/encoder/config.json` and `dir/model.safetensors` (f32, f16 or bf16,
     /// read tensor by tensor), checking every tensor against the architecture first.
     pub fn load(dir: &Path, agent: &AgentConfig) -> Result<CpuModel, ModelError> {
+        CpuModel::load_with(dir, agent, CpuWeights::F32)
+    }
+
+    /// [`CpuModel::load`] with the encoder's dense products in `mode` (`[cpu] weights`); the
+    /// head stays f32 in every mode.
+    pub fn load_with(dir: &Path, agent: &AgentConfig, mode: CpuWeights) -> Result<CpuModel, ModelError> {
         let (enc_cfg, weights) = CpuModel::open(dir, agent)?;
         let d = enc_cfg.hidden_size;
-        let model =
-            CpuModel { encoder: Encoder::load(enc_cfg, &weights)?, head: Head::load(d, agent.head_layers, &weights)? };
+        let model = CpuModel {
+            encoder: Encoder::load_with(enc_cfg, &weights, mode)?,
+            head: Head::load(d, agent.head_layers, &weights)?,
+        };
         // The copies made on the way are garbage now: see `heap`.
         crate::platform::heap::release_freed();
         Ok(model)
