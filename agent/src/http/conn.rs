@@ -33,7 +33,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 
 use super::routes::{self, Shared};
 
@@ -120,6 +120,8 @@ struct Activity {
     idle_since_ms: AtomicU64,
     /// Milliseconds since `origin` (plus one; 0: none) of the first byte received since then.
     first_byte_ms: AtomicU64,
+    /// Woken when the deadline may have changed (a first byte, a request's end).
+    changed: Notify,
 }
 
 impl Activity {
@@ -134,11 +136,13 @@ impl Activity {
     fn became_idle(&self) {
         self.first_byte_ms.store(0, Ordering::Relaxed);
         self.idle_since_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.changed.notify_one();
     }
 
     fn received(&self) {
         if self.first_byte_ms.load(Ordering::Relaxed) == 0 {
             self.first_byte_ms.store(self.now_ms() + 1, Ordering::Relaxed);
+            self.changed.notify_one();
         }
     }
 
@@ -230,6 +234,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, m
         in_flight: AtomicUsize::new(0),
         idle_since_ms: AtomicU64::new(0),
         first_byte_ms: AtomicU64::new(0),
+        changed: Notify::new(),
     });
     let io = TokioIo::new(Watched { inner: stream, activity: activity.clone() });
     let service = {
@@ -266,6 +271,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, m
                     return;
                 }
             }
+            // A first byte or a request's end: the deadline moved.
+            _ = activity.changed.notified() => {}
             _ = stop.changed(), if !stopping => {
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
@@ -277,7 +284,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, m
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d.into()).await,
-        // A request is in progress: its end wakes the loop through the connection future.
-        None => tokio::time::sleep(Duration::from_millis(250)).await,
+        // A request is in progress: its end wakes the loop through `changed`.
+        None => std::future::pending().await,
     }
 }
