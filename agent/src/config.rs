@@ -1082,7 +1082,8 @@ mod tests {
     fn an_http_door_off_loopback_needs_a_key_file_and_says_which_key() {
         let e = Config::parse("[http]\nlisten = \"0.0.0.0:8000\"", Path::new("test")).expect_err("refused").to_string();
         assert!(e.contains("http.api_key_file") && e.contains("0.0.0.0:8000"), "{e}");
-        Config::parse("[http]\nlisten = \"0.0.0.0:8000\"\napi_key_file = \"/k\"", Path::new("test")).expect("with a key");
+        Config::parse("[http]\nlisten = \"0.0.0.0:8000\"\napi_key_file = \"/k\"", Path::new("test"))
+            .expect("with a key");
         Config::parse("[http]\nlisten = \"127.0.0.1:8000\"", Path::new("test")).expect("loopback");
         Config::parse("[http]\nlisten = \"[::1]:0\"", Path::new("test")).expect("loopback v6");
         let e = Config::parse("[http]\nlisten = \"localhost\"", Path::new("test")).expect_err("no port").to_string();

@@ -231,7 +231,11 @@ impl Metrics {
     /// The exposition text.
     pub fn render(&self) -> String {
         let mut w = Writer::default();
-        w.family("laya_requests_total", "counter", "Decision requests by model and outcome (ok, invalid, too_large, busy, deadline, failed).");
+        w.family(
+            "laya_requests_total",
+            "counter",
+            "Decision requests by model and outcome (ok, invalid, too_large, busy, deadline, failed).",
+        );
         w.labelled("laya_requests_total", &["model", "status"], &self.requests.snapshot());
         w.family("laya_rejections_total", "counter", "Questions refused before the engine, by reason.");
         w.labelled("laya_rejections_total", &["reason"], &self.rejections.snapshot());
@@ -241,11 +245,7 @@ impl Metrics {
         w.histogram("laya_inference_seconds", &self.inference);
         w.family("laya_edge_http_requests_total", "counter", "HTTP responses by route and status.");
         w.labelled("laya_edge_http_requests_total", &["route", "status"], &self.http.snapshot());
-        w.family(
-            "laya_edge_http_connections",
-            "gauge",
-            "HTTP connections open now.",
-        );
+        w.family("laya_edge_http_connections", "gauge", "HTTP connections open now.");
         w.sample("laya_edge_http_connections", &[], self.connections_open.load(Ordering::Relaxed) as f64);
         w.family(
             "laya_edge_http_connections_refused_total",

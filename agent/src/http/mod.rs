@@ -101,7 +101,8 @@ impl DoorSettings {
     /// laya.serve's defaults, with `model_names` (at least one; the served model's name when
     /// empty) and no key.
     pub fn new(model_names: &[String], served_name: &str) -> DoorSettings {
-        let mut names: Vec<String> = model_names.iter().map(|n| n.trim().to_lowercase()).filter(|n| !n.is_empty()).collect();
+        let mut names: Vec<String> =
+            model_names.iter().map(|n| n.trim().to_lowercase()).filter(|n| !n.is_empty()).collect();
         if names.is_empty() {
             names.push(served_name.trim().to_lowercase());
         }

@@ -86,7 +86,11 @@ fn route_label(path: &str) -> &'static str {
 }
 
 /// One request: the response, counted in `/metrics`.
-pub async fn handle(req: Request<Incoming>, shared: Arc<Shared>, peer: SocketAddr) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+) -> Result<Response<Body>, Infallible> {
     let label = route_label(req.uri().path());
     let response = route(req, &shared, peer).await;
     shared.metrics.http_response(label, response.status().as_u16());
@@ -125,10 +129,7 @@ fn outcome(status: StatusCode) -> Outcome {
 }
 
 fn authorized(req: &Request<Incoming>, shared: &Shared) -> bool {
-    shared
-        .bearer
-        .as_ref()
-        .is_none_or(|b| b.admits(req.headers().get(header::AUTHORIZATION).map(HeaderValue::as_bytes)))
+    shared.bearer.as_ref().is_none_or(|b| b.admits(req.headers().get(header::AUTHORIZATION).map(HeaderValue::as_bytes)))
 }
 
 /// `POST /v1/systemone` and `/v1/systemone/batch`.
@@ -161,7 +162,8 @@ async fn decide(req: Request<Incoming>, shared: &Shared, peer: SocketAddr, batch
         Err(BodyError::Broken(_)) => return refusal(&Kind::NotJson.refusal(&[])),
     };
     let caller = format!("http/{}", peer.ip());
-    let answered = if batch { ask_batch(&bytes, shared, caller).await } else { ask_single(&bytes, shared, caller).await };
+    let answered =
+        if batch { ask_batch(&bytes, shared, caller).await } else { ask_single(&bytes, shared, caller).await };
     match answered {
         Ok((body, infer_ms)) => {
             let timing = format!("{infer_ms:.2}");
@@ -205,12 +207,9 @@ fn refused(r: Refused) -> Answer {
         Refused::Deadline => Answer::Door(DoorRefusal::Deadline),
         Refused::Failed(cause) => Answer::Failed(cause),
         Refused::Invalid(text) => Answer::Refusal(Kind::LayaValueError.refusal(&[&text])),
-        Refused::TooLarge(text) => Answer::Refusal(Refusal {
-            kind: Kind::BodyTooLarge,
-            status: 413,
-            detail: text,
-            retry_after: None,
-        }),
+        Refused::TooLarge(text) => {
+            Answer::Refusal(Refusal { kind: Kind::BodyTooLarge, status: 413, detail: text, retry_after: None })
+        }
     }
 }
 
@@ -280,9 +279,8 @@ async fn ask_batch(bytes: &[u8], shared: &Shared, caller: String) -> Result<(Val
     let routing = routing(&batch.controls, shared)?;
     let t0 = Instant::now();
     // One ask per state, all at once, so the engine can merge them into one call.
-    let mut tasks = Tasks(
-        batch.requests().into_iter().map(|r| tokio::spawn(shared.asker.ask(r, caller.clone()))).collect(),
-    );
+    let mut tasks =
+        Tasks(batch.requests().into_iter().map(|r| tokio::spawn(shared.asker.ask(r, caller.clone()))).collect());
     let mut results = Vec::with_capacity(tasks.0.len());
     for task in &mut tasks.0 {
         let result = task.await.map_err(|e| Answer::Failed(format!("a batch task ended: {e}")))?.map_err(refused)?;

@@ -193,7 +193,10 @@ impl Door {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        tokio::time::timeout(Duration::from_secs(30), &mut self.task).await.expect("the door stops").expect("door task");
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
+            .await
+            .expect("the door stops")
+            .expect("door task");
     }
 }
 
@@ -575,12 +578,7 @@ fn assert_answer_like(case: &Case, got: &Resp) {
         }
         return;
     }
-    assert_eq!(
-        got.text(),
-        json::to_string(&case.response, Style::COMPACT),
-        "{}: body",
-        case.id
-    );
+    assert_eq!(got.text(), json::to_string(&case.response, Style::COMPACT), "{}: body", case.id);
 }
 
 /// The door and asker for one of the recorded servers (`MANIFEST.json`'s `servers`).
@@ -599,13 +597,18 @@ fn server(name: &str, manifest: &Value) -> (DoorSettings, Arc<TestAsker>) {
     if let Some(t) = env.get("LAYA_BODY_READ_TIMEOUT").and_then(Value::as_str) {
         settings.body_read_timeout = Duration::from_secs_f64(t.parse().expect("seconds"));
     }
-    let asker = if name == "broken" { TestAsker::without_model() } else { TestAsker::on(&workspace().join(checkpoint), checkpoint) };
+    let asker = if name == "broken" {
+        TestAsker::without_model()
+    } else {
+        TestAsker::on(&workspace().join(checkpoint), checkpoint)
+    };
     (settings, asker)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_recorded_laya_serve_case_the_door_decides_or_the_pipeline_answers_is_answered_alike() {
-    let manifest = parse(&std::fs::read_to_string(workspace().join(SERVE_FIXTURES).join("MANIFEST.json")).expect("manifest"));
+    let manifest =
+        parse(&std::fs::read_to_string(workspace().join(SERVE_FIXTURES).join("MANIFEST.json")).expect("manifest"));
     let not_applied: Vec<String> = manifest
         .get("checkpoint_files_not_applied")
         .and_then(|c| c.get("cases"))
@@ -638,7 +641,8 @@ async fn every_recorded_laya_serve_case_the_door_decides_or_the_pipeline_answers
                 // question the asker holds takes it, so the order does not hang on a timer.
                 asker.hold.send_replace(true);
                 let addr = door.addr;
-                let holder = tokio::spawn(async move { post(addr, "/v1/systemone", Some(&format!("Bearer {KEY}")), ASK).await });
+                let holder =
+                    tokio::spawn(async move { post(addr, "/v1/systemone", Some(&format!("Bearer {KEY}")), ASK).await });
                 asker.entered.acquire().await.expect("entered").forget();
                 let mut j = i + 1;
                 while j < mine.len() && mine[j].id.starts_with("503/") {
@@ -689,7 +693,11 @@ async fn a_wrong_missing_or_non_ascii_bearer_is_a_401_never_a_500_on_every_guard
                 h.extend_from_slice(b"\r\n");
             }
             let r = exchange(door.addr, &h, b"{}").await;
-            assert_eq!((r.status, r.text().as_str()), (401, r#"{"detail":"invalid or missing bearer token"}"#), "{path} {auth:?}");
+            assert_eq!(
+                (r.status, r.text().as_str()),
+                (401, r#"{"detail":"invalid or missing bearer token"}"#),
+                "{path} {auth:?}"
+            );
             assert_eq!(r.header("www-authenticate"), None);
         }
         let mut h = head("GET", "/health", &[]);
@@ -706,7 +714,11 @@ async fn a_wrong_missing_or_non_ascii_bearer_is_a_401_never_a_500_on_every_guard
     assert_eq!(r.json().get("backend_state").and_then(Value::as_str), Some("starting"));
     let r = get(door.addr, "/metrics", Some("Bearer edge-test-key")).await;
     assert_eq!(r.status, 200);
-    assert!(r.text().contains("laya_edge_http_requests_total{route=\"/v1/systemone\",status=\"401\"} 6\n"), "{}", r.text());
+    assert!(
+        r.text().contains("laya_edge_http_requests_total{route=\"/v1/systemone\",status=\"401\"} 6\n"),
+        "{}",
+        r.text()
+    );
     for path in ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"] {
         assert_eq!(get(door.addr, path, Some("Bearer edge-test-key")).await.status, 404, "{path}");
     }
@@ -716,7 +728,11 @@ async fn a_wrong_missing_or_non_ascii_bearer_is_a_401_never_a_500_on_every_guard
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_head_sent_too_slowly_gets_its_connection_closed_and_the_door_serves_on() {
-    let s = DoorSettings { header_read_timeout: Duration::from_millis(400), idle_timeout: Duration::from_secs(60), ..settings() };
+    let s = DoorSettings {
+        header_read_timeout: Duration::from_millis(400),
+        idle_timeout: Duration::from_secs(60),
+        ..settings()
+    };
     let door = Door::start(s, TestAsker::without_model()).await;
     let mut slow = connect(door.addr).await;
     slow.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n").await.expect("part of a head");
@@ -744,8 +760,13 @@ async fn a_body_slower_than_its_timeout_is_a_408_and_its_slot_is_free_again() {
     asker.set(Mode::Deadline);
     let door = Door::start(s, asker).await;
     let mut s = connect(door.addr).await;
-    s.write_all(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"state\":").await.expect("send");
-    let r = tokio::time::timeout(Duration::from_secs(30), read_response(&mut s)).await.expect("in time").expect("a response");
+    s.write_all(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"state\":")
+        .await
+        .expect("send");
+    let r = tokio::time::timeout(Duration::from_secs(30), read_response(&mut s))
+        .await
+        .expect("in time")
+        .expect("a response");
     assert_eq!((r.status, r.text().as_str()), (408, r#"{"detail":"request body was not received in time"}"#));
     // The only slot is free: the next question reaches the asker (which misses its deadline).
     let r = post(door.addr, "/v1/systemone", None, ASK).await;
@@ -759,7 +780,10 @@ async fn a_content_length_over_2_mib_is_a_413_before_a_byte_of_the_body_is_sent(
     let mut s = connect(door.addr).await;
     s.write_all(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-length: 3000000\r\n\r\n").await.expect("head");
     // Nothing of the body is sent: the answer comes anyway.
-    let r = tokio::time::timeout(Duration::from_secs(30), read_response(&mut s)).await.expect("in time").expect("a response");
+    let r = tokio::time::timeout(Duration::from_secs(30), read_response(&mut s))
+        .await
+        .expect("in time")
+        .expect("a response");
     assert_eq!((r.status, r.text().as_str()), (413, r#"{"detail":"request body too large"}"#));
     // A chunked body that grows past it is cut off as it passes 2 MiB: the answer comes while
     // the client is still sending.
@@ -779,7 +803,10 @@ async fn a_content_length_over_2_mib_is_a_413_before_a_byte_of_the_body_is_sent(
         .expect("in time")
         .expect("a response");
     drop(reader);
-    let sent = tokio::time::timeout(Duration::from_secs(30), sending).await.expect("the door stopped reading").expect("sender");
+    let sent = tokio::time::timeout(Duration::from_secs(30), sending)
+        .await
+        .expect("the door stopped reading")
+        .expect("sender");
     assert!(sent < 64 * 1024 * 1024, "the door stopped reading soon after 2 MiB: {sent} bytes went");
     assert_eq!(r.status, 413);
     door.stop().await;
@@ -842,7 +869,10 @@ async fn an_idle_keep_alive_connection_is_closed_and_one_waiting_for_its_answer_
     let mut waiting = connect(door.addr).await;
     let body = ASK;
     waiting
-        .write_all(format!("POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes())
+        .write_all(
+            format!("POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+                .as_bytes(),
+        )
         .await
         .expect("send");
     asker.entered.acquire().await.expect("entered").forget();
@@ -851,10 +881,14 @@ async fn an_idle_keep_alive_connection_is_closed_and_one_waiting_for_its_answer_
     assert_eq!(read_response(&mut idle).await.expect("served").status, 200);
     // Then nothing: the door closes it.
     let mut rest = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(30), idle.read_to_end(&mut rest)).await.expect("closed by the door");
+    let n =
+        tokio::time::timeout(Duration::from_secs(30), idle.read_to_end(&mut rest)).await.expect("closed by the door");
     assert_eq!(n.expect("a clean close"), 0);
     asker.hold.send_replace(false);
-    let r = tokio::time::timeout(Duration::from_secs(60), read_response(&mut waiting)).await.expect("in time").expect("answered");
+    let r = tokio::time::timeout(Duration::from_secs(60), read_response(&mut waiting))
+        .await
+        .expect("in time")
+        .expect("answered");
     assert_eq!(r.status, 200, "{}", r.text());
     door.stop().await;
 }
@@ -863,7 +897,8 @@ async fn an_idle_keep_alive_connection_is_closed_and_one_waiting_for_its_answer_
 async fn a_busy_asker_is_a_503_with_retry_after_a_deadline_a_504_and_a_failure_a_500_that_keeps_its_cause() {
     let asker = TestAsker::without_model();
     let door = Door::start(settings(), asker.clone()).await;
-    let batch = r#"{"model": "edge", "states": ["a", "b"], "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}"#;
+    let batch =
+        r#"{"model": "edge", "states": ["a", "b"], "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}"#;
     for (mode, status, detail, retry) in [
         (Mode::Busy, 503, "server busy, try again later", Some("1")),
         (Mode::Deadline, 504, "inference did not finish within the deadline", None),
@@ -913,7 +948,12 @@ async fn a_batch_asks_once_per_state_at_once_and_answers_in_order() {
 
 fn run(cmd: &mut Command) -> std::process::Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e} (tools/test.sh installs it)"));
-    assert!(out.status.success(), "{cmd:?}: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -933,15 +973,27 @@ async fn curl_asks_and_reads_health_and_metrics_with_the_bearer() {
             ASK,
             &format!("{url}/v1/systemone"),
         ]));
-        let health = run(Command::new("curl").args(["-sS", "-H", "Authorization: Bearer edge-test-key", &format!("{url}/health")]));
-        let denied = run(Command::new("curl").args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", &format!("{url}/metrics")]));
+        let health = run(Command::new("curl").args([
+            "-sS",
+            "-H",
+            "Authorization: Bearer edge-test-key",
+            &format!("{url}/health"),
+        ]));
+        let denied =
+            run(Command::new("curl").args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", &format!("{url}/metrics")]));
         (ask.stdout, health.stdout, denied.stdout)
     })
     .await
     .expect("curl");
     let answer = parse(&String::from_utf8_lossy(&out.0));
-    assert_eq!(answer.get("answers").and_then(|a| a.get("intent")).and_then(|i| i.get("type")).and_then(Value::as_str), Some("choice"));
-    assert_eq!(answer.get("routing").and_then(|r| r.get("reason")).and_then(Value::as_str), Some("explicit model='edge'"));
+    assert_eq!(
+        answer.get("answers").and_then(|a| a.get("intent")).and_then(|i| i.get("type")).and_then(Value::as_str),
+        Some("choice")
+    );
+    assert_eq!(
+        answer.get("routing").and_then(|r| r.get("reason")).and_then(Value::as_str),
+        Some("explicit model='edge'")
+    );
     let health = parse(&String::from_utf8_lossy(&out.1));
     assert_eq!(health.get("loaded"), Some(&Value::Array(vec![Value::from("edge")])));
     assert_eq!(String::from_utf8_lossy(&out.2), "401");
@@ -1107,7 +1159,9 @@ async fn promtool_passes_what_metrics_serves_and_a_prometheus_server_scrapes_it(
     };
     let series = tokio::time::timeout(Duration::from_secs(90), scraped).await.expect("Prometheus scraped the door");
     assert!(
-        series.iter().any(|s| s.get("metric").and_then(|m| m.get("route")).and_then(Value::as_str) == Some("/v1/systemone")),
+        series
+            .iter()
+            .any(|s| s.get("metric").and_then(|m| m.get("route")).and_then(Value::as_str) == Some("/v1/systemone")),
         "{series:?}"
     );
     door.stop().await;
