@@ -375,7 +375,7 @@ mod tests {
             m.rejected(&format!("r{i}"));
         }
         let text = m.render();
-        assert!(text.contains("laya_rejections_total{reason=\"other\"} 11\n"), "{text}");
+        assert!(text.contains("laya_rejections_total{reason=\"other\"} 10\n"), "{text}");
     }
 
     #[test]

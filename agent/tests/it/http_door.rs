@@ -745,7 +745,7 @@ async fn a_request_head_sent_too_slowly_gets_its_connection_closed_and_the_door_
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    let _ = tokio::time::timeout(Duration::from_secs(30), trickle).await.expect("the door closes the connection");
+    tokio::time::timeout(Duration::from_secs(30), trickle).await.expect("the door closes the connection");
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
     assert!(rest.is_empty(), "no answer to a head that never ended: {:?}", String::from_utf8_lossy(&rest));
@@ -814,7 +814,9 @@ async fn a_content_length_over_2_mib_is_a_413_before_a_byte_of_the_body_is_sent(
         let n = 2 * 1024 * 1024 + extra;
         let body = format!("{n:x}\r\n{}\r\n0\r\n\r\n", "a".repeat(n));
         let mut s = connect(door.addr).await;
-        s.write_all(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n").await.expect("head");
+        s.write_all(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .expect("head");
         let (mut reader, mut writer) = s.into_split();
         let sending = tokio::spawn(async move {
             let _ = writer.write_all(body.as_bytes()).await;
