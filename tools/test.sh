@@ -15,7 +15,8 @@
 #     venv), python3-pip (tools/qnn/fetch-runtime.sh downloads a wheel with pip) and systemd
 #     (systemd-analyze, for the unit checks), nodejs and npm (the Node client example, Node
 #     18.7 or later: Debian 12's will do), mender-client and mender-artifact (the Mender update
-#     module's test drives the real client). As root, or through sudo.
+#     module's test drives the real client), curl and prometheus (the HTTP door's tests: curl as a
+#     client, promtool and a Prometheus server scraping /metrics). As root, or through sudo.
 #   - the client examples' pinned packages (tools/examples.sh: a venv, `npm ci`).
 #   - Qualcomm's x86-64 QNN HTP simulator (pinned, from PyPI's onnxruntime-qnn wheel; never
 #     committed) into target/qnn-runtime with tools/qnn/fetch-runtime.sh, exported as
@@ -39,6 +40,8 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v mender >/dev/null 2>&1 || need+=(mender-client)
 command -v mender-artifact >/dev/null 2>&1 || need+=(mender-artifact)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         sudo=()
@@ -107,6 +110,13 @@ step "yocto checks" "$t"
 LAYA_EXAMPLES_PYTHON="$(tools/examples.sh)"
 export LAYA_EXAMPLES_PYTHON
 echo "== examples: $LAYA_EXAMPLES_PYTHON, node $(node --version)"
+
+# laya 0.4.15's own RemoteRouter, which agent/tests/it/http_door.rs points at the HTTP door.
+if [ -z "${LAYA_SERVE_PYTHON:-}" ]; then
+    LAYA_SERVE_PYTHON="$(tools/laya-remote-venv.sh)"
+fi
+export LAYA_SERVE_PYTHON
+echo "== laya 0.4.15 for RemoteRouter: $LAYA_SERVE_PYTHON"
 
 # Lints ([workspace.lints] in Cargo.toml): every target, both NPU features.
 t=$(date +%s)

@@ -151,6 +151,15 @@ pub const NUMERIC: &[(Range, fn(&Config) -> u64)] = &[
     (Range::new("rknn.contexts", 1, 3), |c| c.rknn.contexts as u64),
     // A week.
     (Range::new("probe.interval_min", 0, 7 * 24 * 60), |c| c.probe.interval_min),
+    // Requests past authentication at once (laya.serve's LAYA_MAX_CONCURRENT); more get 503.
+    (Range::new("http.max_concurrent", 1, 4096), |c| c.http.max_concurrent as u64),
+    (Range::new("http.body_read_timeout_s", 1, HOUR_S), |c| c.http.body_read_timeout_s),
+    (Range::new("http.header_read_timeout_s", 1, HOUR_S), |c| c.http.header_read_timeout_s),
+    (Range::new("http.idle_timeout_s", 1, HOUR_S), |c| c.http.idle_timeout_s),
+    // Each open connection costs a task and its buffers.
+    (Range::new("http.max_connections", 1, 65_535), |c| c.http.max_connections as u64),
+    // A request head within this many bytes; below 1 KiB a browser's or curl's would not fit.
+    (Range::new("http.max_header_bytes", 1024, 1 << 20), |c| c.http.max_header_bytes as u64),
 ];
 
 /// The range of a numeric key (`section.key`).
@@ -172,6 +181,7 @@ pub struct Config {
     pub log: Log,
     pub probe: ProbeConfig,
     pub thin_edge: ThinEdge,
+    pub http: Http,
 }
 
 /// `[mqtt]`: the broker connection and the topic tree.
@@ -608,10 +618,78 @@ impl Default for ThinEdge {
     }
 }
 
+/// `[http]`: laya.serve's `/v1/systemone` API, `/health` and `/metrics` (agent/src/http/,
+/// feature `http`). Off while `listen` is empty.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Http {
+    /// `IP:port` to listen on (`127.0.0.1:8000`); empty: no HTTP door. An address that is not
+    /// loopback needs `api_key_file`.
+    pub listen: String,
+    /// A file holding the bearer (its whole content, trailing newlines trimmed); empty: none.
+    #[serde(with = "opt_path")]
+    pub api_key_file: Option<PathBuf>,
+    /// Decision requests past authentication at once; more get 503 (laya.serve's default).
+    pub max_concurrent: usize,
+    /// Time for a whole request body; then 408.
+    pub body_read_timeout_s: u64,
+    /// Leave out what laya.serve's `LAYA_JEV_STRICT` leaves out.
+    pub jev_strict: bool,
+    /// The names a request's `model` may carry; empty: the served model's own name.
+    pub model_names: Vec<String>,
+    /// Time for a request head (the request line and headers): a slower client is cut off.
+    pub header_read_timeout_s: u64,
+    /// A keep-alive connection with no request for this long is closed.
+    pub idle_timeout_s: u64,
+    /// Connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// The largest request head, in bytes; a larger one is answered 431 and closed.
+    pub max_header_bytes: usize,
+}
+
+impl Default for Http {
+    fn default() -> Http {
+        Http {
+            listen: String::new(),
+            api_key_file: None,
+            max_concurrent: 16,
+            body_read_timeout_s: 10,
+            jev_strict: false,
+            model_names: Vec::new(),
+            header_read_timeout_s: 10,
+            idle_timeout_s: 30,
+            max_connections: 64,
+            max_header_bytes: 16 * 1024,
+        }
+    }
+}
+
 impl ThinEdge {
     /// The thin-edge service these keys name (checked: topic-safe names, lengths).
     pub fn service(&self) -> Result<laya_topics::thin_edge::Service, laya_topics::thin_edge::NameError> {
         laya_topics::thin_edge::Service::new(&self.topic_root, &self.device, &self.service)
+    }
+}
+
+impl Http {
+    /// The address to listen on, or `None` when the door is off.
+    pub fn listen_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        if self.listen.trim().is_empty() {
+            return Ok(None);
+        }
+        let addr: std::net::SocketAddr = self.listen.trim().parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "http.listen {:?} must be an IP address and a port, such as \"127.0.0.1:8000\" or \"[::1]:8000\"",
+                self.listen
+            ))
+        })?;
+        if !addr.ip().is_loopback() && self.api_key_file.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "http.listen {:?} is not a loopback address: anyone on the network could ask the model; set http.api_key_file (a file holding the bearer), or listen on 127.0.0.1",
+                self.listen
+            )));
+        }
+        Ok(Some(addr))
     }
 }
 
@@ -658,6 +736,10 @@ impl Config {
         }
         for (range, value) in NUMERIC {
             range.check(value(self))?;
+        }
+        self.http.listen_addr()?;
+        if self.http.model_names.iter().any(|n| n.trim().is_empty()) {
+            return bad("http.model_names holds an empty name".into());
         }
         let schema =
             laya_topics::topic::Schema::new(&self.mqtt.prefix).map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -1089,6 +1171,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_http_door_off_loopback_needs_a_key_file_and_says_which_key() {
+        let e = Config::parse("[http]\nlisten = \"0.0.0.0:8000\"", Path::new("test")).expect_err("refused").to_string();
+        assert!(e.contains("http.api_key_file") && e.contains("0.0.0.0:8000"), "{e}");
+        Config::parse("[http]\nlisten = \"0.0.0.0:8000\"\napi_key_file = \"/k\"", Path::new("test"))
+            .expect("with a key");
+        Config::parse("[http]\nlisten = \"127.0.0.1:8000\"", Path::new("test")).expect("loopback");
+        Config::parse("[http]\nlisten = \"[::1]:0\"", Path::new("test")).expect("loopback v6");
+        let e = Config::parse("[http]\nlisten = \"localhost\"", Path::new("test")).expect_err("no port").to_string();
+        assert!(e.contains("http.listen"), "{e}");
+        assert_eq!(Config::default().http.listen_addr().expect("off"), None);
     }
 
     #[test]

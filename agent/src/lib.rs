@@ -9,6 +9,9 @@ pub mod client;
 pub mod config;
 pub mod decide;
 pub mod engine;
+#[cfg(feature = "http")]
+pub mod http;
+pub mod metrics;
 pub mod service;
 pub mod store;
 pub mod thin_edge;

@@ -64,11 +64,15 @@ pub struct BackendArgs {
 pub fn version() -> &'static str {
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {
-        let features: Vec<&str> =
-            [("demo", cfg!(feature = "demo")), ("qnn", cfg!(feature = "qnn")), ("rknn", cfg!(feature = "rknn"))]
-                .into_iter()
-                .filter_map(|(name, on)| on.then_some(name))
-                .collect();
+        let features: Vec<&str> = [
+            ("demo", cfg!(feature = "demo")),
+            ("http", cfg!(feature = "http")),
+            ("qnn", cfg!(feature = "qnn")),
+            ("rknn", cfg!(feature = "rknn")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
         let commit = option_env!("LAYA_EDGE_COMMIT").unwrap_or("unknown (not built from git)");
         let laya: Vec<String> = LayaVersion::ALL
             .iter()

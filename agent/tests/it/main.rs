@@ -12,6 +12,8 @@ mod examples;
 mod fixtures_cli;
 mod front_end_limits;
 mod healing;
+#[cfg(feature = "http")]
+mod http_door;
 mod laya_0_4_15;
 mod model_store;
 mod newcomer;

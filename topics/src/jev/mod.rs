@@ -9,6 +9,7 @@
 //! - [`body`]: the body read as Python's `json.loads` reads bytes;
 //! - [`refusal`]: laya.serve's checks in its order, body bytes -> request or [`Refusal`];
 //! - [`render`](mod@render): laya's result -> laya.serve's response body, strict or not;
+//! - [`health`]: the `/health` document;
 //! - Python's `repr` for the `%r` in the texts is the crate's [`crate::pyrepr`], the one laya's own
 //!   messages use.
 //!
@@ -35,10 +36,12 @@
 
 pub mod body;
 pub mod contract;
+pub mod health;
 pub mod refusal;
 pub mod render;
 
 pub use contract::{Kind, Refusal};
+pub use health::Health;
 pub use refusal::{
     Batch, Controls, MinConfidence, ModelChoice, ModelNames, Settings, Single, check_batch, check_single,
 };
