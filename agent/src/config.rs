@@ -693,6 +693,14 @@ impl Http {
     }
 }
 
+/// Whether a configuration file's text sets `[mqtt] broker`.
+fn names_a_broker(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| t.get("mqtt").and_then(|m| m.as_table()).map(|m| m.contains_key("broker")))
+        .unwrap_or(false)
+}
+
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -703,8 +711,13 @@ impl Config {
 
     /// Parses and checks a configuration read from `origin` (a file, or the worker's environment).
     pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
-        let config: Config =
+        let mut config: Config =
             toml::from_str(text).map_err(|e| ConfigError::Parse { path: origin.to_owned(), message: e.to_string() })?;
+        // A file that opens the HTTP door and names no broker serves HTTP alone (a board whose
+        // apps are all local): its broker is none, not the default's localhost.
+        if !config.http.listen.trim().is_empty() && !names_a_broker(text) {
+            config.mqtt.broker = String::new();
+        }
         config.check()?;
         Ok(config)
     }
@@ -725,7 +738,13 @@ impl Config {
             return bad("thin_edge.enabled needs [mqtt] broker: the thin-edge publication goes to that broker (thin-edge's own, mqtt://localhost:1883 on a thin-edge device)".into());
         }
         self.thin_edge.service().map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
+        if self.mqtt.broker.is_empty() {
+            if self.http.listen.trim().is_empty() {
+                return bad(
+                    "mqtt.broker is empty and http.listen too: nothing to serve questions on (set one or both)".into(),
+                );
+            }
+        } else if !(self.mqtt.broker.starts_with("mqtt://") || self.mqtt.broker.starts_with("mqtts://")) {
             return bad(format!("mqtt.broker {:?} must be an mqtt:// or mqtts:// URL", self.mqtt.broker));
         }
         if self.mqtt.fleet.is_empty() != self.mqtt.share_group.is_empty() {

@@ -44,6 +44,9 @@ pub struct Args {
     /// The demo broker's port (default: a free one); only with --demo.
     #[arg(long, requires = "demo")]
     port: Option<u16>,
+    /// Overrides http.listen: open laya.serve's HTTP API on ADDR (e.g. 127.0.0.1:8000).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
 }
 
 impl Args {
@@ -65,6 +68,9 @@ impl Args {
         }
         if let Some(l) = self.laya {
             config.model.laya = l;
+        }
+        if let Some(a) = &self.http {
+            config.http.listen = a.clone();
         }
         config.check().map_err(|e| e.to_string())?;
         Ok(config)
@@ -202,14 +208,65 @@ async fn serve(args: Args, mut config: Config) -> Result<(), String> {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
     };
+    // The HTTP door: its address bound now, so a taken port ends `serve` at once with the cause.
+    let door = http_door(&config, &bundle).await?;
+    let grace = Duration::from_secs(config.mqtt.shutdown_grace_s);
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping.send(true);
+    };
     let reloads = reload_on_sighup(hup, args, config.clone());
     // [thin_edge]: beside the service, on a connection of its own; stopped after it (it says down).
     let thin_edge = crate::thin_edge::spawn(&config).map_err(|e| e.to_string())?;
-    let served = service::run(config, engine, bundle, shutdown, reloads, |_| {}).await.map_err(|e| e.to_string());
+    let mut door_task = None;
+    let open_doors = |doorway: service::Doorway| {
+        if let Some(open) = door {
+            door_task = Some(open(doorway, stopped));
+        }
+    };
+    let served = service::run(config, engine, bundle, shutdown, reloads, open_doors).await.map_err(|e| e.to_string());
+    if let Some(task) = door_task
+        && tokio::time::timeout(grace + Duration::from_secs(5), task).await.is_err()
+    {
+        tracing::warn!("the HTTP door still had connections open at shutdown");
+    }
     if let Some(bridge) = thin_edge {
         bridge.stop().await;
     }
     served
+}
+
+/// How the HTTP door opens on the one question path, once the service gives it its doorway.
+type OpenDoor = Box<dyn FnOnce(service::Doorway, tokio::sync::watch::Receiver<bool>) -> tokio::task::JoinHandle<()>>;
+
+/// The HTTP door `[http]` asks for (`http.listen`), its address bound; none when it is off.
+#[cfg(feature = "http")]
+async fn http_door(config: &Config, bundle: &HostBundle) -> Result<Option<OpenDoor>, String> {
+    let Some(addr) = config.http.listen_addr().map_err(|e| e.to_string())? else { return Ok(None) };
+    let served_name = crate::service::identity::Identity::new(bundle).model_name;
+    let settings = crate::http::DoorSettings::from_config(&config.http, &served_name).map_err(|e| e.to_string())?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("http.listen {addr}: cannot listen: {e}"))?;
+    let addr = listener.local_addr().unwrap_or(addr);
+    tracing::info!(%addr, model = settings.name(), key = settings.api_key.is_some(), "the HTTP door is open");
+    println!("laya.serve's API on http://{addr}/v1/systemone (health: http://{addr}/health)");
+    Ok(Some(Box::new(move |doorway: service::Doorway, mut stopped: tokio::sync::watch::Receiver<bool>| {
+        let metrics = doorway.metrics();
+        let asker: Arc<dyn crate::http::Asker> = Arc::new(doorway);
+        tokio::spawn(crate::http::run(listener, settings, asker, metrics, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }))
+    })))
+}
+
+/// A build without the `http` feature has no HTTP door.
+#[cfg(not(feature = "http"))]
+async fn http_door(config: &Config, _: &HostBundle) -> Result<Option<OpenDoor>, String> {
+    match config.http.listen.trim() {
+        "" => Ok(None),
+        _ => Err("http.listen: this build leaves the HTTP door out (cargo feature `http`)".into()),
+    }
 }
 
 /// What serving `config` needs before it connects: its model bundle, loaded and verified, and

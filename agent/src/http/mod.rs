@@ -36,11 +36,13 @@ use crate::metrics::Metrics;
 /// What the door asks of the one question path (the service implements it).
 pub trait Asker: Send + Sync + 'static {
     /// One laya request through the one question path, as `caller` (the fairness key:
-    /// `http/{peer ip}`).
+    /// `http/{peer ip}`); `bytes`, its share of the body as it came, is what the waiting room
+    /// and the memory budget reckon it by.
     fn ask(
         &self,
         request: laya_topics::Request,
         caller: String,
+        bytes: usize,
     ) -> Pin<Box<dyn Future<Output = Result<laya_topics::PredictResult, Refused>> + Send + 'static>>;
     /// What `/health` reports now.
     fn health(&self) -> jev::Health;

@@ -257,7 +257,7 @@ async fn ask_single(bytes: &[u8], shared: &Shared, caller: String) -> Result<(Va
     let single = jev::check_single(bytes, &shared.settings.checks)?;
     let routing = routing(&single.controls, shared)?;
     let t0 = Instant::now();
-    let result = shared.asker.ask(single.request(), caller).await.map_err(refused)?;
+    let result = shared.asker.ask(single.request(), caller, bytes.len()).await.map_err(refused)?;
     let ms = millis(t0);
     if let Some(r) = jev::question_refusal(&result) {
         return Err(r.into());
@@ -279,8 +279,10 @@ async fn ask_batch(bytes: &[u8], shared: &Shared, caller: String) -> Result<(Val
     let routing = routing(&batch.controls, shared)?;
     let t0 = Instant::now();
     // One ask per state, all at once, so the engine can merge them into one call.
+    let requests = batch.requests();
+    let share = bytes.len() / requests.len().max(1);
     let mut tasks =
-        Tasks(batch.requests().into_iter().map(|r| tokio::spawn(shared.asker.ask(r, caller.clone()))).collect());
+        Tasks(requests.into_iter().map(|r| tokio::spawn(shared.asker.ask(r, caller.clone(), share))).collect());
     let mut results = Vec::with_capacity(tasks.0.len());
     for task in &mut tasks.0 {
         let result = task.await.map_err(|e| Answer::Failed(format!("a batch task ended: {e}")))?.map_err(refused)?;

@@ -103,6 +103,10 @@ pub fn read_password(path: &Path) -> Result<String, ConnectionError> {
 /// URL, the password file, the CA file, the client certificate and key, read and parsed as the
 /// connection would). `check-config` runs it, so it refuses what `serve` would.
 pub fn preflight(cfg: &Config) -> Result<(), ConnectionError> {
+    if cfg.mqtt.broker.is_empty() {
+        // No broker: the HTTP door alone (`Config::check` allows it only with one).
+        return Ok(());
+    }
     let schema = Schema::new(&cfg.mqtt.prefix)?;
     let device = cfg.device();
     for channel in [Channel::Ask, Channel::Telemetry, Channel::Events, Channel::Errors] {

@@ -56,3 +56,33 @@ impl From<ErrorReply> for Refused {
         }
     }
 }
+
+/// The door's view of the one path (`crate::http::Asker`): its callers are clients `http/{peer}`.
+#[cfg(feature = "http")]
+impl crate::http::Asker for super::Doorway {
+    fn ask(
+        &self,
+        request: Request,
+        caller: String,
+        bytes: usize,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<laya_topics::PredictResult, crate::http::Refused>> + Send + 'static,
+        >,
+    > {
+        let door = self.clone();
+        Box::pin(async move {
+            door.ask(request, caller, bytes).await.map(|reply| reply.result).map_err(|r| match r {
+                Refused::Busy => crate::http::Refused::Busy,
+                Refused::Deadline => crate::http::Refused::Deadline,
+                Refused::Invalid(m) => crate::http::Refused::Invalid(m),
+                Refused::TooLarge(m) => crate::http::Refused::TooLarge(m),
+                Refused::Failed(m) => crate::http::Refused::Failed(m),
+            })
+        })
+    }
+
+    fn health(&self) -> laya_topics::jev::Health {
+        self.reporter().health()
+    }
+}

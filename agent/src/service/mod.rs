@@ -250,6 +250,11 @@ impl Doorway {
         answer.await.unwrap_or(Err(Refused::Busy))
     }
 
+    /// The Prometheus side of the service's facts, which the HTTP door serves.
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+        self.reporter.counters.metrics.clone()
+    }
+
     /// What the status document says, for a door's own health report.
     pub fn reporter(&self) -> &Reporter {
         &self.reporter
@@ -574,6 +579,7 @@ impl Service {
 
     /// After a burst, once nothing is in progress: freed heap back to the kernel.
     fn on_heartbeat(&self) {
+        self.reporter.refresh_metrics();
         if self.flow.trim_now(self.handler.places.available_permits()) {
             crate::platform::heap::release_freed();
         }
@@ -592,7 +598,14 @@ impl Service {
     /// Backend events go out when they happen.
     fn on_notice(&self, notice: Result<crate::engine::Notice, RecvError>) {
         match notice {
-            Ok(n) => notice_events(&n).for_each(|e| self.publish_event(&e)),
+            Ok(n) => {
+                match n.kind {
+                    crate::engine::NoticeKind::WorkerRestart => self.counters.metrics.worker_restarted(),
+                    crate::engine::NoticeKind::BackendDegraded => self.counters.fell_back(&n.message),
+                    _ => {}
+                }
+                notice_events(&n).for_each(|e| self.publish_event(&e))
+            }
             Err(RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "backend events were not published (too many at once)")
             }
@@ -602,6 +615,9 @@ impl Service {
 
     /// A failed probe is an event of its own, with the figures (a passed one is in telemetry).
     fn on_probe_run(&self, run: Result<crate::engine::ProbeRun, RecvError>) {
+        if let Ok(run) = &run {
+            self.counters.metrics.probe(run.passed());
+        }
         match run {
             Ok(run) if !run.passed() => self.publish_event(&probe_event(&run)),
             Ok(_) | Err(RecvError::Closed) => {}

@@ -323,6 +323,7 @@ impl Questions {
             };
             match result {
                 Ok(out) => {
+                    self.counters.metrics.observe_inference(out.elapsed.as_secs_f64());
                     answered_by = (out.backend, out.role);
                     (out.rows, out.elapsed.as_secs_f64() * 1000.0)
                 }

@@ -33,6 +33,10 @@ pub struct Counters {
     resent: AtomicU64,
     /// Sessions another client with our client id took over in this run (`Status::takeovers`).
     takeovers: AtomicU64,
+    /// The Prometheus side of the same facts (the HTTP door's `/metrics`), for both doors.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Times the engine degraded to its CPU fallback, and the last reason (`/health`).
+    fallbacks: Mutex<(u64, Option<String>)>,
 }
 
 impl Counters {
@@ -44,6 +48,20 @@ impl Counters {
         if let Ok(mut m) = self.refused.lock() {
             *m.entry(code.as_str()).or_default() += 1;
         }
+        self.metrics.rejected(code.as_str());
+    }
+
+    /// The engine degraded to its CPU fallback, for `why`.
+    pub fn fell_back(&self, why: &str) {
+        let mut f = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
+        f.0 += 1;
+        f.1 = Some(why.to_owned());
+        self.metrics.cpu_fallback();
+    }
+
+    /// Times the engine degraded to its CPU fallback, and the last reason.
+    pub fn fallbacks(&self) -> (u64, Option<String>) {
+        self.fallbacks.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn dropped(&self) {
@@ -253,6 +271,37 @@ impl Reporter {
             bundle_sha256: id.bundle_sha256.clone(),
             since: self.current.since(),
         }
+    }
+
+    /// What the HTTP door's `/health` reports now: laya.serve's facts as the serving engine
+    /// knows them, what is served and since when, the last reload.
+    pub fn health(&self) -> laya_topics::jev::Health {
+        let serving = self.current.get();
+        let es = serving.engine.status();
+        let (cpu_fallbacks, last_fallback_reason) = self.counters.fallbacks();
+        let device = match es.role {
+            wire::Role::Fallback => "cpu".to_owned(),
+            wire::Role::Primary => es.backend.clone().unwrap_or_else(|| serving.backend.clone()),
+        };
+        laya_topics::jev::Health {
+            loaded: matches!(es.state, wire::BackendState::Ready | wire::BackendState::Degraded),
+            device,
+            revision: serving.served().identity.bundle_sha256.clone(),
+            cpu_fallbacks,
+            last_fallback_reason,
+            backend_state: es.state,
+            served: Some(self.served_model()),
+            last_reload: self.last_reload.lock().map(|l| l.clone()).unwrap_or_else(|e| e.into_inner().clone()),
+            source: serving.bundle.dir.display().to_string(),
+        }
+    }
+
+    /// The Prometheus gauges, as the loop's heartbeat sees the engine.
+    pub fn refresh_metrics(&self) {
+        let es = self.current.get().engine.status();
+        let m = &self.counters.metrics;
+        m.set_queue_depth(es.queued + self.flow.waiting_questions());
+        m.set_backend_state(es.state);
     }
 
     /// The properties a telemetry publish carries.

@@ -113,6 +113,7 @@ impl Asker for TestAsker {
         &self,
         request: Request,
         caller: String,
+        _bytes: usize,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<PredictResult, Refused>> + Send + 'static>> {
         self.callers.lock().unwrap().push(caller);
         let model = self.model.clone();

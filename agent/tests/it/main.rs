@@ -35,3 +35,5 @@ mod telemetry;
 mod thin_edge;
 mod tls_and_login;
 mod topic_tree;
+#[cfg(feature = "http")]
+mod two_doors;
