@@ -250,7 +250,10 @@ async fn http_door(config: &Config, bundle: &HostBundle) -> Result<Option<OpenDo
         tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("http.listen {addr}: cannot listen: {e}"))?;
     let addr = listener.local_addr().unwrap_or(addr);
     tracing::info!(%addr, model = settings.name(), key = settings.api_key.is_some(), "the HTTP door is open");
-    println!("laya.serve's API on http://{addr}/v1/systemone (health: http://{addr}/health)");
+    println!(
+        "laya.serve's API on http://{addr}/v1/systemone (health: http://{addr}/health)\n{}",
+        curl_line(addr, &config.http)
+    );
     Ok(Some(Box::new(move |doorway: service::Doorway, mut stopped: tokio::sync::watch::Receiver<bool>| {
         let metrics = doorway.metrics();
         let asker: Arc<dyn crate::http::Asker> = Arc::new(doorway);
@@ -258,6 +261,29 @@ async fn http_door(config: &Config, bundle: &HostBundle) -> Result<Option<OpenDo
             let _ = stopped.wait_for(|s| *s).await;
         }))
     })))
+}
+
+/// A ready-to-paste `curl` line asking the first demo question through the HTTP door.
+#[cfg(feature = "http")]
+fn curl_line(addr: std::net::SocketAddr, http: &crate::config::Http) -> String {
+    let first = DEMO_REQUESTS.lines().find(|l| !l.trim().is_empty()).unwrap_or("{}");
+    let mut body = laya_topics::Map::new();
+    if let Ok(laya_topics::Value::Object(request)) = laya_topics::json::parse_str(first, Default::default()) {
+        for key in ["state", "questions"] {
+            if let Some(v) = request.get(key) {
+                body.insert(key.into(), v.clone());
+            }
+        }
+    }
+    let body = laya_topics::json::to_string(&laya_topics::Value::Object(body), laya_topics::json::Style::COMPACT);
+    let bearer = match &http.api_key_file {
+        Some(f) => format!(" -H \"authorization: Bearer $(cat {})\"", f.display()),
+        None => String::new(),
+    };
+    format!(
+        "ask it over HTTP:\n  curl -s http://{addr}/v1/systemone -H 'content-type: application/json'{bearer} -d '{}'\n  (laya's MCP server: LAYA_BASE_URL=http://{addr} laya-mcp-server)",
+        body.replace('\'', "'\\''")
+    )
 }
 
 /// A build without the `http` feature has no HTTP door.
