@@ -128,7 +128,7 @@ impl Handler {
                 h.gate.deliver(&p, out, Some(seat)).await;
             }),
             Arrival::Asked(asked) => tokio::spawn(async move {
-                let Asked { request, bytes, received, reply, .. } = asked;
+                let Asked { request, bytes, received, reply, .. } = *asked;
                 let outcome = h.questions.handle_request(request, bytes, received, asker).await;
                 // Its place is given back once the door has the answer (a caller that left
                 // no longer waits for it: nothing to send).
@@ -245,7 +245,13 @@ impl Doorway {
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let client = ClientKey::Named(client);
-        self.handler.arrived(Arrival::Asked(Asked { request, client, bytes, received: Instant::now(), reply }));
+        self.handler.arrived(Arrival::Asked(Box::new(Asked {
+            request,
+            client,
+            bytes,
+            received: Instant::now(),
+            reply,
+        })));
         // A sender dropped unanswered: the agent stopped with the request still waiting.
         answer.await.unwrap_or(Err(Refused::Busy))
     }
@@ -265,8 +271,8 @@ impl Doorway {
 enum Arrival {
     /// An MQTT publish: admission decides on it once it has its place.
     Mqtt { p: Box<Publish>, received: Instant },
-    /// A request another door admitted (HTTP).
-    Asked(Asked),
+    /// A request another door admitted (HTTP), boxed like the publish: the room holds many.
+    Asked(Box<Asked>),
 }
 
 impl Arrival {
