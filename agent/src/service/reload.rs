@@ -338,6 +338,9 @@ pub fn reload_refusal(serving: &Config, new: &Config) -> Option<String> {
         ("[mqtt]", serving.mqtt != new.mqtt),
         ("[limits]", serving.limits != new.limits),
         ("[log]", serving.log != new.log),
+        // The HTTP door's listener and the thin-edge bridge's connection are opened at start.
+        ("[http]", serving.http != new.http),
+        ("[thin_edge]", serving.thin_edge != new.thin_edge),
     ]
     .into_iter()
     .filter_map(|(section, differs)| differs.then_some(section))
@@ -414,6 +417,12 @@ mod tests {
         let why = reload_refusal(&serving, &new).expect("refused");
         assert!(why.contains("[mqtt], [limits]"), "{why}");
         assert!(why.contains("only a restart applies"), "{why}");
+        // So is one that moves the HTTP door or the thin-edge bridge (opened at start only).
+        let mut new = Config::default();
+        new.http.max_connections += 1;
+        new.thin_edge.service = "other".into();
+        let why = reload_refusal(&serving, &new).expect("refused");
+        assert!(why.contains("[http], [thin_edge]"), "{why}");
     }
 
     fn req(n: u64) -> ReloadRef {
