@@ -46,28 +46,17 @@ pub trait Asker: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<laya_topics::PredictResult, Refused>> + Send + 'static>>;
     /// What `/health` reports now.
     fn health(&self) -> jev::Health;
+    /// Where the served model was loaded from (`routing.repo` in every answer): what
+    /// [`Asker::health`] says, which an implementation may give without the rest of it.
+    fn source(&self) -> String {
+        self.health().source
+    }
 }
 
-/// Why the one question path did not answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    /// The queue is full: 503 with `Retry-After: 1` (laya.serve's busy answer).
-    #[error("busy")]
-    Busy,
-    /// The engine's deadline passed: 504 (laya.serve has no deadline).
-    #[error("the deadline passed")]
-    Deadline,
-    /// The engine failed: 500 `inference failed`; the cause is logged, never sent.
-    #[error("inference failed: {0}")]
-    Failed(String),
-    /// A request-wide rule of laya (its `ValueError`): 422 with laya's text.
-    #[error("{0}")]
-    Invalid(String),
-    /// One of the agent's own limits (`limits.max_request_tokens`, waiting bytes): 413 with
-    /// the text.
-    #[error("{0}")]
-    TooLarge(String),
-}
+/// Why the one question path did not answer: the service's own reasons (`service::door`), which
+/// `routes` turns into laya.serve's statuses (busy 503 `Retry-After: 1`, deadline 504, failed 500
+/// `inference failed` with the cause logged only, invalid 422, too large 413).
+pub use crate::service::door::Refused;
 
 /// The door's settings, from `[http]` ([`DoorSettings::from_config`]) or a test.
 #[derive(Debug, Clone)]

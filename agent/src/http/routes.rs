@@ -217,7 +217,7 @@ fn refused(r: Refused) -> Answer {
 /// refusal (an unknown `task`), or a refusal for a laya checkpoint this device does not serve.
 fn routing(controls: &jev::Controls, shared: &Shared) -> Result<Routing, Refusal> {
     let settings = &shared.settings;
-    let source = shared.asker.health().source;
+    let source = shared.asker.source();
     let served = |name: &str| settings.model_names.iter().any(|n| n == name);
     let not_served = |given: &Value| {
         // laya.serve would load that checkpoint (offline: 500); this device has one model.

@@ -66,23 +66,18 @@ impl crate::http::Asker for super::Doorway {
         caller: String,
         bytes: usize,
     ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<laya_topics::PredictResult, crate::http::Refused>> + Send + 'static,
-        >,
+        Box<dyn std::future::Future<Output = Result<laya_topics::PredictResult, Refused>> + Send + 'static>,
     > {
         let door = self.clone();
-        Box::pin(async move {
-            door.ask(request, caller, bytes).await.map(|reply| reply.result).map_err(|r| match r {
-                Refused::Busy => crate::http::Refused::Busy,
-                Refused::Deadline => crate::http::Refused::Deadline,
-                Refused::Invalid(m) => crate::http::Refused::Invalid(m),
-                Refused::TooLarge(m) => crate::http::Refused::TooLarge(m),
-                Refused::Failed(m) => crate::http::Refused::Failed(m),
-            })
-        })
+        Box::pin(async move { door.ask(request, caller, bytes).await.map(|reply| reply.result) })
     }
 
     fn health(&self) -> laya_topics::jev::Health {
         self.reporter().health()
+    }
+
+    /// Read on every request: the serving bundle's directory alone, not the engine's status.
+    fn source(&self) -> String {
+        self.reporter().current.get().bundle.dir.display().to_string()
     }
 }

@@ -189,8 +189,12 @@ impl Handler {
     /// Empties the waiting room as the agent stops: another door's requests are refused busy;
     /// MQTT questions are dropped unacknowledged (delivered again to the next run).
     fn close_room(self: &Arc<Self>) {
-        let waiting = self.room().drain();
-        self.flow.waiting(&self.room());
+        let waiting = {
+            let mut room = self.room();
+            let waiting = room.drain();
+            self.flow.waiting(&room);
+            waiting
+        };
         for arrival in waiting {
             if let Arrival::Asked(asked) = arrival {
                 let _ = asked.reply.send(Err(Refused::Busy));
