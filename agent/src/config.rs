@@ -592,7 +592,7 @@ impl Default for ProbeConfig {
     }
 }
 
-/// `[thin_edge]`: the agent as a thin-edge.io service (`crate::thin_edge`; the topics and
+/// `[thin_edge]`: the agent as a thin-edge.io service (the `thin_edge` module; the topics and
 /// documents are `laya_topics::thin_edge`'s), on the `[mqtt]` broker under a client id of its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

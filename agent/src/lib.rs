@@ -11,6 +11,8 @@ pub mod decide;
 pub mod engine;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(test)]
+mod layers;
 pub mod metrics;
 pub mod service;
 pub mod store;

@@ -35,9 +35,8 @@ pub enum SetupError {
 /// file and the architecture): the CPU backend's, the CPU fallback's, and the QNN backend's host
 /// stages (embeddings, head). A model that cannot load is refused at start rather than by
 /// every restarted worker. A bundle's checkpoint that no backend reads here is checked too when
-/// its weights are there (`laya-edge check` checks the rest). A CPU worker in a quantised mode
-/// (`[cpu] weights`) is judged by the probe here and refused if it fails it (`fidelity`): this
-/// one loads the model.
+/// its weights are there (`laya-edge check` checks the rest). (A CPU worker in a quantised mode
+/// is judged by the probe too, by `engine::fidelity`, which loads the model.)
 pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupError> {
     let kind = config.engine.backend;
     let reads_checkpoint =
@@ -48,8 +47,7 @@ pub fn check_model(config: &Config, bundle: &HostBundle) -> Result<(), SetupErro
         }
         _ => {}
     }
-    // A quantised CPU mode is judged by the probe here, once, and refused if it fails.
-    super::fidelity::check(config, bundle).map(|_| ())
+    Ok(())
 }
 
 /// This program, which is also the worker's.

@@ -6,7 +6,6 @@
 //! only a worker process loads. [`load`] turns the configuration into a backend, in one place.
 
 pub mod cpu;
-pub mod fidelity;
 pub mod load;
 pub mod npu;
 pub mod null;

@@ -334,18 +334,27 @@ impl Manifest {
 }
 
 /// The manifest's `probe`: `{"file": "probe.jsonl", "min_agreement", "min_clear_agreement",
-/// "min_cosine", "max_mean_dp"}` (thresholds default to [`Thresholds::default`]; each holds for
-/// every graph on its own rows).
+/// "min_cosine", "max_mean_dp"}`: the file, and the thresholds the bundle sets itself (what it
+/// leaves out is `engine::probe::Thresholds`' default; the judging is there, not here).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeSpec {
     pub file: PathBuf,
-    pub thresholds: Thresholds,
+    pub thresholds: ThresholdSettings,
+}
+
+/// The probe thresholds a bundle's manifest sets (each from 0 to 1), `None` where it sets none.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ThresholdSettings {
+    pub min_agreement: Option<f64>,
+    pub min_clear_agreement: Option<f64>,
+    pub min_cosine: Option<f64>,
+    pub max_mean_dp: Option<f64>,
 }
 
 impl ProbeSpec {
     fn parse(p: &Value, dir: &Path) -> Result<ProbeSpec, String> {
         let file = p.get("file").and_then(Value::as_str).ok_or("probe: 'file' must name the probe file")?;
-        let mut thresholds = Thresholds::default();
+        let mut thresholds = ThresholdSettings::default();
         for (key, slot) in [
             ("min_agreement", &mut thresholds.min_agreement),
             ("min_clear_agreement", &mut thresholds.min_clear_agreement),
@@ -354,7 +363,7 @@ impl ProbeSpec {
         ] {
             if let Some(v) = p.get(key) {
                 let v = v.as_f64().filter(|v| (0.0..=1.0).contains(v));
-                *slot = v.ok_or_else(|| format!("probe: '{key}' must be a number from 0 to 1"))?;
+                *slot = Some(v.ok_or_else(|| format!("probe: '{key}' must be a number from 0 to 1"))?);
             }
         }
         Ok(ProbeSpec { file: dir.join(file), thresholds })
@@ -596,45 +605,5 @@ mod tests {
     fn a_directory_without_config_or_manifest_is_named_in_the_error() {
         let err = HostBundle::load(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap_err();
         assert!(err.to_string().contains("rl_agent_config.json"), "{err}");
-    }
-}
-
-/// What a backend must achieve on the probe, on each graph's own rows; a bundle may set its own.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Thresholds {
-    /// Share of rows whose best option is the float model's.
-    pub min_agreement: f64,
-    /// Share of clear decisions ([`crate::engine::probe::CLEAR_MARGIN`]) that agree.
-    pub min_clear_agreement: f64,
-    /// Mean cosine between the backend's and the float model's option logits.
-    pub min_cosine: f64,
-    /// Largest mean |dp|: the mean over rows of each row's largest difference of an option's
-    /// probability (softmax of the raw logits, untempered) from the float model's.
-    pub max_mean_dp: f64,
-}
-
-impl Default for Thresholds {
-    /// From what sound bundles measure with the probe's own figures, each graph on its own rows
-    /// (`tests/conformance/it/probe_defaults.rs`, issue #28; docs/test-evidence.md has the tables),
-    /// with room, and what broken ones measure:
-    ///
-    /// - sound: the three fixture checkpoints' w8a16 binaries on Qualcomm's HTP simulator (the
-    ///   built-in probe requests laid out at each graph's length and every recorded case, 205-409
-    ///   rows a graph) flip at most 2 of 248 clear decisions on a graph (0.8%), mean |dp| at most
-    ///   0.0116, cosine at least 0.9991; the demo model's 128 graph 2 of 322 (0.6%), 0.0041,
-    ///   0.9984; the RKNN demo graph on Rockchip's simulator 0 of 14, 0.0001, 1.0000;
-    /// - broken: an input scale 10x too small (the fake runtime on a fixture checkpoint) flips 2 of
-    ///   18 and 2 of 33 (6-11%), mean |dp| 0.040-0.057, cosine 0.88-0.998, and passed the old
-    ///   whole-bundle defaults (agreement 0.9, cosine 0.98) unless the cosine caught it; the demo's
-    ///   committed 256 graph, calibrated on short tickets only, on the long rows it serves: 1 of 31
-    ///   flipped, one confident decision reversed (|dp| 0.85), 0.055, 0.978; the min-max 256
-    ///   binary calibrated on the raw masks 18 of 31, 0.59, 0.23; a wrong input offset (128) 8 of
-    ///   32, 0.24, 0.78.
-    ///
-    /// So agreement 0.95 (sound graphs 0.98 and up; at 20-32 rows one flip passes, two fail),
-    /// mean |dp| 0.03 (2.6 times the worst sound graph's), cosine 0.99 (sound graphs use at most
-    /// a sixth of that bound).
-    fn default() -> Thresholds {
-        Thresholds { min_agreement: 0.95, min_clear_agreement: 0.95, min_cosine: 0.99, max_mean_dp: 0.03 }
     }
 }

@@ -23,7 +23,7 @@ pub fn run(config: Config) -> Result<(), String> {
         HostBundle::load_verified_as(Path::new(&config.model.dir), config.model.laya).map_err(|e| e.to_string())?;
     // A quantised CPU mode (`--cpu-weights`) answers only once it has passed its probe, as at
     // `serve`'s start; each line's `backend` names it (`cpu-int8`).
-    crate::backend::fidelity::check(&config, &bundle).map_err(|e| e.to_string())?;
+    crate::engine::fidelity::check(&config, &bundle).map_err(|e| e.to_string())?;
     let mut backend = super::backend_for(&config, &bundle, true)?;
     tracing::debug!(backend = kind.name(), model = %config.model.dir.display(), "predict: answering the lines on stdin");
     let out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -22,8 +22,8 @@ pub fn run(config: Config) -> Result<(), String> {
         .ok_or_else(|| format!("{} has no probe: assemble it with `laya-edge bundle`", config.model.dir.display()))?;
     // The CPU in a quantised mode (`--cpu-weights int8`) is its own path, held to the agreement
     // it is refused at start below.
-    if crate::backend::fidelity::gated(&config) && config.engine.backend == crate::config::BackendKind::Cpu {
-        probe.thresholds = crate::backend::fidelity::thresholds(probe.thresholds);
+    if crate::engine::fidelity::gated(&config) && config.engine.backend == crate::config::BackendKind::Cpu {
+        probe.thresholds = probe.thresholds.quantised();
     }
     let mut backend = super::backend_for(&config, &bundle, false)?;
     let rows: Vec<&Row> = probe.rows.iter().collect();

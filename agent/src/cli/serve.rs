@@ -305,6 +305,8 @@ fn prepare(config: &Config) -> Result<(Arc<HostBundle>, EngineConfig), String> {
     // The weights the workers will load, checked here without loading them (a truncated file is
     // named now, not by a worker that fails at every restart).
     backend::check_model(config, &bundle).map_err(|e| e.to_string())?;
+    // A quantised CPU mode is judged by the probe here, once, and refused if it fails.
+    crate::engine::fidelity::check(config, &bundle).map_err(|e| e.to_string())?;
     let program = backend::this_program().map_err(|e| e.to_string())?;
     let engine_config = EngineConfig::from_config(&program, config, &bundle).map_err(|e| e.to_string())?;
     Ok((Arc::new(bundle), engine_config))

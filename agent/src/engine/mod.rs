@@ -9,6 +9,7 @@
 
 mod child;
 mod driver;
+pub mod fidelity;
 pub mod health;
 pub mod probe;
 pub mod probe_file;

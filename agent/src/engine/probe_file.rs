@@ -14,9 +14,9 @@ use std::path::Path;
 use laya_topics::json::{self, ParseOptions};
 use laya_topics::{Request, Value};
 
-use super::probe::Probe;
+use super::probe::{Probe, Thresholds};
 use crate::backend::RowResult;
-use crate::bundle::{BundleError, HostBundle, Thresholds};
+use crate::bundle::{BundleError, HostBundle};
 use crate::pipeline;
 use crate::prompt::Row;
 
@@ -106,7 +106,7 @@ pub fn load(path: &Path, bundle: &HostBundle, thresholds: Thresholds) -> Result<
 /// The bundle's probe, if its manifest names one.
 pub fn of_bundle(bundle: &HostBundle) -> Result<Option<Probe>, BundleError> {
     match bundle.manifest.as_ref().and_then(|m| m.probe.as_ref()) {
-        Some(spec) => load(&spec.file, bundle, spec.thresholds).map(Some),
+        Some(spec) => load(&spec.file, bundle, Thresholds::with(&spec.thresholds)).map(Some),
         None => Ok(None),
     }
 }

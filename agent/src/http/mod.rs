@@ -12,7 +12,8 @@
 //! - [`conn`]: accepting connections within `max_connections`, the request head's timeout and
 //!   size (slowloris), reaping idle keep-alive connections, the graceful stop;
 //! - [`auth`]: the bearer, compared as bytes in constant time;
-//! - [`body`]: reading a body within 2 MiB and `body_read_timeout_s`, never buffering past it;
+//! - [`body`]: reading a body within 2 MiB and `body_read_timeout_s`, never buffering past it
+//!   (then it is decoded only while it holds its share of the memory budget, [`Asker::decoding`]);
 //! - [`routes`]: the routes, statuses and headers laya.serve and Starlette answer with.
 //!
 //! Where the door knowingly differs from laya.serve is listed in `docs/http-contract.md`
@@ -33,8 +34,18 @@ use laya_topics::jev;
 
 use crate::metrics::Metrics;
 
+/// A part of the agent's memory budget a door holds while it decodes a body (given back when
+/// dropped).
+pub type Decoding = Box<dyn Send>;
+
 /// What the door asks of the one question path (the service implements it).
 pub trait Asker: Send + Sync + 'static {
+    /// The memory budget's share for decoding a body of `bytes` (`limits.decoded_bytes`, reckoned
+    /// as an MQTT payload of that size), taken in turn with every question's: the door decodes a
+    /// body only while it holds one, and gives it back before [`Asker::ask`] (which takes the
+    /// request's own share once it has a place in the queue: holding one while waiting for a
+    /// place could leave the places' holders waiting for the budget).
+    fn decoding(&self, bytes: usize) -> Pin<Box<dyn Future<Output = Decoding> + Send + 'static>>;
     /// One laya request through the one question path, as `caller` (the fairness key:
     /// `http/{peer ip}`); `bytes`, its share of the body as it came, is what the waiting room
     /// and the memory budget reckon it by.
@@ -50,6 +61,36 @@ pub trait Asker: Send + Sync + 'static {
     /// [`Asker::health`] says, which an implementation may give without the rest of it.
     fn source(&self) -> String {
         self.health().source
+    }
+}
+
+/// The one question path as the service offers it to a door: its callers are clients
+/// `http/{peer}`.
+impl Asker for crate::service::Doorway {
+    fn decoding(&self, bytes: usize) -> Pin<Box<dyn Future<Output = Decoding> + Send + 'static>> {
+        let door = self.clone();
+        Box::pin(async move { Box::new(door.decoding(bytes).await) as Decoding })
+    }
+
+    fn ask(
+        &self,
+        request: laya_topics::Request,
+        caller: String,
+        bytes: usize,
+    ) -> Pin<Box<dyn Future<Output = Result<laya_topics::PredictResult, Refused>> + Send + 'static>> {
+        let door = self.clone();
+        Box::pin(
+            async move { crate::service::Doorway::ask(&door, request, caller, bytes).await.map(|reply| reply.result) },
+        )
+    }
+
+    fn health(&self) -> jev::Health {
+        self.reporter().health()
+    }
+
+    /// Read on every request: the serving bundle's directory alone, not the engine's status.
+    fn source(&self) -> String {
+        self.served_from()
     }
 }
 

@@ -4,7 +4,8 @@
 //! Why its own file: this is the thin translation STYLE.md item 12 asks of a front door. The
 //! sequence on a decision route is laya.serve's: authenticate (401), take an admission slot or
 //! refuse at once (503 `Retry-After: 1`), refuse an announced body over 2 MiB (413), read the
-//! body (413, 408), laya.serve's checks (`jev::check_single`/`check_batch`), the model's name,
+//! body (413, 408), wait for its share of the memory budget, laya.serve's checks
+//! (`jev::check_single`/`check_batch`, which decode it), the model's name, give the share back,
 //! then ask the one question path ([`super::Asker`]) and render laya.serve's body. The texts
 //! and statuses are `laya_topics::jev::Kind`'s, the door's own (504, a model it does not serve)
 //! are [`DoorRefusal`].
@@ -25,7 +26,7 @@ use tokio::sync::Semaphore;
 
 use super::auth::Bearer;
 use super::body::{self, BodyError};
-use super::{Asker, DoorSettings, Refused};
+use super::{Asker, Decoding, DoorSettings, Refused};
 use crate::metrics::{Metrics, Outcome};
 
 /// The response body type.
@@ -162,8 +163,13 @@ async fn decide(req: Request<Incoming>, shared: &Shared, peer: SocketAddr, batch
         Err(BodyError::Broken(_)) => return refusal(&Kind::NotJson.refusal(&[])),
     };
     let caller = format!("http/{}", peer.ip());
-    let answered =
-        if batch { ask_batch(&bytes, shared, caller).await } else { ask_single(&bytes, shared, caller).await };
+    // Decoded (laya.serve's checks build the request) only within the memory budget.
+    let decoding = shared.asker.decoding(bytes.len()).await;
+    let answered = if batch {
+        ask_batch(&bytes, shared, caller, decoding).await
+    } else {
+        ask_single(&bytes, shared, caller, decoding).await
+    };
     match answered {
         Ok((body, infer_ms)) => {
             let timing = format!("{infer_ms:.2}");
@@ -253,11 +259,15 @@ fn millis(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
 }
 
-async fn ask_single(bytes: &[u8], shared: &Shared, caller: String) -> Result<(Value, f64), Answer> {
+async fn ask_single(bytes: &[u8], shared: &Shared, caller: String, decoding: Decoding) -> Result<(Value, f64), Answer> {
     let single = jev::check_single(bytes, &shared.settings.checks)?;
     let routing = routing(&single.controls, shared)?;
+    let request = single.request();
+    // Decoded: the request's own share is taken on the one path, once it has its place.
+    drop(single);
+    drop(decoding);
     let t0 = Instant::now();
-    let result = shared.asker.ask(single.request(), caller, bytes.len()).await.map_err(refused)?;
+    let result = shared.asker.ask(request, caller, bytes.len()).await.map_err(refused)?;
     let ms = millis(t0);
     if let Some(r) = jev::question_refusal(&result) {
         return Err(r.into());
@@ -274,12 +284,14 @@ impl Drop for Tasks {
     }
 }
 
-async fn ask_batch(bytes: &[u8], shared: &Shared, caller: String) -> Result<(Value, f64), Answer> {
+async fn ask_batch(bytes: &[u8], shared: &Shared, caller: String, decoding: Decoding) -> Result<(Value, f64), Answer> {
     let batch = jev::check_batch(bytes, &shared.settings.checks)?;
     let routing = routing(&batch.controls, shared)?;
+    let requests = batch.requests();
+    drop(batch);
+    drop(decoding);
     let t0 = Instant::now();
     // One ask per state, all at once, so the engine can merge them into one call.
-    let requests = batch.requests();
     let share = bytes.len() / requests.len().max(1);
     let mut tasks =
         Tasks(requests.into_iter().map(|r| tokio::spawn(shared.asker.ask(r, caller.clone(), share))).collect());
@@ -361,4 +373,137 @@ fn json(code: StatusCode, body: String) -> Response<Body> {
     *r.status_mut() = code;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    /// The budget as a door sees it: one share, given only when the test says so, and whether
+    /// it is still held when the door asks.
+    struct Budget {
+        release: Mutex<Option<oneshot::Receiver<()>>>,
+        taken: AtomicUsize,
+        held: Arc<AtomicBool>,
+        asked_while_held: AtomicUsize,
+        asked: AtomicUsize,
+    }
+
+    struct Share(Arc<AtomicBool>);
+
+    impl Drop for Share {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+
+    impl Asker for Budget {
+        fn decoding(&self, _bytes: usize) -> Pin<Box<dyn Future<Output = Decoding> + Send + 'static>> {
+            self.taken.fetch_add(1, Ordering::SeqCst);
+            let release = self.release.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let held = self.held.clone();
+            Box::pin(async move {
+                if let Some(r) = release {
+                    let _ = r.await;
+                }
+                held.store(true, Ordering::SeqCst);
+                Box::new(Share(held)) as Decoding
+            })
+        }
+
+        fn ask(
+            &self,
+            _: laya_topics::Request,
+            _: String,
+            _: usize,
+        ) -> Pin<Box<dyn Future<Output = Result<PredictResult, Refused>> + Send + 'static>> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            if self.held.load(Ordering::SeqCst) {
+                self.asked_while_held.fetch_add(1, Ordering::SeqCst);
+            }
+            Box::pin(async { Err(Refused::Busy) })
+        }
+
+        fn health(&self) -> jev::Health {
+            unreachable!("this test asks no /health")
+        }
+
+        fn source(&self) -> String {
+            "/models/fake".into()
+        }
+    }
+
+    async fn door(budget: Arc<Budget>) -> (SocketAddr, oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listener");
+        let addr = listener.local_addr().expect("address");
+        let settings = DoorSettings::new(&[], "laya-rl-agent");
+        let shared = Arc::new(Shared::new(settings, budget, Arc::new(Metrics::new())));
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(super::super::conn::serve(listener, shared, stopped));
+        (addr, stop)
+    }
+
+    async fn send(addr: SocketAddr, body: &str) -> tokio::net::TcpStream {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.expect("head");
+        s.write_all(body.as_bytes()).await.expect("body");
+        s
+    }
+
+    async fn until(what: impl Fn() -> bool) {
+        // A bound for a broken door only; the test waits on the event, not the time.
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while !what() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the awaited event");
+    }
+
+    #[tokio::test]
+    async fn a_body_is_decoded_only_within_its_share_of_the_memory_budget_and_asks_without_it() {
+        let (release, wait) = oneshot::channel();
+        let budget = Arc::new(Budget {
+            release: Mutex::new(Some(wait)),
+            taken: AtomicUsize::new(0),
+            held: Arc::new(AtomicBool::new(false)),
+            asked_while_held: AtomicUsize::new(0),
+            asked: AtomicUsize::new(0),
+        });
+        let (addr, _stop) = door(budget.clone()).await;
+        // Not JSON: refused as soon as it is decoded, so its answer shows when that happened.
+        let mut first = send(addr, "{not json").await;
+        until(|| budget.taken.load(Ordering::SeqCst) == 1).await;
+        let mut byte = [0u8; 1];
+        assert!(
+            matches!(first.try_read(&mut byte), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "answered before its share of the budget was given"
+        );
+        release.send(()).expect("the door waits for the share");
+        let mut answer = String::new();
+        first.read_to_string(&mut answer).await.expect("answer");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(!budget.held.load(Ordering::SeqCst), "the share is given back once decoded");
+        // A well-formed request: decoded within a share, which is given back before it asks.
+        let ask = r#"{"state": "Hi", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}"#;
+        let mut second = send(addr, ask).await;
+        let mut answer = String::new();
+        second.read_to_string(&mut answer).await.expect("answer");
+        assert!(answer.starts_with("HTTP/1.1 503"), "the fake path is busy: {answer}");
+        assert_eq!(budget.taken.load(Ordering::SeqCst), 2);
+        assert_eq!(budget.asked.load(Ordering::SeqCst), 1);
+        assert_eq!(budget.asked_while_held.load(Ordering::SeqCst), 0, "asked while holding the decoding share");
+    }
 }

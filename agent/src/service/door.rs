@@ -1,4 +1,5 @@
-//! The service's side of a front door other than MQTT (the HTTP door, `crate::http`): a request
+//! The service's side of a front door other than MQTT (the HTTP door, which sits above the
+//! service and reaches it through `Doorway`): a request
 //! that door admitted (laya.serve's checks passed there) joins MQTT's questions on the one path,
 //! from the queue's places, the waiting room and the memory budget on: one queue and one worker
 //! for both doors, served by client in turn, so a flood at one door does not starve the other.
@@ -54,30 +55,5 @@ impl From<ErrorReply> for Refused {
             ErrorCode::DeadlineExceeded => Refused::Deadline,
             ErrorCode::BackendUnavailable | ErrorCode::Internal => Refused::Failed(e.message),
         }
-    }
-}
-
-/// The door's view of the one path (`crate::http::Asker`): its callers are clients `http/{peer}`.
-#[cfg(feature = "http")]
-impl crate::http::Asker for super::Doorway {
-    fn ask(
-        &self,
-        request: Request,
-        caller: String,
-        bytes: usize,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<laya_topics::PredictResult, Refused>> + Send + 'static>,
-    > {
-        let door = self.clone();
-        Box::pin(async move { door.ask(request, caller, bytes).await.map(|reply| reply.result) })
-    }
-
-    fn health(&self) -> laya_topics::jev::Health {
-        self.reporter().health()
-    }
-
-    /// Read on every request: the serving bundle's directory alone, not the engine's status.
-    fn source(&self) -> String {
-        self.reporter().current.get().bundle.dir.display().to_string()
     }
 }

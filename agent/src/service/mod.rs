@@ -269,6 +269,17 @@ impl Doorway {
     pub fn reporter(&self) -> &Reporter {
         &self.reporter
     }
+
+    /// The memory budget's share for decoding a request body of `bytes` (JSON), taken in turn
+    /// with every question's; the door gives it back before it asks.
+    pub async fn decoding(&self, bytes: usize) -> flow::Share {
+        self.handler.questions.budget.take(flow::preparing_cost(laya_topics::wire::Encoding::Json, bytes)).await
+    }
+
+    /// The serving bundle's directory, read alone (not the engine's whole status).
+    pub fn served_from(&self) -> String {
+        self.reporter.current.get().bundle.dir.display().to_string()
+    }
 }
 
 /// A question as it came through a door, until it has its place (then in the waiting room).

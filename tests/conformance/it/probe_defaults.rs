@@ -1,4 +1,4 @@
-//! The probe's default thresholds (`bundle::Thresholds::default`) against what sound bundles
+//! The probe's default thresholds (`engine::probe::Thresholds::default`) against what sound bundles
 //! measure with the probe's own figures (issue #28): every graph judged on its own rows, the
 //! float model's logits from the CPU backend, the backend's from Qualcomm's HTP simulator (the
 //! committed V68 w8a16 binaries) or, for RKNN, the outputs Rockchip's simulator gave for the
@@ -24,8 +24,8 @@ use crate::support::{assert_child_ran_one_test, cases, child_command, f32s, ints
 use laya_edge::backend::cpu::CpuBackend;
 use laya_edge::backend::npu::qnn::{QnnBackend, QnnConfig};
 use laya_edge::backend::{Backend, RowResult};
-use laya_edge::bundle::{HostBundle, Thresholds};
-use laya_edge::engine::probe::{Probe, Report};
+use laya_edge::bundle::HostBundle;
+use laya_edge::engine::probe::{Probe, Report, Thresholds};
 use laya_edge::engine::probe_file;
 use laya_edge::prompt::{QType, Row, RowShape};
 use laya_topics::Value;

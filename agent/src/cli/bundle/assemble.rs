@@ -414,7 +414,7 @@ pub fn assemble(
     std::fs::write(plan.out.join("probe.jsonl"), &made.text).map_err(|e| format!("cannot write the probe: {e}"))?;
     let mut p = Map::new();
     p.insert("file".into(), "probe.jsonl".into());
-    let t = crate::bundle::Thresholds::default();
+    let t = crate::engine::probe::Thresholds::default();
     p.insert("min_agreement".into(), Value::Float(t.min_agreement));
     p.insert("min_clear_agreement".into(), Value::Float(t.min_clear_agreement));
     p.insert("min_cosine".into(), Value::Float(t.min_cosine));
