@@ -294,12 +294,27 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    // Beside the flood, each stage's p99, and the p99 of what the agent's own timing does not
+    // hold (the round trip less `total`: the broker's hops, reading the question off the
+    // connection, and the reply's way out): where another client's time goes.
+    let p99s = |run: &[(Duration, Vec<f64>)]| {
+        let total = STAGES.iter().position(|s| *s == "total").unwrap_or(STAGES.len() - 1);
+        let mut out: Vec<String> = STAGES
+            .iter()
+            .enumerate()
+            .map(|(k, name)| format!("\"{name}\": {:.3}", p99_of(run.iter().map(|(_, s)| s[k]).collect())))
+            .collect();
+        let outside = run.iter().map(|(d, s)| d.as_secs_f64() * 1000.0 - s[total]).collect();
+        out.push(format!("\"outside\": {:.3}", p99_of(outside)));
+        out.join(", ")
+    };
     report.push(format!(
-        "\"fairness\": {{\"null_faults\": \"{faults}\", \"idle\": {}, \"beside_flood\": {}, \"agent_ms_p50\": {{\"idle\": {{{}}}, \"beside_flood\": {{{}}}}}, \"batch_ms\": {batch_ms:.3}, \"target_p99_ms\": {target_ms:.3}, \"met\": {}, \"flood\": {{\"held\": {flood_n}, \"published\": {}, \"answered\": {}, \"overloaded\": {}, \"other\": {}, \"replied_in_ms\": {:.0}}}}}",
+        "\"fairness\": {{\"null_faults\": \"{faults}\", \"idle\": {}, \"beside_flood\": {}, \"agent_ms_p50\": {{\"idle\": {{{}}}, \"beside_flood\": {{{}}}}}, \"beside_flood_ms_p99\": {{{}}}, \"batch_ms\": {batch_ms:.3}, \"target_p99_ms\": {target_ms:.3}, \"met\": {}, \"flood\": {{\"held\": {flood_n}, \"published\": {}, \"answered\": {}, \"overloaded\": {}, \"other\": {}, \"replied_in_ms\": {:.0}}}}}",
         figures(&idle),
         figures(&beside),
         stages(&fair.idle),
         stages(&fair.beside),
+        p99s(&fair.beside),
         percentile(&beside, 0.99) <= target_ms,
         fair.flood_published,
         fair.flood_answered,
@@ -324,6 +339,11 @@ fn figures(sorted: &[Duration]) -> String {
         percentile(sorted, 0.99),
         sorted.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
     )
+}
+
+fn p99_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

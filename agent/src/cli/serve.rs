@@ -147,6 +147,7 @@ fn ask_yourself(config: &Config) -> String {
 fn serve_runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .event_interval(8)
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))
 }

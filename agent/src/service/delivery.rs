@@ -7,19 +7,22 @@
 //! progress had their grace: from then on nothing is published or acknowledged, so each question
 //! was either answered *and* acknowledged before the agent's `offline` status and its
 //! DISCONNECT, or neither.
+//!
+//! Deliveries are handed to the connection a few at a time, their clients in turn
+//! ([`flow::Outlet`]): one client's flood of replies does not make another's wait behind it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rumqttc::v5::AsyncClient;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
-use tokio::sync::RwLock;
+use tokio::sync::{RwLock, oneshot};
 
 use laya_topics::wire::Encoding;
 
 use super::admission::ReplyTo;
-use super::flow::Flow;
+use super::flow::{self, ClientKey, Flow, Outlet};
 use super::telemetry::Counters;
 
 /// What a handled question sends back before it is acknowledged.
@@ -41,11 +44,74 @@ pub struct Gate {
     counters: Arc<Counters>,
     /// Told when a reply went out (the heap trim after a burst).
     flow: Arc<Flow>,
+    /// Deliveries being handed to the connection, and those waiting their client's turn.
+    outlet: Mutex<Outlet<oneshot::Sender<()>>>,
+}
+
+/// A delivery's turn to hand its reply and acknowledgement to the connection; the next in turn
+/// gets it when dropped.
+struct Pass<'a> {
+    gate: &'a Gate,
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        self.gate.pass_on();
+    }
+}
+
+/// A delivery waiting for its [`Pass`]. Dropped before it was used (its task ended), a pass it
+/// was already given goes on to the next.
+struct Waiting<'a> {
+    gate: &'a Gate,
+    turn: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(mut turn) = self.turn.take() {
+            // Closed first: from here no pass can be given to it, and one given before is seen.
+            turn.close();
+            if turn.try_recv().is_ok() {
+                self.gate.pass_on();
+            }
+        }
+    }
 }
 
 impl Gate {
     pub fn new(client: AsyncClient, counters: Arc<Counters>, flow: Arc<Flow>) -> Gate {
-        Gate { client, closed: RwLock::new(false), counters, flow }
+        Gate { client, closed: RwLock::new(false), counters, flow, outlet: Mutex::new(Outlet::new(flow::OUTLET_PASSES)) }
+    }
+
+    fn outlet(&self) -> std::sync::MutexGuard<'_, Outlet<oneshot::Sender<()>>> {
+        self.outlet.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for `client`'s turn to hand a delivery to the connection.
+    async fn pass(&self, client: ClientKey) -> Pass<'_> {
+        let (give, turn) = oneshot::channel();
+        if self.outlet().ready(client, give).is_some() {
+            return Pass { gate: self };
+        }
+        let mut waiting = Waiting { gate: self, turn: Some(turn) };
+        if let Some(turn) = waiting.turn.as_mut() {
+            // Never dropped unanswered: the outlet keeps the sender until it passes it on.
+            let _ = turn.await;
+        }
+        waiting.turn = None;
+        Pass { gate: self }
+    }
+
+    /// A delivery's pass is free: to the next in turn that still waits.
+    fn pass_on(&self) {
+        loop {
+            let Some(next) = self.outlet().gone() else { return };
+            if next.send(()).is_ok() {
+                return;
+            }
+            // That delivery's task ended while it waited: the pass goes on.
+        }
     }
 
     /// Sends what a question's handling produced, then acknowledges the question; after
@@ -54,7 +120,9 @@ impl Gate {
     /// `place` (the question's place in `limits.queue`) is given back before the acknowledgement:
     /// the broker sends the next question as soon as it has the PUBACK, and that question must
     /// find its place free (or its turn in the waiting room), not be refused `overloaded`.
-    pub async fn deliver<P>(&self, publish: &Publish, out: Option<Outbound>, place: Option<P>) {
+    /// `client` (whose question it is) takes its turn at the connection ([`flow::Outlet`]).
+    pub async fn deliver<P>(&self, client: ClientKey, publish: &Publish, out: Option<Outbound>, place: Option<P>) {
+        let _pass = self.pass(client).await;
         let closed = self.closed.read().await;
         if *closed {
             return; // not acknowledged: the broker delivers it again to the next run
@@ -119,6 +187,57 @@ pub fn ack_only(p: &Publish) -> Publish {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn another_clients_reply_goes_out_in_its_turn_not_behind_a_flood_of_replies() {
+        // A connection that takes one request at a time, when the test reads it.
+        let (tx, rx) = flume::bounded(1);
+        let gate = Arc::new(Gate::new(
+            AsyncClient::from_senders(tx),
+            Arc::new(Counters::default()),
+            Arc::new(Flow::new(64)),
+        ));
+        let deliver = |client: &str, n: usize| {
+            let gate = gate.clone();
+            let to = ReplyTo { topic: format!("{client}/{n}"), correlation: None, encoding: Encoding::Json };
+            let client = ClientKey::Named(client.into());
+            let mut question = Publish::new("laya/v1/dev1/ask", QoS::AtLeastOnce, vec![], None);
+            question.pkid = n as u16 + 1;
+            tokio::spawn(async move {
+                let out = Outbound { to, payload: b"{}".to_vec(), answered: true };
+                gate.deliver(client, &question, Some(out), None::<()>).await;
+            })
+        };
+        let mut tasks: Vec<_> = (0..20).map(|n| deliver("flood", n)).collect();
+        // Every flood delivery is under way: holding a pass or waiting for one.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        tasks.push(deliver("other", 0));
+        // The connection takes what the gate hands it, one request at a time (replies and
+        // acknowledgements), each freeing its one slot for the next.
+        let mut sent = Vec::new();
+        for _ in 0..100_000 {
+            if sent.len() == 21 {
+                break;
+            }
+            tokio::task::yield_now().await;
+            if let Ok(rumqttc::v5::Request::Publish(p)) = rx.try_recv() {
+                sent.push(String::from_utf8_lossy(&p.topic).into_owned());
+            }
+        }
+        // The last acknowledgements.
+        let drain = tokio::spawn(async move { while rx.recv_async().await.is_ok() {} });
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(20), t).await.expect("delivered in time").expect("delivered");
+        }
+        assert_eq!(gate.outlet().counts(), (0, 0), "every pass given back");
+        drain.abort();
+        let at = sent.iter().position(|t| t.starts_with("other")).expect("the other client's reply went out");
+        // Behind the replies already handed over (the passes, and the one its turn comes after).
+        assert!(at <= flow::OUTLET_PASSES + 1, "the other client's reply was number {} of {sent:?}", at + 1);
+        assert_eq!(sent.len(), 21, "every reply went out once: {sent:?}");
+    }
 
     #[test]
     fn a_reply_echoes_the_correlation_data_and_says_its_encoding() {

@@ -509,6 +509,61 @@ impl<T> Turns<T> {
     }
 }
 
+/// Deliveries handed to the connection at once ([`Outlet`]): enough to keep the connection's
+/// request channel fed, few enough that a reply never queues behind more than this many others
+/// beyond the channel's own.
+pub const OUTLET_PASSES: usize = 4;
+
+/// The way out, in turns: a reply (and its question's acknowledgement) is handed to the
+/// connection while fewer than `limit` others are being handed over; past that it waits, its
+/// client's replies in arrival order, the clients in turn ([`Turns`]).
+///
+/// Why: replies leave through one connection, whose outgoing QoS 1 publishes the broker lets
+/// through only so many at a time (its Receive Maximum: mosquitto's 20). A flood's tasks, each
+/// waiting to hand its reply over, formed one line in arrival order, and another client's reply
+/// queued behind all of them (measured: 30 ms at p99 of what another client's round trip spent
+/// outside the agent's own timing, BENCHMARKS.md). Here its reply waits for at most one of each
+/// other client's in the round, and what is already handed over.
+#[derive(Debug)]
+pub struct Outlet<T> {
+    waiting: Turns<T>,
+    going: usize,
+    limit: usize,
+}
+
+impl<T> Outlet<T> {
+    /// An outlet that lets `limit` (at least one) go at once.
+    pub fn new(limit: usize) -> Outlet<T> {
+        Outlet { waiting: Turns::default(), going: 0, limit: limit.max(1) }
+    }
+
+    /// `item` of `client` is ready to go: given back if it may go now (it is then going), else
+    /// kept until its turn ([`Outlet::gone`] hands it out).
+    pub fn ready(&mut self, client: ClientKey, item: T) -> Option<T> {
+        if self.going < self.limit && self.waiting.is_empty() {
+            self.going += 1;
+            Some(item)
+        } else {
+            self.waiting.push(client, item);
+            None
+        }
+    }
+
+    /// One that was going has gone: the next in turn, which goes in its stead, if any waits.
+    pub fn gone(&mut self) -> Option<T> {
+        let next = self.waiting.pop();
+        if next.is_none() {
+            self.going = self.going.saturating_sub(1);
+        }
+        next
+    }
+
+    /// How many are going now, and how many wait.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.going, self.waiting.len())
+    }
+}
+
 /// What a question that finds the queue and the waiting room full is sent.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WhenFull {
@@ -760,6 +815,29 @@ mod tests {
         assert_eq!(order, ["f1", "b1", "u1", "f2", "b2", "c1", "f3", "f4"]);
         assert!(turns.is_empty());
         assert_eq!(turns.len(), 0);
+    }
+
+    #[test]
+    fn replies_go_a_few_at_a_time_and_past_that_their_clients_take_turns() {
+        let (flood, other) = (ClientKey::Named("flood".into()), ClientKey::Named("other".into()));
+        let mut out = Outlet::new(2);
+        assert_eq!(out.ready(flood.clone(), 1), Some(1));
+        assert_eq!(out.ready(flood.clone(), 2), Some(2));
+        for n in 3..=6 {
+            assert_eq!(out.ready(flood.clone(), n), None, "two are going: {n} waits");
+        }
+        assert_eq!(out.ready(other.clone(), 100), None);
+        assert_eq!(out.counts(), (2, 5));
+        // Each reply gone lets one more go: the flood's oldest, then the other client's, whose
+        // turn comes before the rest of the flood's however late it came.
+        assert_eq!(out.gone(), Some(3));
+        assert_eq!(out.gone(), Some(100));
+        assert_eq!((out.gone(), out.gone(), out.gone()), (Some(4), Some(5), Some(6)));
+        assert_eq!(out.counts(), (2, 0));
+        // Nothing waits: the places to go empty, and a new reply goes at once.
+        assert_eq!((out.gone(), out.gone(), out.gone()), (None, None, None));
+        assert_eq!(out.counts(), (0, 0));
+        assert_eq!(out.ready(other, 7), Some(7));
     }
 
     #[test]

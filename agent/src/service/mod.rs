@@ -120,12 +120,12 @@ impl Handler {
     /// Handles a question that has its place, in a task of its own.
     fn spawn(self: &Arc<Self>, arrival: Arrival, permit: OwnedSemaphorePermit, client: ClientKey) {
         let asker = self.flow.asker(&client);
-        let seat = Seat { permit: Some(permit), client, handler: self.clone() };
+        let seat = Seat { permit: Some(permit), client: client.clone(), handler: self.clone() };
         let h = self.clone();
         match arrival {
             Arrival::Mqtt { p, received } => tokio::spawn(async move {
                 let out = h.questions.handle(&p, received, asker).await;
-                h.gate.deliver(&p, out, Some(seat)).await;
+                h.gate.deliver(client, &p, out, Some(seat)).await;
             }),
             Arrival::Asked(asked) => tokio::spawn(async move {
                 let Asked { request, bytes, received, reply, .. } = *asked;
@@ -179,11 +179,12 @@ impl Handler {
                 return;
             }
         };
+        let client = self.questions.admission.client_of(&question::incoming(&p));
         let out = self.questions.when_full(&p, why);
         let ack = delivery::ack_only(&p);
         drop(p);
         let h = self.clone();
-        tokio::spawn(async move { h.gate.deliver(&ack, Some(out), None::<Seat>).await });
+        tokio::spawn(async move { h.gate.deliver(client, &ack, Some(out), None::<Seat>).await });
     }
 
     /// Empties the waiting room as the agent stops: another door's requests are refused busy;
@@ -337,7 +338,7 @@ pub async fn run(
         true => connection::options(&config, &status_topic, Encoding::Json.encode(&will.to_value()))?,
         false => rumqttc::v5::MqttOptions::new(config.client_id(), "localhost", 1883),
     };
-    let (client, eventloop) = AsyncClient::new(options, 256);
+    let (client, eventloop) = AsyncClient::new(options, 16);
     let (current, counters) = (Arc::new(Current::new(serving)), Arc::new(Counters::default()));
     let flow = Arc::new(Flow::new(config.limits.queue));
     let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();

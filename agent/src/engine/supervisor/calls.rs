@@ -14,12 +14,13 @@
 //! arrival order among equal turns. So a client holding sixty calls and one that asks once take
 //! turns: the newcomer's call goes before the flood's second, whatever the flood queued first, and
 //! waits for at most the batch running and its own (issue #40). A merged batch takes at most an
-//! equal part of its rows from each asker queued, so that own batch is not one the flood fills.
+//! equal part of its rows from each asker queued, no more than the asker with the fewest rows
+//! queued has, so that own batch is as short as the newcomer's call, not one the flood fills.
 //! With one asker, or none named, every new turn is the latest and the queue is first come, first
 //! served as before. Calls that go back to the front (a failed batch's, a retry) keep their place
 //! there.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::events::{Asker, CallId};
@@ -143,17 +144,24 @@ impl CallQueue {
 
     /// The next batch for an idle worker, from the front of the queue: the calls that fit in
     /// `cap` rows (the first always does) while none of them must run alone, each asker's up to
-    /// an equal part of `cap` when several are queued (their later calls wait for the next batch,
-    /// so a newcomer's call runs in a batch of its part and the flood's, not one the flood
-    /// fills); and the calls whose deadline passed on the way, which left the queue (to be
+    /// an equal part when several are queued: an equal part of `cap`, and no more than the asker
+    /// with the fewest rows queued has (their later calls wait for the next batch). So a
+    /// newcomer's one-row call runs in a batch of its row and one of the flood's, not one the
+    /// flood fills: it waits for the batch running and its own short one, never two long ones;
+    /// and the calls whose deadline passed on the way, which left the queue (to be
     /// answered `Expired`). Returns the batch (in row order), its rows, and the expired calls.
     pub(super) fn next_batch(&mut self, now: Instant, cap: usize) -> (Vec<CallId>, usize, Vec<CallId>) {
         let mut batch = Vec::new();
         let mut expired = Vec::new();
         let mut rows = 0;
-        let askers: HashSet<Asker> =
-            self.queue.iter().filter_map(|c| self.calls.get(c)).filter(|c| !c.expired(now)).map(|c| c.asker).collect();
-        let part = if askers.len() > 1 { (cap / askers.len()).max(1) } else { cap };
+        let mut queued: HashMap<Asker, usize> = HashMap::new();
+        for c in self.queue.iter().filter_map(|c| self.calls.get(c)).filter(|c| !c.expired(now)) {
+            *queued.entry(c.asker).or_default() += c.rows;
+        }
+        let part = match queued.values().min() {
+            Some(&least) if queued.len() > 1 => (cap / queued.len()).min(least).max(1),
+            _ => cap,
+        };
         let mut taken: HashMap<Asker, usize> = HashMap::new();
         let mut at = 0;
         while let Some(&call) = self.queue.get(at) {

@@ -522,7 +522,7 @@ fn calls_queued_behind_a_busy_worker_go_together_in_queue_order_up_to_the_row_ca
 }
 
 #[test]
-fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_and_half_of_a_merged_batch() {
+fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_and_runs_in_a_short_merged_batch() {
     let (flood, newcomer, third) = (Asker(1), Asker(2), Asker(3));
     // One call at a time (the CPU): the flood's calls 2..=6 wait behind call 1; the newcomer's
     // call 7 runs after the flood's first queued call, not after all five.
@@ -547,8 +547,9 @@ fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_and_half_of_a_m
     let order: Vec<CallId> = answer_all(&mut s, w, first).into_iter().flatten().collect();
     assert_eq!(order, [10, 14, 15, 11, 16, 12, 13]);
 
-    // Merged batches (an NPU) of up to four rows: the newcomer's call is in the next batch, and
-    // with two askers queued each has half of it; the flood alone fills the next ones again.
+    // Merged batches (an NPU) of up to four rows: the newcomer's call is in the next batch, with
+    // as many of the flood's rows as its own, so that batch is short; the flood alone fills the
+    // next ones again.
     let mut s = Sim::new(merging_policy());
     s.ready_and_healthy(1);
     let w = s.worker();
@@ -558,7 +559,20 @@ fn a_newcomers_call_takes_its_turn_before_a_flood_queued_earlier_and_half_of_a_m
     }
     s.submit_as(newcomer, 10, 1);
     let batches = answer_all(&mut s, w, first);
-    assert_eq!(batches, [vec![1], vec![2, 10, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+    assert_eq!(batches, [vec![1], vec![2, 10], vec![3, 4, 5, 6], vec![7, 8, 9]]);
+    // Two floods: half of each batch each.
+    let mut s = Sim::new(merging_policy());
+    s.ready_and_healthy(1);
+    let w = s.worker();
+    let first = s.submit_as(flood, 1, 1);
+    for call in 2..=5 {
+        s.submit_as(flood, call, 1);
+    }
+    for call in 6..=9 {
+        s.submit_as(third, call, 1);
+    }
+    let batches = answer_all(&mut s, w, first);
+    assert_eq!(batches, [vec![1], vec![2, 6, 3, 7], vec![4, 8, 5, 9]]);
 }
 
 #[test]
