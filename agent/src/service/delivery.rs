@@ -81,7 +81,13 @@ impl Drop for Waiting<'_> {
 
 impl Gate {
     pub fn new(client: AsyncClient, counters: Arc<Counters>, flow: Arc<Flow>) -> Gate {
-        Gate { client, closed: RwLock::new(false), counters, flow, outlet: Mutex::new(Outlet::new(flow::OUTLET_PASSES)) }
+        Gate {
+            client,
+            closed: RwLock::new(false),
+            counters,
+            flow,
+            outlet: Mutex::new(Outlet::new(flow::OUTLET_PASSES)),
+        }
     }
 
     fn outlet(&self) -> std::sync::MutexGuard<'_, Outlet<oneshot::Sender<()>>> {
@@ -192,11 +198,8 @@ mod tests {
     async fn another_clients_reply_goes_out_in_its_turn_not_behind_a_flood_of_replies() {
         // A connection that takes one request at a time, when the test reads it.
         let (tx, rx) = flume::bounded(1);
-        let gate = Arc::new(Gate::new(
-            AsyncClient::from_senders(tx),
-            Arc::new(Counters::default()),
-            Arc::new(Flow::new(64)),
-        ));
+        let gate =
+            Arc::new(Gate::new(AsyncClient::from_senders(tx), Arc::new(Counters::default()), Arc::new(Flow::new(64))));
         let deliver = |client: &str, n: usize| {
             let gate = gate.clone();
             let to = ReplyTo { topic: format!("{client}/{n}"), correlation: None, encoding: Encoding::Json };
