@@ -204,6 +204,11 @@ impl Metrics {
         self.cpu_fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Times the engine fell back to the CPU.
+    pub fn cpu_fallbacks(&self) -> u64 {
+        self.cpu_fallbacks.load(Ordering::Relaxed)
+    }
+
     /// A probe run ended, passed or not.
     pub fn probe(&self, passed: bool) {
         self.probes.add(&[if passed { "passed" } else { "failed" }]);

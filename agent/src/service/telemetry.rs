@@ -35,8 +35,9 @@ pub struct Counters {
     takeovers: AtomicU64,
     /// The Prometheus side of the same facts (the HTTP door's `/metrics`), for both doors.
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Times the engine degraded to its CPU fallback, and the last reason (`/health`).
-    fallbacks: Mutex<(u64, Option<String>)>,
+    /// Why the engine last degraded to its CPU fallback (`/health`; how many times is counted
+    /// once, in `metrics`).
+    last_fallback: Mutex<Option<String>>,
 }
 
 impl Counters {
@@ -53,15 +54,14 @@ impl Counters {
 
     /// The engine degraded to its CPU fallback, for `why`.
     pub fn fell_back(&self, why: &str) {
-        let mut f = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
-        f.0 += 1;
-        f.1 = Some(why.to_owned());
+        *self.last_fallback.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
         self.metrics.cpu_fallback();
     }
 
     /// Times the engine degraded to its CPU fallback, and the last reason.
     pub fn fallbacks(&self) -> (u64, Option<String>) {
-        self.fallbacks.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let why = self.last_fallback.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (self.metrics.cpu_fallbacks(), why)
     }
 
     pub fn dropped(&self) {
@@ -324,6 +324,16 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_fall_back_to_the_cpu_is_counted_once_for_health_and_metrics_with_the_last_reason() {
+        let c = Counters::default();
+        assert_eq!(c.fallbacks(), (0, None));
+        c.fell_back("worker crashed 3 times");
+        c.fell_back("probe failed on graph 256");
+        assert_eq!(c.fallbacks(), (2, Some("probe failed on graph 256".to_owned())));
+        assert!(c.metrics.render().contains("\nlaya_edge_cpu_fallbacks_total 2\n"), "{}", c.metrics.render());
+    }
     use crate::service::identity::Identity;
 
     fn identity() -> Identity {
