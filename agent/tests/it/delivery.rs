@@ -66,21 +66,6 @@ fn answered_questions(v: &Value) -> Vec<String> {
     }
 }
 
-/// Waits for the first publish on `c` that `want` accepts, collecting the others.
-async fn until(c: &mut Persistent, what: &str, within: Duration, want: impl Fn(&Publish) -> bool) -> Vec<Publish> {
-    let deadline = Instant::now() + within;
-    let mut seen = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let p = c.next(left).await.unwrap_or_else(|| panic!("no {what} within {within:?}; saw {}", seen.len()));
-        let done = want(&p);
-        seen.push(p);
-        if done {
-            return seen;
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_request_id_with_new_questions_is_answered_anew_not_from_the_reply_cache() {
     let broker = Broker::start("reuse", "");
@@ -125,21 +110,22 @@ async fn a_redelivered_copy_of_a_question_in_progress_waits_for_that_answer() {
         c.ask("laya/v1/dev-co/ask", request_with(&id, BUG), Some(&to)).await;
     }
     // All of them received (the first takes 3 s in the engine, the others wait behind it) ...
-    until(&mut c, "all questions in progress", Duration::from_secs(20), |p| {
+    c.until("all questions in progress", Duration::from_secs(20), |p| {
         topic(p).ends_with("/telemetry") && int(&decode(p), "in_flight") == n
     })
     .await;
     // ... when the broker restarts: it delivers the unacknowledged questions again.
     broker.restart();
-    let seen = until(&mut c, "both copies of every question handled", Duration::from_secs(90), |p| {
-        if topic(p).ends_with("/telemetry") {
-            let v = decode(p);
-            int(&v, "answered") + int(&v, "resent") >= 2 * n
-        } else {
-            false
-        }
-    })
-    .await;
+    let seen = c
+        .until("both copies of every question handled", Duration::from_secs(90), |p| {
+            if topic(p).ends_with("/telemetry") {
+                let v = decode(p);
+                int(&v, "answered") + int(&v, "resent") >= 2 * n
+            } else {
+                false
+            }
+        })
+        .await;
     let last = decode(seen.last().expect("telemetry"));
     assert_eq!(int(&last, "answered"), n, "each question inferred once: {last:?}");
     assert_eq!(int(&last, "resent"), n, "each redelivered copy got its original's reply: {last:?}");
@@ -201,10 +187,11 @@ async fn an_mqtt311_request_with_an_unusable_id_is_reported_on_the_errors_topic_
         let body = format!(r#"{{{id} "state": "s", "questions": {{{BUG}}}}}"#);
         client.publish("laya/v1/dev-err/ask", rumqttc::QoS::AtLeastOnce, false, body).await.expect("publish");
     }
-    let seen = until(&mut watch, "six reports counted", Duration::from_secs(30), |p| {
-        topic(p).ends_with("/telemetry") && int(&decode(p), "dropped") == 6
-    })
-    .await;
+    let seen = watch
+        .until("six reports counted", Duration::from_secs(30), |p| {
+            topic(p).ends_with("/telemetry") && int(&decode(p), "dropped") == 6
+        })
+        .await;
     let mut reports: Vec<Value> = seen.iter().filter(|p| topic(p).ends_with("/errors")).map(decode).collect();
     // Telemetry keeps arriving: wait for the reports until a deadline, not until silence.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -302,14 +289,14 @@ async fn sigterm_mid_stream_answers_and_acknowledges_each_question_or_leaves_it_
     c.subscribe("laya/v1/reply/ts-asker/#").await;
     c.subscribe("laya/v1/dev-ts/status").await;
     // The retained `online`.
-    until(&mut c, "the online status", Duration::from_secs(10), |p| topic(p).ends_with("/status")).await;
+    c.until("the online status", Duration::from_secs(10), |p| topic(p).ends_with("/status")).await;
     let ids: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
     ask_all(&c, "dev-ts", "ts-asker", &ids).await;
     // Mid-stream: once the first answer is out, with most still in progress.
-    let mut seen = until(&mut c, "a first answer", Duration::from_secs(30), |p| topic(p).contains("/reply/")).await;
+    let mut seen = c.until("a first answer", Duration::from_secs(30), |p| topic(p).contains("/reply/")).await;
     let status = agent.terminate();
     assert!(status.success(), "{status:?}");
-    seen.extend(until(&mut c, "the offline status", Duration::from_secs(10), is_offline).await);
+    seen.extend(c.until("the offline status", Duration::from_secs(10), is_offline).await);
     let before = reply_counts(&seen);
     // Nothing from the agent after its `offline`: no Last Will, no late reply.
     let mut offline_seen = 1;
@@ -350,13 +337,14 @@ async fn sigterm_during_a_hung_call_neither_answers_nor_acknowledges_it() {
     c.subscribe("laya/v1/dev-th/telemetry").await;
     let ids: Vec<String> = (0..2).map(|i| format!("h{i}")).collect();
     ask_all(&c, "dev-th", "th-asker", &ids).await;
-    let mut seen = until(&mut c, "both questions in progress", Duration::from_secs(20), |p| {
-        topic(p).ends_with("/telemetry") && int(&decode(p), "in_flight") == 2
-    })
-    .await;
+    let mut seen = c
+        .until("both questions in progress", Duration::from_secs(20), |p| {
+            topic(p).ends_with("/telemetry") && int(&decode(p), "in_flight") == 2
+        })
+        .await;
     let status = agent.terminate();
     assert!(status.success(), "{status:?}");
-    seen.extend(until(&mut c, "the offline status", Duration::from_secs(10), is_offline).await);
+    seen.extend(c.until("the offline status", Duration::from_secs(10), is_offline).await);
     let mut offline_seen = 1;
     while let Some(p) = c.next(Duration::from_secs(2)).await {
         offline_seen += usize::from(is_offline(&p));

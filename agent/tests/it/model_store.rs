@@ -78,6 +78,20 @@ async fn model_name(port: u16, device: &str) -> String {
     status.get("model_name").and_then(Value::as_str).unwrap_or_default().to_owned()
 }
 
+/// Reads `c`'s replies until `asked` distinct questions are answered and nothing more comes
+/// (3 s of quiet after the last), then asserts each was answered exactly once.
+async fn each_answered_once(c: &mut Client, asked: usize) {
+    let mut replies: HashMap<String, usize> = HashMap::new();
+    while let Some(p) = c.next(Duration::from_secs(if replies.len() < asked { 30 } else { 3 })).await {
+        let v = decode(&p);
+        if v.get("answers").is_some() {
+            *replies.entry(v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned()).or_default() += 1;
+        }
+    }
+    assert_eq!(replies.len(), asked, "every question answered: {replies:?}");
+    assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
+}
+
 /// Issue #42, item 1: `model install` with no agent installs and switches `current`; with one it
 /// exits 0 only once the new version serves, and when the agent rejects a version (weights that
 /// answer every row alike fail the health call) it exits non-zero with the reason, the store is
@@ -181,16 +195,7 @@ async fn model_install_serves_a_good_version_puts_a_rejected_one_back_and_every_
     let (out, _, ok) = model_cli(args(&[&"rollback", &"--store", &store])).await;
     assert!(ok && out.contains("nothing to roll back"), "{out}");
 
-    let asked = asked;
-    let mut replies: HashMap<String, usize> = HashMap::new();
-    while let Some(p) = c.next(Duration::from_secs(if replies.len() < asked { 30 } else { 3 })).await {
-        let v = decode(&p);
-        if v.get("answers").is_some() {
-            *replies.entry(v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned()).or_default() += 1;
-        }
-    }
-    assert_eq!(replies.len(), asked, "every question answered: {replies:?}");
-    assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
+    each_answered_once(&mut c, asked).await;
     drop(agent);
 }
 
@@ -342,16 +347,7 @@ async fn mender_installs_a_model_that_serves_rolls_a_rejected_one_back_and_refus
     assert_eq!(model_name(broker.port, "dev-mender").await, "v2");
     assert_eq!(listed(&store).await, pairs(&[("v1", ""), ("v2", "serving,current")]));
 
-    let asked = asked;
-    let mut replies: HashMap<String, usize> = HashMap::new();
-    while let Some(p) = c.next(Duration::from_secs(if replies.len() < asked { 30 } else { 3 })).await {
-        let v = decode(&p);
-        if v.get("answers").is_some() {
-            *replies.entry(v.get("id").and_then(Value::as_str).unwrap_or_default().to_owned()).or_default() += 1;
-        }
-    }
-    assert_eq!(replies.len(), asked, "every question answered: {replies:?}");
-    assert!(replies.values().all(|&k| k == 1), "each exactly once: {replies:?}");
+    each_answered_once(&mut c, asked).await;
     drop(agent);
 }
 

@@ -19,21 +19,6 @@ fn state(p: &Publish) -> Option<String> {
     topic(p).ends_with("/status").then(|| decode(p).get("state").and_then(Value::as_str).map(str::to_owned)).flatten()
 }
 
-/// The next message on `c` that `want` accepts, within `within`; those before it are returned too.
-async fn until(c: &mut Persistent, what: &str, within: Duration, want: impl Fn(&Publish) -> bool) -> Vec<Publish> {
-    let deadline = Instant::now() + within;
-    let mut seen = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let p = c.next(left).await.unwrap_or_else(|| panic!("no {what} within {within:?}; saw {}", seen.len()));
-        let done = want(&p);
-        seen.push(p);
-        if done {
-            return seen;
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_panics_ends_serve_with_the_panic_logged_the_last_will_offline_and_the_question_for_the_next_run() {
     let broker = Broker::start("panic-task", "");
@@ -58,7 +43,7 @@ async fn a_task_that_panics_ends_serve_with_the_panic_logged_the_last_will_offli
     let mut c = Persistent::connect(broker.port, "panic-asker").await;
     c.subscribe("laya/v1/reply/panic-asker/#").await;
     c.subscribe(&format!("laya/v1/{device}/status")).await;
-    until(&mut c, "the online status", Duration::from_secs(10), |p| state(p).as_deref() == Some("online")).await;
+    c.until("the online status", Duration::from_secs(10), |p| state(p).as_deref() == Some("online")).await;
 
     let reply_to = "laya/v1/reply/panic-asker/p1";
     let body = laya_topics::wire::Encoding::Json.encode(&request("p1"));
@@ -84,15 +69,14 @@ async fn a_task_that_panics_ends_serve_with_the_panic_logged_the_last_will_offli
     assert!(log.lines().any(|l| l.contains("ERROR") && l.contains("engine/driver.rs")), "{log}");
 
     // The broker saw the connection drop without a DISCONNECT: the Last Will says offline.
-    let seen = until(&mut c, "the Last Will's offline status", Duration::from_secs(30), |p| {
-        state(p).as_deref() == Some("offline")
-    })
-    .await;
+    let seen = c
+        .until("the Last Will's offline status", Duration::from_secs(30), |p| state(p).as_deref() == Some("offline"))
+        .await;
     assert!(seen.iter().all(|p| !topic(p).contains("/reply/")), "no reply from the panicked run");
 
     // Not acknowledged: the next run gets the question again and answers it, once.
     let mut next = Agent::with_config(config, Vec::new());
-    let seen = until(&mut c, "the reply from the next run", Duration::from_secs(60), |p| topic(p) == reply_to).await;
+    let seen = c.until("the reply from the next run", Duration::from_secs(60), |p| topic(p) == reply_to).await;
     let reply = decode(seen.last().expect("the reply"));
     assert_eq!(reply.get("id"), Some(&Value::from("p1")));
     assert!(reply.get("answers").is_some(), "answered, not refused: {reply:?}");

@@ -152,6 +152,22 @@ impl Persistent {
         self.client.publish_with_properties(topic, QoS::AtLeastOnce, false, body, props).await.expect("publish");
     }
 
+    /// The next message that `want` accepts, within `within`, with those before it (it last);
+    /// panics naming `what` if none comes.
+    pub async fn until(&mut self, what: &str, within: Duration, want: impl Fn(&Publish) -> bool) -> Vec<Publish> {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let p = self.next(left).await.unwrap_or_else(|| panic!("no {what} within {within:?}; saw {}", seen.len()));
+            let done = want(&p);
+            seen.push(p);
+            if done {
+                return seen;
+            }
+        }
+    }
+
     pub async fn next(&mut self, within: Duration) -> Option<Publish> {
         tokio::time::timeout(within, self.rx.recv()).await.ok().flatten()
     }
