@@ -139,15 +139,22 @@ fn ask_yourself(config: &Config) -> String {
     )
 }
 
+/// The connection is looked at every 8 task polls rather than tokio's 61: under a flood the
+/// service's thread has a task per question in progress ready to run, and another client's
+/// question (read off the connection) and its reply (written to it) waited for 61 of them between
+/// looks (BENCHMARKS.md, "Every client served fairly").
+const EVENT_INTERVAL: u32 = 8;
+
 /// The service's runtime: one thread. Its work is I/O and short host steps (the model runs in the
 /// worker process, large requests are tokenized in the blocking pool), and on two cores every
 /// hand-over between runtime threads cost ~20 µs of a question's ~0.2 ms (BENCHMARKS.md). Worker
 /// processes are started from this thread, which lives as long as the service: a worker dies
-/// with the thread that started it (PR_SET_PDEATHSIG, see the worker command).
+/// with the thread that started it (PR_SET_PDEATHSIG, see the worker command). Its I/O is looked
+/// at every [`EVENT_INTERVAL`] task polls.
 fn serve_runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .event_interval(8)
+        .event_interval(EVENT_INTERVAL)
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))
 }

@@ -338,7 +338,7 @@ pub async fn run(
         true => connection::options(&config, &status_topic, Encoding::Json.encode(&will.to_value()))?,
         false => rumqttc::v5::MqttOptions::new(config.client_id(), "localhost", 1883),
     };
-    let (client, eventloop) = AsyncClient::new(options, 16);
+    let (client, eventloop) = AsyncClient::new(options, 256);
     let (current, counters) = (Arc::new(Current::new(serving)), Arc::new(Counters::default()));
     let flow = Arc::new(Flow::new(config.limits.queue));
     let telemetry_encoding = config.mqtt.telemetry_encoding.encoding();
