@@ -37,15 +37,16 @@ fn linear(w: &Weights, prefix: &str, bias: bool, mode: CpuWeights) -> Result<Den
 
 /// The mode of a layer's `Wqkv` in the CPU mode `mode`: f32 under int8, `mode` otherwise.
 ///
-/// Why int8 leaves it: its queries and keys meet in the attention scores, whose softmax turns
-/// their quantisation error into a different mixture of values, and measured on the built-in
-/// probe (60 rows, 2026-12-05) it is the product whose int8 costs the most decisions: with it in
-/// f32 and the other three int8, the demo model and bpe-t5 keep every decision (60/60) where
-/// all four in int8 flipped one each; keeping any other one product in f32 kept the demo but
-/// not bpe-t5, and per-row activation schemes alone (asymmetric u8, scales per 8 or 16 inputs,
-/// SmoothQuant-style channel scales) left at least one fixture refused (BENCHMARKS.md, "int8 and
-/// bf16 CPU modes"). It is a quarter of a layer's dense work at d = 1024 (`3d^2` of
-/// `4d^2 + 3 d f`, f = 2624), the part of int8's speed this gives up. bf16 keeps all four.
+/// Why int8 leaves it: measured on the built-in probe (60 rows, 2026-12-05), it is the one
+/// product whose f32 saves the most decisions: with it in f32 and the other three int8, the demo
+/// model and bpe-t5 keep every decision (60/60) where all four in int8 flipped one each;
+/// keeping any one of the other three in f32 instead lost a bpe-t5 row or two, and activation
+/// schemes alone (asymmetric u8, scales per 8 or 16 inputs, SmoothQuant-style channel scales)
+/// left at least one fixture refused. wp-t4 stays refused either way (BENCHMARKS.md, "int8 with
+/// `Wqkv` in f32"). A plausible reason, not measured: queries and keys meet in the attention
+/// scores, whose softmax turns their error into a different mixture of values. It is a quarter
+/// of a layer's dense work at d = 1024 (`3d^2` of `4d^2 + 3 d f`, f = 2624): int8 gave up 10-15%
+/// of its rows/s to it there. bf16 keeps all four.
 fn qkv_mode(mode: CpuWeights) -> CpuWeights {
     match mode {
         CpuWeights::Int8 => CpuWeights::F32,
