@@ -5,6 +5,8 @@
 //!     LAYA_BENCH_MODEL=/tmp/laya-mid LAYA_BENCH_REQUESTS=10 cargo bench --bench cpu_rows
 //!
 //! `LAYA_BENCH_CPU_WEIGHTS` (`f32`, `int8`, `bf16`) runs the CPU model in that `[cpu] weights` mode.
+//! `LAYA_BENCH_FTZ=1` (x86_64) sets flush-to-zero and denormals-are-zero in every thread's MXCSR
+//! first: whether subnormal floats slow a run.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -39,6 +41,10 @@ fn main() {
         Ok("bf16") => laya_edge::config::CpuWeights::Bf16,
         _ => laya_edge::config::CpuWeights::F32,
     };
+    if std::env::var("LAYA_BENCH_FTZ").as_deref() == Ok("1") {
+        flush_denormals();
+        rayon::broadcast(|_| flush_denormals());
+    }
     let inner = CpuBackend::load_with(&model, &bundle.config, mode).expect("model");
     let mut backend = Counting { inner, tokens: 0 };
     for r in &requests {
@@ -86,6 +92,21 @@ impl Backend for Counting {
     fn run(&mut self, rows: &[&Row]) -> Result<Vec<RowResult>, BackendError> {
         self.tokens += rows.iter().map(|r| r.input_ids.len()).sum::<usize>();
         self.inner.run(rows)
+    }
+}
+
+/// Sets MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) in this thread.
+fn flush_denormals() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut csr = 0u32;
+        // SAFETY: stmxcsr/ldmxcsr read and write this thread's SSE control register only (SSE is
+        // baseline on x86_64); the value written is the one read with two mode bits set.
+        unsafe {
+            std::arch::asm!("stmxcsr [{0}]", in(reg) &mut csr, options(nostack));
+            csr |= (1 << 15) | (1 << 6);
+            std::arch::asm!("ldmxcsr [{0}]", in(reg) &csr, options(nostack, readonly));
+        }
     }
 }
 

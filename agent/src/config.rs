@@ -478,8 +478,9 @@ pub enum CpuWeights {
     /// The f32 weights as the checkpoint has them (widened from f16/bf16).
     #[default]
     F32,
-    /// The encoder's dense weights quantised at load to int8 per output channel, activations per
-    /// row, int8 products with i32 sums; embeddings, norms, attention and the head stay f32.
+    /// The encoder's dense weights but the attention's `Wqkv` (three of four per layer)
+    /// quantised at load to int8 per output channel, activations per row, int8 products with i32
+    /// sums; `Wqkv`, embeddings, norms, attention and the head stay f32.
     Int8,
     /// The encoder's dense weights and their inputs rounded to bf16, f32 sums (CPUs with AVX-512
     /// BF16 only).

@@ -108,13 +108,17 @@ mod tests {
         models
     }
 
-    /// The figures of int8 against f32 on the built-in probe requests (60 rows each; all four
-    /// models are small, d = 64), measured 2026-12-04: bpe-small argmax 60/60, mean |dp| 0.0067,
-    /// cosine 0.9999 (passes); bpe-t5 59/60, 0.0263, 0.9984; wp-t4 57/60, 0.0270, 0.9984; the
-    /// demo 59/60 (clear decisions 59/59), 0.0093, 0.9998. At 60 rows the gate's 0.99 allows no
-    /// flip, so the last three are refused. Held here: the verdicts, and the figures' order.
+    /// The figures of int8 against f32 on the built-in probe requests (60 rows each; the models
+    /// are small: d = 32, 64, 128 and 64), measured 2026-12-05 with `Wqkv` in f32 and the other
+    /// three dense products int8 (`encoder::qkv_mode`): bpe-small argmax 60/60, mean |dp| 0.0062,
+    /// cosine 1.0000; bpe-t5 60/60, 0.0176, 0.9990; the demo 60/60 (clear decisions 59/59),
+    /// 0.0073, 0.9998: these three pass. wp-t4 58/60, 0.0238, 0.9989 is refused (at 60 rows the
+    /// gate's 0.99 allows no flip; its flipped rows are near ties, f32 margins 0.02 and 0.04,
+    /// and no scheme measured kept them with int8 weights per channel). With all four products
+    /// int8 (before) the demo and bpe-t5 flipped one row each and were refused. Held here: the
+    /// verdicts, and the figures' order.
     #[test]
-    fn int8_is_judged_against_f32_on_the_demo_and_every_fixture_checkpoint_and_refused_where_it_flips() {
+    fn int8_passes_its_probe_on_the_demo_bpe_small_and_bpe_t5_and_is_refused_on_wp_t4_where_it_flips() {
         for dir in fixture_models() {
             let bundle = HostBundle::load(&dir).expect("model");
             let report = judge(&dir, &bundle, CpuWeights::Int8).expect("judged");
@@ -127,9 +131,8 @@ mod tests {
             // Quantisation noise, not a broken product: the bundle defaults' cosine and |dp| hold.
             assert!(f.mean_cosine >= 0.998 && f.mean_dp <= 0.03, "{}: {f}", dir.display());
             assert!(f.rows >= 50 && f.agree + 3 >= f.rows, "{}: {f}", dir.display());
-            if dir.ends_with("bpe-small") {
-                assert!(report.passed, "{}: {}", dir.display(), report.verdict);
-            }
+            let refused = dir.ends_with("wp-t4");
+            assert_eq!(report.passed, !refused, "{}: {} ({f})", dir.display(), report.verdict);
         }
     }
 

@@ -1,6 +1,15 @@
 //! The int8 products of the opt-in quantised CPU mode (`[cpu] weights = "int8"`, issue #43):
 //! weights quantised at load per output channel, activations per row at each call, the product
-//! in int8 with i32 accumulation, then scaled back into the f32 output.
+//! in int8 with i32 accumulation, then scaled back into the f32 output. The mode runs three of
+//! an encoder layer's four dense products here (`Wo`, the feed-forward's `Wi` and `Wo`); `Wqkv`
+//! stays f32 (`encoder::qkv_mode` says why, with the figures).
+//!
+//! What was measured and not kept (2026-12-05, fake-quantised products on the built-in probe,
+//! BENCHMARKS.md "int8 and bf16 CPU modes"): asymmetric u8 activations per row, symmetric
+//! scales per 8 or 16 activations, SmoothQuant-style channel scales (alpha 0.3, 0.5) and weight
+//! scales per 16 or 32 inputs each left at least one fixture model flipping a probe row; only
+//! f32 activations with weight scales per 16 inputs kept all four, which is no
+//! longer an int8 product.
 //!
 //! Why a helper of our own and not candle's quantized matmul: candle's `QMatMul` (Q8_0: a scale
 //! per block of 32 weights) multiplies one output row by one weight row at a time (a dot product
