@@ -267,27 +267,65 @@ async fn run(mut state: State, options: MqttOptions, mut backoff: Backoff, mut s
             }
         }
     }
-    // Stopping: `down` from the bridge itself, then a clean DISCONNECT (no will).
     state.health = Health::Down;
-    publish(&client, state.health_message());
-    if let Err(e) = client.try_disconnect() {
-        tracing::debug!(error = %e, "thin-edge bridge: cannot queue the disconnect");
-        return;
+    if stop(&state, &client, &mut eventloop).await {
+        tracing::info!("thin-edge bridge: down published, disconnected");
+    } else {
+        tracing::warn!("thin-edge bridge: could not say down before stopping; the broker's will says it");
     }
-    let flushed = tokio::time::timeout(STOP_BOUND, async {
+}
+
+/// Stopping (`state` says `down`), within [`STOP_BOUND`]: nothing more in (every filter
+/// unsubscribed), `down` from the bridge itself, and once the broker acknowledged both, a clean
+/// DISCONNECT (no will) after which nothing is sent; then read on until the broker closes.
+/// Whether the DISCONNECT went out.
+///
+/// The order matters on a real broker (mosquitto 2.0, reproduced under load): a PUBACK the
+/// bridge sends after its DISCONNECT (for a status that arrived meanwhile), or a socket closed
+/// with a PUBACK unread (reset), ended the connection before the broker read the DISCONNECT,
+/// and the will fired over the bridge's own `down`.
+async fn stop(state: &State, client: &AsyncClient, eventloop: &mut rumqttc::v5::EventLoop) -> bool {
+    let filters = state.filters();
+    for filter in &filters {
+        if let Err(e) = client.try_unsubscribe(*filter) {
+            tracing::debug!(filter, error = %e, "thin-edge bridge: cannot queue the unsubscribe");
+        }
+    }
+    publish(client, state.health_message());
+    let mut sent = false;
+    let _ = tokio::time::timeout(STOP_BOUND, async {
+        // The bridge never unsubscribes otherwise: the publish after the last of these
+        // unsubscribes is `down`.
+        let (mut unsubscribed, mut unsubacks, mut down) = (0, 0, false);
         loop {
             match eventloop.poll().await {
-                Ok(Event::Outgoing(Outgoing::Disconnect)) => return true,
+                Ok(Event::Outgoing(Outgoing::Unsubscribe(_))) => unsubscribed += 1,
+                Ok(Event::Outgoing(Outgoing::Publish(_))) if unsubscribed == filters.len() => down = true,
+                Ok(Event::Incoming(Packet::UnsubAck(_))) => unsubacks += 1,
                 Ok(_) => {}
-                Err(_) => return false,
+                Err(_) => return,
+            }
+            if unsubacks >= filters.len() && down && eventloop.state.inflight() == 0 {
+                break;
             }
         }
+        if client.try_disconnect().is_err() {
+            return;
+        }
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+        sent = true;
+        // Read on until the broker closes the connection: a socket closed with unread bytes is
+        // reset, which can discard the DISCONNECT before the broker reads it.
+        while eventloop.poll().await.is_ok() {}
     })
     .await;
-    match flushed {
-        Ok(true) => tracing::info!("thin-edge bridge: down published, disconnected"),
-        _ => tracing::warn!("thin-edge bridge: could not say down before stopping; the broker's will says it"),
-    }
+    sent
 }
 
 #[cfg(test)]
