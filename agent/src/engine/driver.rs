@@ -147,9 +147,9 @@ impl Driver {
                         crate::platform::panic::injected("engine-call");
                         let call = self.next_call;
                         self.next_call += 1;
-                        let n = rows.len();
+                        let (n, units) = (rows.len(), self.config.units(&rows));
                         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
-                        self.apply(Event::Submit { call, rows: n, deadline, probe: false, asker }, &wtx);
+                        self.apply(Event::Submit { call, rows: n, units, deadline, probe: false, asker }, &wtx);
                     }
                     None => break,
                 },
@@ -329,10 +329,10 @@ impl Driver {
         self.next_call += 1;
         self.probe_calls.insert(call);
         let rows = probe.rows.clone();
-        let n = rows.len();
+        let (n, units) = (rows.len(), self.config.units(&rows));
         self.pending.insert(call, Pending { rows, reply, sent_at: None, result: None });
         // Alone (the supervisor never merges a probe): its judgement reads this call's rows only.
-        Some(Event::Submit { call, rows: n, deadline: None, probe: true, asker: Asker::default() })
+        Some(Event::Submit { call, rows: n, units, deadline: None, probe: true, asker: Asker::default() })
     }
 
     fn kill(&mut self, id: WorkerId) {

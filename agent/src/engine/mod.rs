@@ -57,6 +57,9 @@ pub struct EngineConfig {
     /// The graphs the probe's rows are judged on, each on its own rows (the bundle's graphs that
     /// run rows, `probe::probed_graphs`); `None`: all rows together (no graphs).
     pub probe_graphs: Option<Vec<RowShape>>,
+    /// The graphs the primary runs rows on (an NPU bundle's usable graphs; `None`: a
+    /// checkpoint), which say what a row costs in the deadlines ([`EngineConfig::units`]).
+    pub graphs: Option<Vec<RowShape>>,
 }
 
 impl EngineConfig {
@@ -70,6 +73,7 @@ impl EngineConfig {
             probe: None,
             probe_every: None,
             probe_graphs: None,
+            graphs: None,
         }
     }
 
@@ -91,7 +95,21 @@ impl EngineConfig {
             probe: probe_file::of_bundle(bundle).map_err(|e| SetupError::Probe(e.to_string()))?.map(Arc::new),
             probe_every: (config.probe.interval_min > 0).then(|| Duration::from_secs(config.probe.interval_min * 60)),
             probe_graphs: probe::probed_graphs(&bundle.capacity),
+            graphs: bundle.capacity.shapes.clone(),
         })
+    }
+
+    /// What `rows` cost the deadlines, in rows on the shortest of [`EngineConfig::graphs`]: a row
+    /// counts its graph's length over the shortest's (on the QNN bundles' 128- and 256-token
+    /// graphs, 1 and 2: the encoder's work grows with the tokens it runs, and its attention
+    /// share at these lengths is small); one without graphs, or that fits none (the worker
+    /// refuses it), 1.
+    pub fn units(&self, rows: &[Row]) -> f64 {
+        let Some(graphs) = self.graphs.as_deref() else { return rows.len() as f64 };
+        let Some(shortest) = graphs.iter().map(|g| g.seq_len).min().filter(|&l| l > 0) else {
+            return rows.len() as f64;
+        };
+        rows.iter().map(|r| probe::graph_of(graphs, r).map_or(1.0, |g| g.seq_len as f64 / shortest as f64)).sum()
     }
 
     /// What the supervisor runs with: [`EngineConfig::policy`] with what this configuration
@@ -104,6 +122,7 @@ impl EngineConfig {
             health_rows.extend(p.rows.iter().cloned());
         }
         policy.health_rows = health_rows.len();
+        policy.health_units = self.units(&health_rows);
         policy.probe_every = self.probe_every.filter(|_| self.probe.is_some());
         (policy, health_rows)
     }
@@ -434,6 +453,26 @@ mod tests {
             EngineError::Quarantined("twice".into()),
             EngineError::Stopped,
         ]
+    }
+
+    #[test]
+    fn a_row_costs_its_graphs_length_over_the_shortest_and_one_without_graphs() {
+        let row = |tokens: usize| Row {
+            input_ids: vec![7; tokens],
+            marker_pos: vec![1, 2],
+            qtype: crate::prompt::QType::Choice,
+            layout: None,
+        };
+        let rows = [row(40), row(128), row(129), row(256), row(300)];
+        let spec = WorkerSpec { program: "laya-edge".into(), args: Vec::new(), env: Vec::new() };
+        let mut config = EngineConfig::new(Policy::default(), spec);
+        assert_eq!(config.units(&rows), 5.0, "a checkpoint: one a row");
+        let graph = |seq_len| RowShape { seq_len, marker_slots: None };
+        config.graphs = Some(vec![graph(256), graph(128)]);
+        // 128, 128, 256, 256, and none for the 300-token row (refused by the worker): 1 + 1 + 2 + 2 + 1.
+        assert_eq!(config.units(&rows), 7.0);
+        config.graphs = Some(vec![graph(512)]);
+        assert_eq!(config.units(&rows), 5.0, "one graph: one a row");
     }
 
     #[test]

@@ -23,12 +23,15 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use super::deadline::Size;
 use super::events::{Asker, CallId};
 
 /// One call the supervisor holds.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Call {
     pub(super) rows: usize,
+    /// What the rows cost ([`Size::units`]).
+    pub(super) units: f64,
     /// When it was submitted.
     pub(super) since: Instant,
     pub(super) deadline: Option<Instant>,
@@ -44,6 +47,10 @@ pub(super) struct Call {
 }
 
 impl Call {
+    fn size(&self) -> Size {
+        Size { rows: self.rows, units: self.units }
+    }
+
     fn expired(&self, now: Instant) -> bool {
         self.deadline.is_some_and(|d| d <= now)
     }
@@ -149,11 +156,12 @@ impl CallQueue {
     /// newcomer's one-row call runs in a batch of its row and one of the flood's, not one the
     /// flood fills: it waits for the batch running and its own short one, never two long ones;
     /// and the calls whose deadline passed on the way, which left the queue (to be
-    /// answered `Expired`). Returns the batch (in row order), its rows, and the expired calls.
-    pub(super) fn next_batch(&mut self, now: Instant, cap: usize) -> (Vec<CallId>, usize, Vec<CallId>) {
+    /// answered `Expired`). Returns the batch (in row order), its size, and the expired calls.
+    pub(super) fn next_batch(&mut self, now: Instant, cap: usize) -> (Vec<CallId>, Size, Vec<CallId>) {
         let mut batch = Vec::new();
         let mut expired = Vec::new();
         let mut rows = 0;
+        let mut size = Size::default();
         let mut queued: HashMap<Asker, usize> = HashMap::new();
         for c in self.queue.iter().filter_map(|c| self.calls.get(c)).filter(|c| !c.expired(now)) {
             *queued.entry(c.asker).or_default() += c.rows;
@@ -188,11 +196,12 @@ impl CallQueue {
             self.clock = self.clock.max(c.turn);
             batch.push(call);
             rows += c.rows;
+            size = size.add(c.size());
             if c.alone {
                 break;
             }
         }
-        (batch, rows, expired)
+        (batch, size, expired)
     }
 
     /// The serving worker now runs `batch`.
@@ -200,11 +209,11 @@ impl CallQueue {
         self.running = batch;
     }
 
-    /// The running batch was answered: it leaves, with the rows it held.
-    pub(super) fn finish_running(&mut self) -> (Vec<CallId>, usize) {
+    /// The running batch was answered: it leaves, with the size it had.
+    pub(super) fn finish_running(&mut self) -> (Vec<CallId>, Size) {
         let batch = std::mem::take(&mut self.running);
-        let rows = batch.iter().filter_map(|c| self.calls.remove(c)).map(|c| c.rows).sum();
-        (batch, rows)
+        let size = batch.iter().filter_map(|c| self.calls.remove(c)).fold(Size::default(), |s, c| s.add(c.size()));
+        (batch, size)
     }
 
     /// The running batch is no one's any more (the worker failed, or was replaced): forgotten,

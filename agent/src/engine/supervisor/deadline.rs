@@ -3,8 +3,11 @@
 //! Deadlines are per row (one NPU job per question): `max(min_deadline, 4 x per-row estimate x
 //! rows)`, the estimate being the p99 of recent per-row times, seeded by the health call's
 //! measured time and `expected_ms` until enough samples exist, kept per role (the CPU fallback
-//! is not timed by the NPU, nor the NPU by the CPU). Apart from the lifecycle so the arithmetic
-//! can be read (and changed) on its own.
+//! is not timed by the NPU, nor the NPU by the CPU). A row is counted by what it costs
+//! ([`Size::units`]): a row on a bundle's 256-token graph as two rows on its 128-token one, so
+//! the health call's short rows (the seed) do not time a call of long rows at half their cost
+//! (a probe of both graphs missed its deadline on the QNN simulator in CI). Apart from the
+//! lifecycle so the arithmetic can be read (and changed) on its own.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -15,6 +18,41 @@ use super::policy::Policy;
 /// How many recent per-row times the deadline is derived from, and how many it needs.
 const RECENT: usize = 128;
 const MIN_SAMPLES: usize = 5;
+
+/// What a call (or the health call) holds: its rows, and what they cost in units of a row on
+/// the backend's shortest graph (a row on a graph twice as long: 2; every row 1 on a backend
+/// without graphs, or with one). A fixed deadline (`deadline_ms`) is per row, as documented; a
+/// derived one is per unit.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Size {
+    pub rows: usize,
+    pub units: f64,
+}
+
+impl Size {
+    /// `rows` rows of one unit each.
+    #[cfg(test)]
+    pub fn rows(rows: usize) -> Size {
+        Size { rows, units: rows as f64 }
+    }
+
+    /// Both together (a merged batch).
+    pub(super) fn add(self, other: Size) -> Size {
+        Size { rows: self.rows + other.rows, units: self.units + other.units }
+    }
+
+    /// What is left of it after `frac` of the work.
+    pub(super) fn left(self, frac: f64) -> (f64, f64) {
+        let left = (1.0 - frac).clamp(0.0, 1.0);
+        (self.rows.max(1) as f64 * left, self.units() * left)
+    }
+
+    /// The units, at least one row's worth of the mean row (a frame from outside may say any
+    /// count; units below the rows' are not a cost).
+    fn units(self) -> f64 {
+        if self.units.is_finite() && self.units >= self.rows as f64 { self.units } else { self.rows as f64 }.max(1.0)
+    }
+}
 
 /// Recent per-row (per-round) times and the health call's measurement, by role.
 #[derive(Debug, Default)]
@@ -68,15 +106,16 @@ impl Estimator {
         policy.fixed_deadline.is_some() || self.estimate(policy, role).is_some()
     }
 
-    /// The time `rows` rows (a fraction of a row counts as such) of `role`'s work may take:
-    /// the fixed deadline per row, else `max(min_deadline, 4 x per-row time x rows)`, the
-    /// per-row time being the larger of the estimate and `rate` (what the running call itself
-    /// has shown); with neither, `max_deadline` a row.
-    pub(super) fn bound(&self, policy: &Policy, role: Role, rows: f64, rate: Option<Duration>) -> Duration {
+    /// The time `rows` rows costing `units` (a fraction of a row counts as such) of `role`'s
+    /// work may take: the fixed deadline per row, else `max(min_deadline, 4 x per-unit time x
+    /// units)`, the per-unit time being the larger of the estimate and `rate` (what the running
+    /// call itself has shown); with neither, `max_deadline` a unit.
+    pub(super) fn bound(&self, policy: &Policy, role: Role, rows: f64, units: f64, rate: Option<Duration>) -> Duration {
         let whole = u32::try_from(rows.max(1.0).ceil() as u64).unwrap_or(u32::MAX);
         if let Some(fixed) = policy.fixed_deadline {
             return fixed.saturating_mul(whole);
         }
+        let units = units.max(rows).max(1.0);
         let est = match (self.estimate(policy, role), rate) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -84,11 +123,11 @@ impl Estimator {
         match est {
             Some(est) => {
                 let per_row = est.min(policy.max_deadline).saturating_mul(4);
-                Duration::try_from_secs_f64(per_row.as_secs_f64() * rows.max(1.0))
+                Duration::try_from_secs_f64(per_row.as_secs_f64() * units)
                     .unwrap_or(Duration::MAX)
                     .max(policy.min_deadline)
             }
-            None => policy.max_deadline.saturating_mul(whole),
+            None => policy.max_deadline.saturating_mul(u32::try_from(units.ceil() as u64).unwrap_or(u32::MAX)),
         }
     }
 
@@ -97,13 +136,18 @@ impl Estimator {
     /// what is known of `role`'s rows. With nothing known the allowance is the whole call's
     /// until the worker's progress frames measure its rows (`Event::Progress`).
     pub(super) fn health_deadline(&self, policy: &Policy, role: Role) -> Duration {
-        let rows = policy.health_rows.max(1);
+        let health = policy.health_size();
         let allowance = policy.load_allowance.max(policy.min_deadline);
         if !self.known(policy, role) {
             return allowance;
         }
-        let first = allowance.max(self.bound(policy, role, 1.0, None));
-        if rows > 1 { first.saturating_add(self.bound(policy, role, (rows - 1) as f64, None)) } else { first }
+        let first = allowance.max(self.bound(policy, role, 1.0, 1.0, None));
+        if health.rows > 1 {
+            let rest = self.bound(policy, role, (health.rows - 1) as f64, health.units() - 1.0, None);
+            first.saturating_add(rest)
+        } else {
+            first
+        }
     }
 }
 
@@ -112,4 +156,11 @@ impl Estimator {
 pub(super) fn rounds(policy: &Policy, rows: usize, role: Role) -> u32 {
     let parallel = if role == Role::Primary { policy.primary_parallel.max(1) } else { 1 };
     u32::try_from(rows.max(1).div_ceil(parallel)).unwrap_or(u32::MAX)
+}
+
+/// What a call of `size` costs on a worker of `role`, in rounds of one-unit rows: its
+/// [`rounds`], each weighted by the mean cost of its rows. What one sample of the estimate is
+/// measured against.
+pub(super) fn cost(policy: &Policy, size: Size, role: Role) -> f64 {
+    f64::from(rounds(policy, size.rows, role)) * size.units() / size.rows.max(1) as f64
 }

@@ -119,10 +119,11 @@ pub enum TimerKind {
 pub enum Event {
     /// Start the first worker.
     Start,
-    /// A call was queued: its rows, the caller's deadline, whether it is the periodic probe
-    /// (asked for by [`Action::Probe`]: it runs alone, never merged with questions, and one at
-    /// a time), and who asked.
-    Submit { call: CallId, rows: usize, deadline: Option<Instant>, probe: bool, asker: Asker },
+    /// A call was queued: its rows, what they cost (`units`, [`Size`](super::Size): a row on a
+    /// graph twice the shortest's counts 2; at most `rows`: one each), the caller's deadline,
+    /// whether it is the periodic probe (asked for by [`Action::Probe`]: it runs alone, never
+    /// merged with questions, and one at a time), and who asked.
+    Submit { call: CallId, rows: usize, units: f64, deadline: Option<Instant>, probe: bool, asker: Asker },
     /// The caller of a call went away (or the driver found it gone before sending it).
     Cancelled(CallId),
     /// A worker loaded its backend.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use super::*;
 
 impl Supervisor {
-    pub(super) fn bound(&self, role: Role, rows: f64, rate: Option<Duration>) -> Duration {
-        self.estimator.bound(&self.policy, role, rows, rate)
+    pub(super) fn bound(&self, role: Role, rows: f64, units: f64, rate: Option<Duration>) -> Duration {
+        self.estimator.bound(&self.policy, role, rows, units, rate)
     }
 
     #[cfg(test)]
@@ -65,7 +65,16 @@ impl Supervisor {
         self.next_worker += 1;
         actions.push(Action::Spawn(id, role));
         let deadline = self.policy.startup_timeout;
-        Slot { id, role, state: WorkerState::Starting, since: now, deadline, due: now + deadline, rows: 0, signs: None }
+        Slot {
+            id,
+            role,
+            state: WorkerState::Starting,
+            since: now,
+            deadline,
+            due: now + deadline,
+            size: Size::default(),
+            signs: None,
+        }
     }
 
     pub(super) fn spawn_serving(&mut self, now: Instant, actions: &mut Vec<Action>) {
@@ -94,7 +103,7 @@ impl Supervisor {
             return;
         }
         let cap = if slot.role == Role::Primary { self.policy.merge_rows.max(1) } else { 1 };
-        let (batch, rows, expired) = self.calls.next_batch(now, cap);
+        let (batch, size, expired) = self.calls.next_batch(now, cap);
         actions.extend(expired.into_iter().map(|call| Action::Reject(call, EngineError::Expired)));
         let Some(&first) = batch.first() else { return };
         if self.gather == Gather::Due && batch.len() == 1 {
@@ -102,10 +111,10 @@ impl Supervisor {
         }
         self.gather = Gather::Off;
         self.cancel_timer(TimerKind::Gather);
-        let deadline = self.bound(slot.role, rows as f64, None);
+        let deadline = self.bound(slot.role, size.rows as f64, size.units, None);
         let due = now + deadline;
         self.serving =
-            Some(Slot { state: WorkerState::Busy(first), since: now, deadline, due, rows, signs: None, ..slot });
+            Some(Slot { state: WorkerState::Busy(first), since: now, deadline, due, size, signs: None, ..slot });
         actions.push(Action::Send(slot.id, batch.clone()));
         self.calls.start(batch);
         self.timer(TimerKind::Deadline, deadline, actions);
@@ -150,7 +159,7 @@ impl Supervisor {
     pub(super) fn healthy(&mut self, now: Instant, slot: Slot, actions: &mut Vec<Action>) {
         let elapsed = now.duration_since(slot.since);
         if self.policy.health_rows > 0 {
-            let rounds = f64::from(deadline::rounds(&self.policy, self.policy.health_rows, slot.role));
+            let rounds = deadline::cost(&self.policy, self.policy.health_size(), slot.role);
             // From the first sign of progress on, when there is one: the first inference's
             // own cost (the load allowance's business) does not inflate every later deadline.
             let seed = match slot.signs {

@@ -30,10 +30,10 @@
 //! every `probe_every`, as a call of its own on the serving worker ([`Action::Probe`]; one at a
 //! time, never on a worker still starting).
 //!
-//! Deadlines are per row (`deadline.rs`). The health call (two different rows, after "loaded"
-//! and before any question) gets the load allowance for its first row (every worker's first
-//! inference) and a row's deadline for each other row (with nothing known, the allowance is the
-//! whole call's). Progress frames from the worker restart the running call's deadline for the
+//! Deadlines are per row, a row counted by its graph's length (`deadline.rs`). The health call
+//! (two different rows, after "loaded" and before any question) gets the load allowance for its
+//! first row (every worker's first inference) and a row's deadline for each other row (with
+//! nothing known, the allowance is the whole call's). Progress frames from the worker restart the running call's deadline for the
 //! work left, at the larger of the estimate and the call's own rate: a slow worker that is
 //! getting on is not killed, a hung one sends nothing and is caught as before.
 //!
@@ -57,6 +57,7 @@ use crate::backend::{BackendError, LoadError};
 use crate::engine::EngineError;
 use calls::{Call, CallQueue, Gather, Retry};
 use deadline::Estimator;
+use deadline::Size;
 pub use events::{
     Action, Asker, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer, TimerKind,
     WorkerId, WorkerState,
@@ -75,8 +76,8 @@ struct Slot {
     deadline: Duration,
     /// When that deadline passes.
     due: Instant,
-    /// The rows of the current call (or health call).
-    rows: usize,
+    /// The size of the current call (or health call).
+    size: Size,
     /// The signs of progress of the current call.
     signs: Option<Signs>,
 }
@@ -238,10 +239,16 @@ impl Supervisor {
         self.calls.held()
     }
 
-    /// The deadline a call of `rows` rows gets now on the worker that serves.
+    /// The deadline a call of `rows` one-unit rows gets now on the worker that serves.
     #[cfg(test)]
     pub fn deadline(&self, rows: usize) -> Duration {
-        self.bound(self.role(), rows as f64, None)
+        self.deadline_of(Size::rows(rows))
+    }
+
+    /// The deadline a call of `size` gets now on the worker that serves.
+    #[cfg(test)]
+    pub fn deadline_of(&self, size: Size) -> Duration {
+        self.bound(self.role(), size.rows as f64, size.units, None)
     }
 
     /// Feeds one event; returns what to do, in order.
@@ -249,8 +256,8 @@ impl Supervisor {
         let mut actions = Vec::new();
         let handled = match event {
             Event::Start => self.on_start(now, &mut actions),
-            Event::Submit { call, rows, deadline, probe, asker } => {
-                let submitted = Call { rows, since: now, deadline, attempt: 0, alone: probe, asker, turn: 0 };
+            Event::Submit { call, rows, units, deadline, probe, asker } => {
+                let submitted = Call { rows, units, since: now, deadline, attempt: 0, alone: probe, asker, turn: 0 };
                 self.on_submit(now, call, submitted, probe, &mut actions)
             }
             Event::Cancelled(call) => self.on_cancelled(now, call, &mut actions),
@@ -323,13 +330,13 @@ impl Supervisor {
         let is_candidate = self.is_candidate(id);
         let role = self.slot_mut(id).map_or(Role::Primary, |s| s.role);
         let deadline = self.estimator.health_deadline(&self.policy, role);
-        let rows = self.policy.health_rows;
+        let size = self.policy.health_size();
         let Some(slot) = self.slot_mut(id).filter(|s| s.state == WorkerState::Starting) else { return Handled::Live };
         slot.state = WorkerState::Health;
         slot.since = now;
         slot.deadline = deadline;
         slot.due = now + deadline;
-        slot.rows = rows;
+        slot.size = size;
         slot.signs = None;
         let slot = *slot;
         if !is_candidate {
@@ -363,9 +370,9 @@ impl Supervisor {
             WorkerState::Health if call == HEALTH_CALL => self.healthy(now, slot, actions),
             WorkerState::Busy(c) if c == call => {
                 let elapsed = now.duration_since(slot.since);
-                let (batch, rows) = self.calls.finish_running();
-                if rows > 0 {
-                    let sample = elapsed / deadline::rounds(&self.policy, rows, slot.role);
+                let (batch, size) = self.calls.finish_running();
+                if size.rows > 0 {
+                    let sample = elapsed.div_f64(deadline::cost(&self.policy, size, slot.role));
                     self.estimator.record(slot.role, sample);
                 }
                 self.cancel_timer(TimerKind::Deadline);
@@ -401,7 +408,7 @@ impl Supervisor {
         if slot.signs.is_some_and(|s| frac <= s.last) || frac <= 0.0 {
             return Handled::Live;
         }
-        let rounds = f64::from(deadline::rounds(&self.policy, slot.rows, slot.role));
+        let rounds = deadline::cost(&self.policy, slot.size, slot.role);
         let (signs, rate) = match slot.signs {
             None => {
                 let rate = now.duration_since(slot.since).as_secs_f64() / (rounds * frac);
@@ -412,8 +419,8 @@ impl Supervisor {
                 (Signs { last: frac, ..s }, rate)
             }
         };
-        let left = slot.rows.max(1) as f64 * (1.0 - frac);
-        let deadline = self.bound(slot.role, left, Duration::try_from_secs_f64(rate).ok());
+        let (rows, units) = slot.size.left(frac);
+        let deadline = self.bound(slot.role, rows, units, Duration::try_from_secs_f64(rate).ok());
         let kind = if is_candidate { TimerKind::Candidate } else { TimerKind::Deadline };
         if let Some(s) = self.slot_mut(id) {
             s.signs = Some(signs);

@@ -46,6 +46,9 @@ pub struct Policy {
     pub queue_limit: usize,
     /// Rows in the health call (0: no health call).
     pub health_rows: usize,
+    /// What the health call's rows cost (`deadline::Size::units`); at most `health_rows`
+    /// (the default 0 included): one unit a row.
+    pub health_units: f64,
     /// How many rows the primary backend runs side by side (`rknn.contexts`; 1: one after
     /// another). Its calls are timed per round of that many rows, so the per-row estimate stays
     /// the time of one NPU job and a one-row call's deadline is not cut by the parallelism.
@@ -86,6 +89,7 @@ impl Default for Policy {
             // `limits.queue`'s one default.
             queue_limit: crate::config::Limits::default().queue,
             health_rows: 0,
+            health_units: 0.0,
             primary_parallel: 1,
             merge_rows: 1,
             gather: Duration::ZERO,
@@ -95,6 +99,15 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// The health call's size: its rows and what they cost.
+    pub(super) fn health_size(&self) -> super::deadline::Size {
+        let rows = self.health_rows;
+        super::deadline::Size {
+            rows,
+            units: if self.health_units > rows as f64 { self.health_units } else { rows as f64 },
+        }
+    }
+
     /// The policy `config` asks for, the only place it is assembled: the `[engine]` section, and
     /// what the backend it names runs side by side and together. `fallback` says whether a CPU
     /// fallback worker exists. The health call's rows and the probe's cadence come with the engine's

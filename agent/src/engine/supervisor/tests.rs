@@ -58,7 +58,7 @@ impl Sim {
     }
 
     fn submit_as(&mut self, asker: Asker, call: CallId, rows: usize) -> Vec<Action> {
-        self.feed(Event::Submit { call, rows, deadline: None, probe: false, asker })
+        self.feed(Event::Submit { call, rows, units: rows as f64, deadline: None, probe: false, asker })
     }
 
     /// One-row calls `calls` on worker `w`, each answered `took` after it was submitted.
@@ -351,8 +351,8 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let w = s.worker();
     s.submit(1, 1);
     let soon = Some(s.now + ms(100));
-    s.feed(Event::Submit { call: 2, rows: 1, deadline: soon, probe: false, asker: Asker::default() });
-    s.feed(Event::Submit { call: 3, rows: 1, deadline: soon, probe: false, asker: Asker::default() });
+    s.feed(Event::Submit { call: 2, rows: 1, units: 1.0, deadline: soon, probe: false, asker: Asker::default() });
+    s.feed(Event::Submit { call: 3, rows: 1, units: 1.0, deadline: soon, probe: false, asker: Asker::default() });
     assert_eq!(s.sup.in_flight(), 3);
     assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, EngineError::Overloaded(_))));
     s.now += ms(200);
@@ -360,7 +360,14 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let a = s.feed(Event::Tick);
     assert_eq!(a, [Action::Reject(2, EngineError::Expired), Action::Reject(3, EngineError::Expired)]);
     assert_eq!(s.sup.in_flight(), 1);
-    s.feed(Event::Submit { call: 5, rows: 1, deadline: Some(s.now + ms(10)), probe: false, asker: Asker::default() });
+    s.feed(Event::Submit {
+        call: 5,
+        rows: 1,
+        units: 1.0,
+        deadline: Some(s.now + ms(10)),
+        probe: false,
+        asker: Asker::default(),
+    });
     s.submit(6, 1);
     s.now += ms(50);
     // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
@@ -371,7 +378,14 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     s.feed(Event::Cancelled(7));
     assert_eq!(s.sup.in_flight(), 1);
     assert!(matches!(
-        s.feed(Event::Submit { call: 8, rows: 1, deadline: Some(s.now), probe: false, asker: Asker::default() })[0],
+        s.feed(Event::Submit {
+            call: 8,
+            rows: 1,
+            units: 1.0,
+            deadline: Some(s.now),
+            probe: false,
+            asker: Asker::default()
+        })[0],
         Action::Reject(8, EngineError::Expired)
     ));
 }
@@ -460,6 +474,31 @@ fn a_primary_running_three_rows_side_by_side_is_timed_per_round_so_a_one_row_cal
     // margin; per round, it gets 4 x 600 ms.
     assert_eq!(s.sup.deadline(1), ms(2400));
     assert!(s.sup.deadline(3) >= ms(2400));
+}
+
+#[test]
+fn a_row_on_a_graph_twice_as_long_counts_twice_in_the_deadline_and_in_the_estimate_but_a_fixed_deadline_stays_per_row()
+{
+    // The health call's two short rows take 100 ms each; a row on the bundle's 256-token graph
+    // costs two on its 128-token one. The probe's call: 32 short rows and 32 long ones, 9.6 s.
+    let mut s = Sim::new(healthy_policy());
+    let w = s.worker();
+    s.ready_and_healthy(200);
+    assert_eq!(s.sup.deadline_of(Size { rows: 32, units: 32.0 }), ms(12_800));
+    // Counted as 64 short rows it would get 25.6 s, not 4 x its own time.
+    assert_eq!(s.sup.deadline_of(Size { rows: 64, units: 96.0 }), ms(38_400));
+    for call in 1..=5 {
+        s.feed(Event::Submit { call, rows: 64, units: 96.0, deadline: None, probe: false, asker: Asker::default() });
+        s.now += ms(9_600);
+        let a = s.feed(Event::Done(w, call));
+        assert!(a.contains(&Action::Deliver(call)), "{a:?}");
+    }
+    // Measured per unit, the mixed calls say 100 ms a short row, as the health call did.
+    assert_eq!(s.sup.deadline(10), secs(4));
+    assert_eq!(s.sup.deadline_of(Size { rows: 10, units: 20.0 }), secs(8));
+
+    let fixed = Sim::new(Policy { fixed_deadline: Some(secs(2)), ..healthy_policy() });
+    assert_eq!(fixed.sup.deadline_of(Size { rows: 2, units: 4.0 }), secs(4), "deadline_ms is per question");
 }
 
 fn policy_of(s: &Sim) -> Policy {
@@ -686,9 +725,16 @@ fn cancelled_expired_and_probe_calls_are_never_merged() {
     s.submit(1, 1);
     s.submit(2, 1);
     s.submit(3, 1);
-    s.feed(Event::Submit { call: 4, rows: 1, deadline: Some(s.now + ms(50)), probe: false, asker: Asker::default() });
+    s.feed(Event::Submit {
+        call: 4,
+        rows: 1,
+        units: 1.0,
+        deadline: Some(s.now + ms(50)),
+        probe: false,
+        asker: Asker::default(),
+    });
     s.submit(5, 1);
-    s.feed(Event::Submit { call: 6, rows: 1, deadline: None, probe: true, asker: Asker::default() }); // the probe
+    s.feed(Event::Submit { call: 6, rows: 1, units: 1.0, deadline: None, probe: true, asker: Asker::default() }); // the probe
     s.submit(7, 1);
     // The caller of call 3 went away; call 4's deadline passes while call 1 runs.
     s.feed(Event::Cancelled(3));
@@ -766,7 +812,8 @@ fn with_concurrent_callers_an_idle_primary_waits_briefly_to_fill_a_round_of_its_
     // A probe (alone) waiting ends the wait: nothing is held back behind it.
     s.submit(8, 1);
     assert!(sends(&s.feed(Event::Done(w, 7))).is_empty());
-    let a = s.feed(Event::Submit { call: 9, rows: 1, deadline: None, probe: true, asker: Asker::default() });
+    let a =
+        s.feed(Event::Submit { call: 9, rows: 1, units: 1.0, deadline: None, probe: true, asker: Asker::default() });
     assert_eq!(sends(&a), [vec![8]]);
     assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9]]);
     // The window is at most a tenth of the per-row estimate.
@@ -989,7 +1036,8 @@ fn the_probe_is_asked_for_every_interval_on_a_serving_worker_one_at_a_time_and_n
     let a = s.advance(every);
     assert_eq!(probes(&a), 1, "{a:?}");
     let w = s.worker();
-    let a = s.feed(Event::Submit { call: 1, rows: 4, deadline: None, probe: true, asker: Asker::default() });
+    let a =
+        s.feed(Event::Submit { call: 1, rows: 4, units: 4.0, deadline: None, probe: true, asker: Asker::default() });
     assert_eq!(a[0], Action::Send(w, vec![1]));
     // Still running when the next interval ends: no second probe beside it.
     assert_eq!(probes(&s.advance(every)), 0);
