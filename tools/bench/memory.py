@@ -9,7 +9,8 @@ one after another, for --seconds), sampled every 50 ms, and stop the agent (SIGT
 Prints the machine, the inputs, one line per model (with the worker's largest mappings under
 load) and the targets: agent main process under 40 MiB RSS under load; worker = model bytes + under
 60 MiB (issue #16), or at most 40 MiB with --long (issue #30: every row cut at 512 tokens). "model bytes" are the tensor bytes of
-model.safetensors as f32 (what the worker holds); "load peak" is the worker's VmHWM after the
+model.safetensors as f32 (what the worker holds; with --cpu-weights int8 its int8 matrices at a byte
+an element, as the issue #43 target counts them); "load peak" is the worker's VmHWM after the
 first answer (loading the model plus one request).
 
     python3 tools/bench/memory.py --bin target/release/laya-edge \
@@ -99,8 +100,15 @@ def children(pid):
     return out
 
 
-def tensor_bytes(model_dir):
-    """Bytes of every tensor of model.safetensors once widened to f32."""
+# The dense weights `[cpu] weights = "int8"` holds in int8 (agent/src/backend/cpu/encoder.rs: all of
+# an encoder layer's but `Wqkv`; the head, the embeddings and the norms stay f32), each with an f32
+# scale and an i32 offset sum per output channel.
+INT8 = re.compile(r"^encoder\.layers\.\d+\.(attn\.Wo|mlp\.Wi|mlp\.Wo)\.weight$")
+
+
+def tensor_bytes(model_dir, weights="f32"):
+    """Bytes of every tensor of model.safetensors once widened to f32 (with --cpu-weights int8,
+    the int8 matrices at a byte an element and 8 bytes a channel)."""
     with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -111,7 +119,10 @@ def tensor_bytes(model_dir):
         count = 1
         for d in t["shape"]:
             count *= d
-        total += count * 4
+        if weights == "int8" and INT8.match(name):
+            total += count + 8 * t["shape"][0]
+        else:
+            total += count * 4
     return total
 
 
@@ -133,10 +144,13 @@ def ask(binary, port, device, request, timeout_s):
 
 def one_model(args, port, model_dir, index, reqs):
     device = "mem%d" % index
-    model = tensor_bytes(model_dir)
+    model = tensor_bytes(model_dir, args.cpu_weights)
     start = time.monotonic()
-    agent = subprocess.Popen([args.bin, "serve", "--broker", "mqtt://127.0.0.1:%d" % port, "--device", device,
-                              "--model", model_dir, "--backend", "cpu"],
+    config = os.path.join(args.tmp, "laya-edge-%d.toml" % index)
+    with open(config, "w") as f:
+        f.write('[cpu]\nweights = "%s"\n' % args.cpu_weights)
+    agent = subprocess.Popen([args.bin, "serve", "--config", config, "--broker", "mqtt://127.0.0.1:%d" % port,
+                              "--device", device, "--model", model_dir, "--backend", "cpu"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     connected = threading.Event()
 
@@ -227,6 +241,8 @@ def main():
     ap.add_argument("--requests", type=int, default=12, help="benchmark requests the clients cycle through")
     ap.add_argument("--long", type=int, default=0, metavar="CHARS",
                     help="make each request's state at least CHARS characters, so every row is cut at 512 tokens")
+    ap.add_argument("--cpu-weights", choices=["f32", "int8", "bf16"], default="f32",
+                    help="[cpu] weights of the agent (model bytes counted accordingly; bf16 counted as f32)")
     ap.add_argument("models", nargs="+")
     args = ap.parse_args()
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -241,10 +257,12 @@ def main():
     print("== load at start: %s; %s" % (" ".join(open("/proc/loadavg").read().split()[:3]),
                                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
     print("== binary: %s; backend cpu; %d clients x `laya-edge ask` for %.0f s over the first %d benchmark "
-          "requests (%d questions)%s" % (args.bin, args.clients, args.seconds, len(reqs),
+          "requests (%d questions)%s; [cpu] weights %s" % (args.bin, args.clients, args.seconds, len(reqs),
                                          sum(len(r["questions"]) for r in reqs),
-                                         ", states lengthened to %d+ characters" % args.long if args.long else ""))
+                                         ", states lengthened to %d+ characters" % args.long if args.long else "",
+                                         args.cpu_weights))
     tmp = tempfile.mkdtemp(prefix="laya-memory-")
+    args.tmp = tmp
     port = free_port()
     conf = os.path.join(tmp, "mosquitto.conf")
     with open(conf, "w") as f:
