@@ -14,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "b40914e265f1809be052adc0959cfed0eb875dc5"
+SRCREV = "dbe03f1c1f6435e2b04974acfbda6efc785114e7"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
