@@ -61,6 +61,17 @@ impl Sim {
         self.feed(Event::Submit { call, rows, units: rows as f64, deadline: None, probe: false, asker })
     }
 
+    /// A one-row call whose caller waits until `deadline`.
+    fn submit_until(&mut self, call: CallId, deadline: Option<Instant>) -> Vec<Action> {
+        self.feed(Event::Submit { call, rows: 1, units: 1.0, deadline, probe: false, asker: Asker::default() })
+    }
+
+    /// The periodic probe's call of `rows` one-unit rows.
+    fn submit_probe(&mut self, call: CallId, rows: usize) -> Vec<Action> {
+        let units = rows as f64;
+        self.feed(Event::Submit { call, rows, units, deadline: None, probe: true, asker: Asker::default() })
+    }
+
     /// One-row calls `calls` on worker `w`, each answered `took` after it was submitted.
     fn one_row_calls(&mut self, w: WorkerId, calls: std::ops::RangeInclusive<CallId>, took: Duration) {
         for call in calls {
@@ -351,8 +362,8 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let w = s.worker();
     s.submit(1, 1);
     let soon = Some(s.now + ms(100));
-    s.feed(Event::Submit { call: 2, rows: 1, units: 1.0, deadline: soon, probe: false, asker: Asker::default() });
-    s.feed(Event::Submit { call: 3, rows: 1, units: 1.0, deadline: soon, probe: false, asker: Asker::default() });
+    s.submit_until(2, soon);
+    s.submit_until(3, soon);
     assert_eq!(s.sup.in_flight(), 3);
     assert!(matches!(s.submit(4, 1)[0], Action::Reject(4, EngineError::Overloaded(_))));
     s.now += ms(200);
@@ -360,14 +371,7 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     let a = s.feed(Event::Tick);
     assert_eq!(a, [Action::Reject(2, EngineError::Expired), Action::Reject(3, EngineError::Expired)]);
     assert_eq!(s.sup.in_flight(), 1);
-    s.feed(Event::Submit {
-        call: 5,
-        rows: 1,
-        units: 1.0,
-        deadline: Some(s.now + ms(10)),
-        probe: false,
-        asker: Asker::default(),
-    });
+    s.submit_until(5, Some(s.now + ms(10)));
     s.submit(6, 1);
     s.now += ms(50);
     // Call 5 expired while call 1 ran: it is refused, call 6 goes to the worker.
@@ -377,17 +381,8 @@ fn an_expired_call_never_reaches_the_worker_and_the_queue_is_bounded() {
     s.submit(7, 1);
     s.feed(Event::Cancelled(7));
     assert_eq!(s.sup.in_flight(), 1);
-    assert!(matches!(
-        s.feed(Event::Submit {
-            call: 8,
-            rows: 1,
-            units: 1.0,
-            deadline: Some(s.now),
-            probe: false,
-            asker: Asker::default()
-        })[0],
-        Action::Reject(8, EngineError::Expired)
-    ));
+    let now = Some(s.now);
+    assert!(matches!(s.submit_until(8, now)[0], Action::Reject(8, EngineError::Expired)));
 }
 
 #[test]
@@ -725,16 +720,9 @@ fn cancelled_expired_and_probe_calls_are_never_merged() {
     s.submit(1, 1);
     s.submit(2, 1);
     s.submit(3, 1);
-    s.feed(Event::Submit {
-        call: 4,
-        rows: 1,
-        units: 1.0,
-        deadline: Some(s.now + ms(50)),
-        probe: false,
-        asker: Asker::default(),
-    });
+    s.submit_until(4, Some(s.now + ms(50)));
     s.submit(5, 1);
-    s.feed(Event::Submit { call: 6, rows: 1, units: 1.0, deadline: None, probe: true, asker: Asker::default() }); // the probe
+    s.submit_probe(6, 1); // the probe
     s.submit(7, 1);
     // The caller of call 3 went away; call 4's deadline passes while call 1 runs.
     s.feed(Event::Cancelled(3));
@@ -812,8 +800,7 @@ fn with_concurrent_callers_an_idle_primary_waits_briefly_to_fill_a_round_of_its_
     // A probe (alone) waiting ends the wait: nothing is held back behind it.
     s.submit(8, 1);
     assert!(sends(&s.feed(Event::Done(w, 7))).is_empty());
-    let a =
-        s.feed(Event::Submit { call: 9, rows: 1, units: 1.0, deadline: None, probe: true, asker: Asker::default() });
+    let a = s.submit_probe(9, 1);
     assert_eq!(sends(&a), [vec![8]]);
     assert_eq!(sends(&s.feed(Event::Done(w, 8))), [vec![9]]);
     // The window is at most a tenth of the per-row estimate.
@@ -1036,8 +1023,7 @@ fn the_probe_is_asked_for_every_interval_on_a_serving_worker_one_at_a_time_and_n
     let a = s.advance(every);
     assert_eq!(probes(&a), 1, "{a:?}");
     let w = s.worker();
-    let a =
-        s.feed(Event::Submit { call: 1, rows: 4, units: 4.0, deadline: None, probe: true, asker: Asker::default() });
+    let a = s.submit_probe(1, 4);
     assert_eq!(a[0], Action::Send(w, vec![1]));
     // Still running when the next interval ends: no second probe beside it.
     assert_eq!(probes(&s.advance(every)), 0);
