@@ -15,9 +15,7 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
-use super::panels::Out;
+use super::panels::each_block;
 
 /// Output channels of a packed weight panel.
 pub const MR: usize = 32;
@@ -186,37 +184,11 @@ impl Bf16Weights {
         }
         let k2 = depth.div_ceil(2);
         let tokens = pack(x, n, depth, NR);
-        let (panels, tiles) = (self.rows.div_ceil(MR), n.div_ceil(NR));
-        let tasks = if threads > 1 { (threads * 2).min(panels) } else { 1 };
-        let per_task = panels.div_ceil(tasks);
-        let out = Out(dst.as_mut_ptr());
-        let run = |task: usize| {
-            let mut acc = [[0f32; MR]; NR];
-            let mine = task * per_task..((task + 1) * per_task).min(panels);
-            for first_tile in (0..tiles).step_by(TOKEN_BLOCK / NR) {
-                for p in mine.clone() {
-                    let panel = &self.data[p * k2 * MR * 2..(p + 1) * k2 * MR * 2];
-                    let height = MR.min(self.rows - p * MR);
-                    for t in first_tile..(first_tile + TOKEN_BLOCK / NR).min(tiles) {
-                        kernel.tile(panel, &tokens[t * k2 * NR * 2..(t + 1) * k2 * NR * 2], k2, &mut acc);
-                        for (j, a) in acc.iter().enumerate().take(NR.min(n - t * NR)) {
-                            let row = out.at((t * NR + j) * ld + p * MR);
-                            for (i, &s) in a.iter().enumerate().take(height) {
-                                // SAFETY: element (t NR + j, p MR + i) of the `[n, ld]` output,
-                                // inside `dst` (asserted above); tasks own disjoint panels
-                                // (columns), and `dst` is borrowed mutably until all are done.
-                                unsafe { *row.add(i) += s };
-                            }
-                        }
-                    }
-                }
-            }
+        let tile = |p: usize, t: usize, acc: &mut [[f32; MR]; NR]| {
+            let panel = &self.data[p * k2 * MR * 2..(p + 1) * k2 * MR * 2];
+            kernel.tile(panel, &tokens[t * k2 * NR * 2..(t + 1) * k2 * NR * 2], k2, acc);
         };
-        if tasks > 1 {
-            (0..tasks).into_par_iter().for_each(run);
-        } else {
-            run(0);
-        }
+        each_block(self.rows, n, dst, ld, threads, TOKEN_BLOCK, tile, |_, _, s| s);
     }
 }
 

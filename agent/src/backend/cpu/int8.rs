@@ -38,9 +38,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use rayon::prelude::*;
-
-use super::panels::Out;
+use super::panels::each_block;
 
 /// Output channels of a packed weight panel.
 pub const MR: usize = 32;
@@ -396,42 +394,15 @@ impl QuantWeights {
         let offset = kernel.offset();
         let tokens = pack(&q, n, depth, NR, offset);
         drop(q);
-        let (panels, tiles) = (self.rows.div_ceil(MR), n.div_ceil(NR));
-        let tasks = if threads > 1 { (threads * 2).min(panels) } else { 1 };
-        let per_task = panels.div_ceil(tasks);
-        let out = Out(dst.as_mut_ptr());
-        let run = |task: usize| {
-            let mut acc = [[0i32; MR]; NR];
-            let mine = task * per_task..((task + 1) * per_task).min(panels);
-            for first_tile in (0..tiles).step_by(TOKEN_BLOCK / NR) {
-                for p in mine.clone() {
-                    let panel = &self.data[p * k4 * MR * 4..(p + 1) * k4 * MR * 4];
-                    let height = MR.min(self.rows - p * MR);
-                    for t in first_tile..(first_tile + TOKEN_BLOCK / NR).min(tiles) {
-                        kernel.tile(panel, &tokens[t * k4 * NR * 4..(t + 1) * k4 * NR * 4], k4, &mut acc);
-                        let width = NR.min(n - t * NR);
-                        for (j, a) in acc.iter().enumerate().take(width) {
-                            let token = t * NR + j;
-                            let row = out.at(token * ld + p * MR);
-                            for (i, &s) in a.iter().enumerate().take(height) {
-                                let c = p * MR + i;
-                                let sum = if offset { s - self.offsets[c] } else { s };
-                                // SAFETY: element (token, c) of the `[n, ld]` output: token < n
-                                // and c < self.rows <= ld, inside `dst` (asserted above). Tasks
-                                // own disjoint panels (columns), and `dst` is borrowed mutably
-                                // until every task is done.
-                                unsafe { *row.add(i) += sum as f32 * (sx[token] * self.scales[c]) };
-                            }
-                        }
-                    }
-                }
-            }
+        let tile = |p: usize, t: usize, acc: &mut [[i32; MR]; NR]| {
+            let panel = &self.data[p * k4 * MR * 4..(p + 1) * k4 * MR * 4];
+            kernel.tile(panel, &tokens[t * k4 * NR * 4..(t + 1) * k4 * NR * 4], k4, acc);
         };
-        if tasks > 1 {
-            (0..tasks).into_par_iter().for_each(run);
-        } else {
-            run(0);
-        }
+        let finish = |token: usize, c: usize, s: i32| {
+            let sum = if offset { s - self.offsets[c] } else { s };
+            sum as f32 * (sx[token] * self.scales[c])
+        };
+        each_block(self.rows, n, dst, ld, threads, TOKEN_BLOCK, tile, finish);
     }
 }
 

@@ -301,6 +301,67 @@ impl Out {
     }
 }
 
+/// The loop nest the quantised modes share (`int8`, `bf16`): `dst[r * ld + c] += finish(r, c,
+/// sum)` for every token `r < n` and channel `c < rows`, the sums coming in `MR x NR` blocks
+/// from `tile(panel, tile, acc)` (panel `p`: channels `p MR..`, tile `t`: tokens `t NR..`; a
+/// block's unused lanes are ignored). The panels are split over tasks, two per thread on
+/// rayon's pool when `threads` > 1, each task its own panels, so no two tasks write one
+/// element; within a task the tokens go in blocks of `token_block` (a multiple of `NR`), so a
+/// block's packed tokens stay in cache while every panel of the task passes them.
+///
+/// Panics if `dst` cannot hold `[n, ld]` rows of `rows` channels.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn each_block<A, const MR: usize, const NR: usize>(
+    rows: usize,
+    n: usize,
+    dst: &mut [f32],
+    ld: usize,
+    threads: usize,
+    token_block: usize,
+    tile: impl Fn(usize, usize, &mut [[A; MR]; NR]) + Sync,
+    finish: impl Fn(usize, usize, A) -> f32 + Sync,
+) where
+    A: Copy + Default,
+{
+    assert!(ld >= rows && dst.len() >= n.saturating_sub(1) * ld + rows && token_block.is_multiple_of(NR));
+    if n == 0 || rows == 0 {
+        return;
+    }
+    let (panels, tiles, tiles_per_block) = (rows.div_ceil(MR), n.div_ceil(NR), (token_block / NR).max(1));
+    let tasks = if threads > 1 { (threads * 2).min(panels) } else { 1 };
+    let per_task = panels.div_ceil(tasks);
+    let out = Out(dst.as_mut_ptr());
+    let run = |task: usize| {
+        let mut acc = [[A::default(); MR]; NR];
+        let mine = task * per_task..((task + 1) * per_task).min(panels);
+        for first_tile in (0..tiles).step_by(tiles_per_block) {
+            for p in mine.clone() {
+                let height = MR.min(rows - p * MR);
+                for t in first_tile..(first_tile + tiles_per_block).min(tiles) {
+                    tile(p, t, &mut acc);
+                    for (j, a) in acc.iter().enumerate().take(NR.min(n - t * NR)) {
+                        let token = t * NR + j;
+                        let row = out.at(token * ld + p * MR);
+                        for (i, &s) in a.iter().enumerate().take(height) {
+                            let value = finish(token, p * MR + i, s);
+                            // SAFETY: element (token, p MR + i) of the `[n, ld]` output: token
+                            // < n and p MR + i < rows <= ld, inside `dst` (asserted above).
+                            // Tasks own disjoint panels (channels), and `dst` is borrowed
+                            // mutably until every task is done.
+                            unsafe { *row.add(i) += value };
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if tasks > 1 {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        run(0);
+    }
+}
+
 /// A row-major `[rows, depth]` matrix packed in panels of `width` rows per depth block (see the
 /// module doc), the last panel zero-padded: the weights' layout with `width` = `mr` (once, at
 /// load), the tokens' with `width` = `nr` (every call: each row's block is copied as a slice).
