@@ -14,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "dbe03f1c1f6435e2b04974acfbda6efc785114e7"
+SRCREV = "c929b5ef246f4730829ee5da73339dfbee30cdd3"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
