@@ -101,11 +101,8 @@ impl Default for Policy {
 impl Policy {
     /// The health call's size: its rows and what they cost.
     pub(super) fn health_size(&self) -> super::deadline::Size {
-        let rows = self.health_rows;
-        super::deadline::Size {
-            rows,
-            units: if self.health_units > rows as f64 { self.health_units } else { rows as f64 },
-        }
+        // `Size` counts units below the rows (the default 0 included) as one a row.
+        super::deadline::Size { rows: self.health_rows, units: self.health_units }
     }
 
     /// The policy `config` asks for, the only place it is assembled: the `[engine]` section, and
