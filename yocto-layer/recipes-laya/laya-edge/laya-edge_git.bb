@@ -14,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "c929b5ef246f4730829ee5da73339dfbee30cdd3"
+SRCREV = "d6ff28a197d6cb84aaf0de6ffd1587967615f216"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
