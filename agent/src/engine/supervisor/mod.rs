@@ -33,9 +33,10 @@
 //! Deadlines are per row, a row counted by its graph's length (`deadline.rs`). The health call
 //! (two different rows, after "loaded" and before any question) gets the load allowance for its
 //! first row (every worker's first inference) and a row's deadline for each other row (with
-//! nothing known, the allowance is the whole call's). Progress frames from the worker restart the running call's deadline for the
-//! work left, at the larger of the estimate and the call's own rate: a slow worker that is
-//! getting on is not killed, a hung one sends nothing and is caught as before.
+//! nothing known, the allowance is the whole call's). Progress frames from the worker restart
+//! the running call's deadline for the work left, at the larger of the estimate and the call's
+//! own rate: a slow worker that is getting on is not killed, a hung one sends nothing and is
+//! caught as before.
 //!
 //! Nothing waits unbounded: `max_failed_health` failed health calls in a row degrade the primary
 //! whatever the window, and a question that waited `ready_wait` for a worker that is not
@@ -56,8 +57,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{BackendError, LoadError};
 use crate::engine::EngineError;
 use calls::{Call, CallQueue, Gather, Retry};
-use deadline::Estimator;
-use deadline::Size;
+use deadline::{Estimator, Size};
 pub use events::{
     Action, Asker, BackendState, CallId, Event, HEALTH_CALL, Notice, NoticeKind, RestartReason, Role, Timer, TimerKind,
     WorkerId, WorkerState,
