@@ -14,7 +14,7 @@ whole pipeline, so this favours ORT).
 Needs torch, laya and onnxruntime in one interpreter, e.g. a venv with onnxruntime and the
 laya venv's site-packages on PYTHONPATH:
 
-    python -m venv /tmp/ort && /tmp/ort/bin/pip install onnxruntime
+    python -m venv /tmp/ort && /tmp/ort/bin/pip install onnxruntime   # and openvino for --openvino
     PYTHONPATH=/work/venv-demo/lib/python3.11/site-packages /tmp/ort/bin/python \
         tools/bench/ort_rows_per_sec.py --model /tmp/laya-small --requests 40 --passes 2
 """
@@ -43,8 +43,20 @@ def main():
                     help="one export with dynamic batch, length and marker axes for every batch, instead of one "
                          "exact-shape export per batch shape (laya 0.4.15's model traces for every length; "
                          "0.3.20's bakes shapes into its reshapes)")
+    ap.add_argument("--openvino", action="store_true",
+                    help="also time each export through OpenVINO's CPU plugin (f32, --threads threads)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.openvino:
+        import openvino as ov
+        core = ov.Core()
+        ov_config = {"INFERENCE_NUM_THREADS": args.threads, "INFERENCE_PRECISION_HINT": "f32"}
+    compiled = {}
+
+    def openvino_of(path, key):
+        """The export at `path` compiled by OpenVINO, before the file goes."""
+        if args.openvino and key not in compiled:
+            compiled[key] = core.compile_model(core.read_model(path), "CPU", ov_config).create_infer_request()
     agent = laya.Agent(args.model, device="cpu")
     model = agent.model.eval()
     calls = []
@@ -83,6 +95,8 @@ def main():
         torch.onnx.export(model, calls[0], path, input_names=names, output_names=["logits", "act_logits"],
                           opset_version=17, dynamo=False, dynamic_axes=axes)
         dynamic = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        for c in calls:
+            openvino_of(path, tuple(tuple(t.shape) for t in c))
         os.remove(path)
         sessions = {tuple(tuple(t.shape) for t in c): dynamic for c in calls}
     for c in calls:
@@ -92,16 +106,21 @@ def main():
             torch.onnx.export(model, c, path, input_names=names, output_names=["logits", "act_logits"],
                               opset_version=17, dynamo=False)
             sessions[key] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            openvino_of(path, key)
             os.remove(path)  # the session holds the graph; one export on disk at a time
     os.rmdir(tmp)
     sess_of = [sessions[tuple(tuple(t.shape) for t in c)] for c in calls]
     feeds = [{n: t.numpy() for n, t in zip(names, c)} for c in calls]
-    worst = 0.0
+    ov_of = [compiled.get(tuple(tuple(t.shape) for t in c)) for c in calls]
+    worst, ov_worst = 0.0, 0.0
     with torch.inference_mode():
-        for c, f, sess in zip(calls, feeds, sess_of):
+        for c, f, sess, req in zip(calls, feeds, sess_of, ov_of):
             want = model(*c)[0].numpy()
             got = sess.run(["logits"], f)[0]
             worst = max(worst, float(np.abs(want - got).max()))
+            if req is not None:
+                ov_got = req.infer(f)["logits"]
+                ov_worst = max(ov_worst, float(np.abs(want - ov_got).max()))
 
     def timed(fn):
         """Wall and CPU seconds of all passes, and of the fastest pass (the least disturbed)."""
@@ -119,9 +138,17 @@ def main():
     # Wall time, and the CPU time of the whole process (every thread): rows per CPU-second is
     # what load on the machine does not skew.
     ort_s, ort_cpu, ort_best, ort_best_cpu = timed(lambda i: sess_of[i].run(None, feeds[i]))
+    figures = {}
+    if args.openvino:
+        ov_s, ov_cpu, ov_best, ov_best_cpu = timed(lambda i: ov_of[i].infer(feeds[i]))
+        figures = {"openvino": ov.__version__, "openvino_max_abs_logit_diff_vs_torch": ov_worst,
+                   "openvino_rows_per_second": round(rows * args.passes / ov_s, 2),
+                   "openvino_rows_per_cpu_second": round(rows * args.passes / ov_cpu, 2),
+                   "openvino_best_pass_rows_per_second": round(rows / ov_best, 2),
+                   "openvino_best_pass_rows_per_cpu_second": round(rows / ov_best_cpu, 2)}
     with torch.inference_mode():
         torch_s, torch_cpu, _, _ = timed(lambda i: model(*calls[i]))
-    print(json.dumps({"impl": "laya-%s-onnxruntime-cpu" % laya.__version__, "onnxruntime": ort.__version__,
+    print(json.dumps({**figures, "impl": "laya-%s-onnxruntime-cpu" % laya.__version__, "onnxruntime": ort.__version__,
                       "torch": torch.__version__, "threads": args.threads, "requests": len(reqs), "batches": len(calls),
                       "exports": 1 if args.dynamic else len(sessions), "axes": "dynamic" if args.dynamic else "exact",
                       "refused_requests": refused, "rows": rows * args.passes,
