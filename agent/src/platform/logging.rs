@@ -27,6 +27,7 @@ use std::fmt;
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
@@ -86,20 +87,7 @@ pub fn init(directive: Option<&str>) {
     let from_env = std::env::var(FILTER_VAR).ok().or_else(|| std::env::var("RUST_LOG").ok());
     let wanted = directive.map(str::to_owned).filter(|s| !s.trim().is_empty()).or(from_env);
     let wanted = wanted.filter(|s| !s.trim().is_empty());
-    let (filter, bad) = match wanted.as_deref().map(EnvFilter::try_new) {
-        Some(Ok(f)) => (f, None),
-        Some(Err(e)) => (EnvFilter::new("info"), Some(e.to_string())),
-        None => (EnvFilter::new("info"), None),
-    };
-    // The worker's lines, filtered by the worker already, pass whatever the filter says.
-    let filter = match WORKER_TARGET.parse() {
-        Ok(d) => filter.add_directive(d),
-        Err(_) => filter,
-    };
-    let filter = match quiet_broker(wanted.as_deref()).then(|| "rumqttd=off".parse()) {
-        Some(Ok(d)) => filter.add_directive(d),
-        _ => filter,
-    };
+    let (filter, bad) = filter(wanted.as_deref());
     let journal = std::env::var_os("JOURNAL_STREAM").is_some() || std::env::var_os(PRIORITY_VAR).is_some();
     let colour = !journal && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
@@ -117,6 +105,32 @@ pub fn init(directive: Option<&str>) {
     }
 }
 
+/// The filter for `wanted` (`info` when it is absent or malformed, with the parse error).
+///
+/// The worker's lines, filtered by the worker already, pass at every level the filter enables
+/// anywhere (the worker filters the same way) and at `info` (a vendor runtime's own lines) even
+/// when the filter asks for less. Not at every level: the filter's most verbose level is also
+/// the `log` crate's maximum (tracing-subscriber sets it from this hint), and a `log::debug!` below
+/// it is dropped at the call site; at `trace`, every `debug!` rumqttc writes per packet went
+/// through the filter's target match, ~8% of the service thread beside a flood (BENCHMARKS.md).
+fn filter(wanted: Option<&str>) -> (EnvFilter, Option<String>) {
+    let (filter, bad) = match wanted.map(EnvFilter::try_new) {
+        Some(Ok(f)) => (f, None),
+        Some(Err(e)) => (EnvFilter::new("info"), Some(e.to_string())),
+        None => (EnvFilter::new("info"), None),
+    };
+    let most = filter.max_level_hint().unwrap_or(LevelFilter::TRACE).max(LevelFilter::INFO);
+    let filter = match format!("{WORKER_TARGET}={most}").parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
+    let filter = match quiet_broker(wanted).then(|| "rumqttd=off".parse()) {
+        Some(Ok(d)) => filter.add_directive(d),
+        _ => filter,
+    };
+    (filter, bad)
+}
+
 /// Whether the demo broker's lines are left out under `filter`: unless it names the broker or
 /// asks for debug or trace.
 fn quiet_broker(filter: Option<&str>) -> bool {
@@ -127,6 +141,44 @@ fn quiet_broker(filter: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_filters_most_verbose_level_is_what_it_asks_for_and_never_trace_for_the_workers_lines() {
+        let hint = |wanted| filter(wanted).0.max_level_hint();
+        assert_eq!(hint(None), Some(LevelFilter::INFO));
+        assert_eq!(hint(Some("info")), Some(LevelFilter::INFO));
+        assert_eq!(hint(Some("warn")), Some(LevelFilter::INFO), "a vendor runtime's lines pass at info");
+        assert_eq!(hint(Some("laya_edge::engine=debug,warn")), Some(LevelFilter::DEBUG));
+        assert_eq!(hint(Some("trace")), Some(LevelFilter::TRACE));
+        assert_eq!(hint(Some("not a = filter [")), Some(LevelFilter::INFO));
+    }
+
+    #[test]
+    fn the_workers_lines_pass_at_the_filters_levels_and_at_info_under_warn() {
+        use tracing::subscriber::with_default;
+        use tracing_subscriber::layer::SubscriberExt;
+        // Counts the events the filter lets through.
+        let seen = |wanted: &str, emit: &dyn Fn()| {
+            let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let layer = Counter(count.clone());
+            let subscriber = tracing_subscriber::registry().with(layer.with_filter(filter(Some(wanted)).0));
+            with_default(subscriber, emit);
+            count.load(std::sync::atomic::Ordering::SeqCst)
+        };
+        use tracing_subscriber::Layer;
+        struct Counter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+        impl<S: Subscriber> Layer<S> for Counter {
+            fn on_event(&self, _: &Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let info = || tracing::info!(target: "laya_worker", "a vendor runtime's line");
+        let debug = || tracing::debug!(target: "laya_worker", "a worker's debug line");
+        assert_eq!(seen("warn", &info), 1);
+        assert_eq!(seen("info", &debug), 0);
+        assert_eq!(seen("laya_edge::engine=debug,info", &debug), 1);
+        assert_eq!(seen("warn", &|| tracing::info!(target: "laya_edge", "the agent's own")), 0);
+    }
 
     #[test]
     fn the_demo_brokers_lines_are_left_out_unless_asked_for() {
