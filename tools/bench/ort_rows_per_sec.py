@@ -53,10 +53,11 @@ def main():
         ov_config = {"INFERENCE_NUM_THREADS": args.threads, "INFERENCE_PRECISION_HINT": "f32"}
     compiled = {}
 
-    def openvino_of(path, key):
-        """The export at `path` compiled by OpenVINO, before the file goes."""
-        if args.openvino and key not in compiled:
-            compiled[key] = core.compile_model(core.read_model(path), "CPU", ov_config).create_infer_request()
+    def openvino_of(path, keys):
+        """The export at `path` compiled by OpenVINO once, before the file goes, for the shapes `keys`."""
+        if args.openvino:
+            request = core.compile_model(core.read_model(path), "CPU", ov_config).create_infer_request()
+            compiled.update({key: request for key in keys})
     agent = laya.Agent(args.model, device="cpu")
     model = agent.model.eval()
     calls = []
@@ -95,8 +96,7 @@ def main():
         torch.onnx.export(model, calls[0], path, input_names=names, output_names=["logits", "act_logits"],
                           opset_version=17, dynamo=False, dynamic_axes=axes)
         dynamic = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        for c in calls:
-            openvino_of(path, tuple(tuple(t.shape) for t in c))
+        openvino_of(path, [tuple(tuple(t.shape) for t in c) for c in calls])
         os.remove(path)
         sessions = {tuple(tuple(t.shape) for t in c): dynamic for c in calls}
     for c in calls:
@@ -106,7 +106,7 @@ def main():
             torch.onnx.export(model, c, path, input_names=names, output_names=["logits", "act_logits"],
                               opset_version=17, dynamo=False)
             sessions[key] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            openvino_of(path, key)
+            openvino_of(path, [key])
             os.remove(path)  # the session holds the graph; one export on disk at a time
     os.rmdir(tmp)
     sess_of = [sessions[tuple(tuple(t.shape) for t in c)] for c in calls]
