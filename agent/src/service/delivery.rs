@@ -9,21 +9,22 @@
 //! DISCONNECT, or neither.
 //!
 //! Deliveries are handed to the connection a few at a time, their clients in turn
-//! ([`flow::Outlet`]): one client's flood of replies does not make another's wait behind it.
+//! ([`Turnstile`]): one client's flood of replies does not make another's wait behind it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::v5::AsyncClient;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
-use tokio::sync::{RwLock, oneshot};
+use tokio::sync::RwLock;
 
 use laya_topics::wire::Encoding;
 
 use super::admission::ReplyTo;
-use super::flow::{self, ClientKey, Flow, Outlet};
+use super::flow::{self, ClientKey, Flow};
 use super::telemetry::Counters;
+use super::turnstile::Turnstile;
 
 /// What a handled question sends back before it is acknowledged.
 #[derive(Debug)]
@@ -45,79 +46,12 @@ pub struct Gate {
     /// Told when a reply went out (the heap trim after a burst).
     flow: Arc<Flow>,
     /// Deliveries being handed to the connection, and those waiting their client's turn.
-    outlet: Mutex<Outlet<oneshot::Sender<()>>>,
-}
-
-/// A delivery's turn to hand its reply and acknowledgement to the connection; the next in turn
-/// gets it when dropped.
-struct Pass<'a> {
-    gate: &'a Gate,
-}
-
-impl Drop for Pass<'_> {
-    fn drop(&mut self) {
-        self.gate.pass_on();
-    }
-}
-
-/// A delivery waiting for its [`Pass`]. Dropped before it was used (its task ended), a pass it
-/// was already given goes on to the next.
-struct Waiting<'a> {
-    gate: &'a Gate,
-    turn: Option<oneshot::Receiver<()>>,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if let Some(mut turn) = self.turn.take() {
-            // Closed first: from here no pass can be given to it, and one given before is seen.
-            turn.close();
-            if turn.try_recv().is_ok() {
-                self.gate.pass_on();
-            }
-        }
-    }
+    way_out: Turnstile,
 }
 
 impl Gate {
     pub fn new(client: AsyncClient, counters: Arc<Counters>, flow: Arc<Flow>) -> Gate {
-        Gate {
-            client,
-            closed: RwLock::new(false),
-            counters,
-            flow,
-            outlet: Mutex::new(Outlet::new(flow::OUTLET_PASSES)),
-        }
-    }
-
-    fn outlet(&self) -> std::sync::MutexGuard<'_, Outlet<oneshot::Sender<()>>> {
-        self.outlet.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Waits for `client`'s turn to hand a delivery to the connection.
-    async fn pass(&self, client: ClientKey) -> Pass<'_> {
-        let (give, turn) = oneshot::channel();
-        if self.outlet().ready(client, give).is_some() {
-            return Pass { gate: self };
-        }
-        let mut waiting = Waiting { gate: self, turn: Some(turn) };
-        if let Some(turn) = waiting.turn.as_mut() {
-            // Never dropped unanswered: the outlet keeps the sender until it passes it on.
-            let _ = turn.await;
-        }
-        waiting.turn = None;
-        Pass { gate: self }
-    }
-
-    /// A delivery's pass is free: to the next in turn that still waits.
-    fn pass_on(&self) {
-        loop {
-            let Some(next) = self.outlet().gone() else { return };
-            if next.send(()).is_ok() {
-                return;
-            }
-            // That delivery's task ended while it waited: the pass goes on.
-        }
+        Gate { client, closed: RwLock::new(false), counters, flow, way_out: Turnstile::new(flow::OUTLET_PASSES) }
     }
 
     /// Sends what a question's handling produced, then acknowledges the question; after
@@ -128,7 +62,7 @@ impl Gate {
     /// find its place free (or its turn in the waiting room), not be refused `overloaded`.
     /// `client` (whose question it is) takes its turn at the connection ([`flow::Outlet`]).
     pub async fn deliver<P>(&self, client: ClientKey, publish: &Publish, out: Option<Outbound>, place: Option<P>) {
-        let _pass = self.pass(client).await;
+        let _pass = self.way_out.pass(client).await;
         let closed = self.closed.read().await;
         if *closed {
             return; // not acknowledged: the broker delivers it again to the next run
@@ -234,7 +168,7 @@ mod tests {
         for t in tasks {
             tokio::time::timeout(Duration::from_secs(20), t).await.expect("delivered in time").expect("delivered");
         }
-        assert_eq!(gate.outlet().counts(), (0, 0), "every pass given back");
+        assert_eq!(gate.way_out.counts(), (0, 0), "every pass given back");
         drain.abort();
         let at = sent.iter().position(|t| t.starts_with("other")).expect("the other client's reply went out");
         // Behind the replies already handed over (the passes, and the one its turn comes after).

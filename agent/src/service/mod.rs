@@ -40,6 +40,8 @@ pub mod question;
 pub mod reload;
 pub mod report;
 pub mod telemetry;
+pub mod turnstile;
+pub mod workshop;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -124,12 +126,12 @@ impl Handler {
         let h = self.clone();
         match arrival {
             Arrival::Mqtt { p, received } => tokio::spawn(async move {
-                let out = h.questions.handle(&p, received, asker).await;
+                let out = h.questions.handle(&p, received, client.clone(), asker).await;
                 h.gate.deliver(client, &p, out, Some(seat)).await;
             }),
             Arrival::Asked(asked) => tokio::spawn(async move {
                 let Asked { request, bytes, received, reply, .. } = *asked;
-                let outcome = h.questions.handle_request(request, bytes, received, asker).await;
+                let outcome = h.questions.handle_request(request, bytes, received, (client, asker)).await;
                 // Its place is given back once the door has the answer (a caller that left
                 // no longer waits for it: nothing to send).
                 let _ = reply.send(outcome.map_err(Refused::from));
@@ -353,6 +355,9 @@ pub async fn run(
         encoding: telemetry_encoding,
         last_reload: Mutex::new(None),
     });
+    // The thread's own work on questions, in clients' turns; it runs as long as the runtime.
+    let workshop = Arc::new(workshop::Workshop::default());
+    tokio::spawn(workshop.clone().serve());
     let handler = Arc::new(Handler {
         questions: Questions {
             admission: Admission::new(schema.clone(), device.clone(), &config),
@@ -365,6 +370,7 @@ pub async fn run(
             errors_to: ReplyTo { topic: errors_topic, correlation: None, encoding: Encoding::Json },
             counters: counters.clone(),
             interval: interval.clone(),
+            workshop: workshop.clone(),
         },
         gate: Gate::new(client.clone(), counters.clone(), flow.clone()),
         places: Arc::new(Semaphore::new(config.limits.queue)),

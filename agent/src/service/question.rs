@@ -6,8 +6,9 @@
 //! (the reply cache, consulted by admission). Before it is decoded a request takes its part of
 //! the memory budget of decoded requests and their rows (`flow::Budget`, `limits.decoded_bytes`),
 //! waiting for it in turn, keeps only its rows' part once laid out and gives that back when
-//! answered. A small request is tokenized in place (a hand-over to another thread would cost more
-//! than its tokenizing); a large one in the blocking pool. While a question waits for the engine,
+//! answered. A small request is laid out on the service's thread, in the workshop in its
+//! client's turn (a hand-over to another thread would cost more than its tokenizing), and its
+//! reply decided and encoded there too; a large one is laid out in the blocking pool. While a question waits for the engine,
 //! others are tokenizing: the worker is never idle for host work. Delivering the outcome is the
 //! caller's (`delivery`).
 
@@ -22,9 +23,10 @@ use laya_topics::wire::{Encoding, ErrorCode, ErrorReply, Reply, Timing, Undelive
 
 use super::admission::{Admission, Decision, Incoming, ReplyCache, ReplyTo, RequestKey, RetainedReports};
 use super::delivery::Outbound;
-use super::flow::{self, WhenFull};
+use super::flow::{self, ClientKey, WhenFull};
 use super::reload::Current;
 use super::telemetry::{Counters, Interval};
+use super::workshop::Workshop;
 use crate::engine::Role;
 use crate::engine::{Asker, EngineError};
 use crate::pipeline;
@@ -125,12 +127,21 @@ pub struct Questions {
     pub counters: Arc<Counters>,
     /// Where answered questions' timings go (telemetry's latencies).
     pub interval: Arc<Mutex<Interval>>,
+    /// Where a question's small requests are laid out and its reply decided and encoded, one
+    /// at a time, the clients in turn (the thread's tasks otherwise run in wake-up order).
+    pub workshop: Arc<Workshop>,
 }
 
 impl Questions {
     /// Handles one question of `asker` end to end, up to what to send back; the caller delivers
     /// it.
-    pub async fn handle(&self, publish: &Publish, received: Instant, asker: Asker) -> Option<Outbound> {
+    pub async fn handle(
+        &self,
+        publish: &Publish,
+        received: Instant,
+        client: ClientKey,
+        asker: Asker,
+    ) -> Option<Outbound> {
         let incoming = incoming(publish);
         // Its part of the budget before it is decoded, kept (its rows' part) until answered.
         let encoding = Encoding::detect(incoming.content_type, incoming.payload);
@@ -184,10 +195,11 @@ impl Questions {
                     device = %self.device,
                     questions = request.questions.len(),
                 );
-                let answer = self.answer(*request, deadline, received, (share, aside), asker);
+                let answer =
+                    self.answer(*request, deadline, received, (share, aside), (client, asker), Some(reply_to.encoding));
                 match tracing::Instrument::instrument(answer, span).await {
-                    Ok(reply) => {
-                        let payload = reply_to.encoding.encode(&reply.to_value());
+                    Ok((reply, payload)) => {
+                        let payload = payload.unwrap_or_else(|| reply_to.encoding.encode(&reply.to_value()));
                         if let Some(o) = original {
                             self.replies
                                 .lock()
@@ -243,7 +255,7 @@ impl Questions {
         request: laya_topics::Request,
         bytes: usize,
         received: Instant,
-        asker: Asker,
+        (client, asker): (ClientKey, Asker),
     ) -> Result<Reply, ErrorReply> {
         let share = self.budget.take(flow::preparing_cost(Encoding::Json, bytes)).await;
         let aside = flow::prepared_aside(Encoding::Json, bytes);
@@ -253,8 +265,8 @@ impl Questions {
             device = %self.device,
             questions = request.questions.len(),
         );
-        let answer = self.answer(request, None, received, (share, aside), asker);
-        let outcome = tracing::Instrument::instrument(answer, span).await;
+        let answer = self.answer(request, None, received, (share, aside), (client, asker), None);
+        let outcome = tracing::Instrument::instrument(answer, span).await.map(|(reply, _)| reply);
         match &outcome {
             Ok(_) => self.counters.answered(),
             Err(error) => {
@@ -265,15 +277,18 @@ impl Questions {
         outcome
     }
 
-    /// Answers an admitted request: the reply, or the error to reply with.
+    /// Answers an admitted request of `client`'s: the reply (and, given its `encoding`, its
+    /// bytes), or the error to reply with. The thread's own work on it is done in the
+    /// workshop, in `client`'s turns.
     async fn answer(
         &self,
         request: laya_topics::Request,
         deadline: Option<Instant>,
         received: Instant,
         (mut share, aside): (flow::Share, bool),
-        asker: Asker,
-    ) -> Result<Reply, ErrorReply> {
+        (client, asker): (ClientKey, Asker),
+        encoding: Option<Encoding>,
+    ) -> Result<(Reply, Option<Vec<u8>>), ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
         // The bundle and engine this question started with, whatever a reload does meanwhile.
@@ -292,7 +307,7 @@ impl Questions {
         let prepared = if aside {
             tokio::task::spawn_blocking(prepare).await.map_err(|e| e.to_string()).and_then(|r| r)
         } else {
-            prepare()
+            self.workshop.run(client.clone(), prepare).await.map_err(|e| e.to_string()).and_then(|r| r)
         };
         let prepared = match prepared {
             Ok(Ok(p)) => p,
@@ -341,24 +356,34 @@ impl Questions {
             }
         };
         let inferred = Instant::now();
-        let result =
-            pipeline::finish(&serving.bundle, &prepared, outputs).map_err(|e| error(e.code(), e.to_string()))?;
-        let done = Instant::now();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let timing = Timing {
-            queue: ms(t0 - received) + (ms(inferred - tokenized) - infer_ms).max(0.0),
-            tokenize: ms(tokenized - t0),
-            infer: infer_ms,
-            decode: ms(done - inferred),
-            total: ms(done - received),
-        };
-        if let Ok(mut i) = self.interval.lock() {
-            i.record(&timing);
-        }
-        tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
         let (backend, role) = answered_by;
         let backend = if backend.is_empty() { serving.backend.clone() } else { backend };
-        Ok(Reply { id, device: self.device.clone(), backend, serving: role, result, timing })
+        let (bundle, device, reply_id) = (serving.bundle.clone(), self.device.clone(), id.clone());
+        let decided = move || {
+            let result = pipeline::finish(&bundle, &prepared, outputs)?;
+            let done = Instant::now();
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            let timing = Timing {
+                queue: ms(t0 - received) + (ms(inferred - tokenized) - infer_ms).max(0.0),
+                tokenize: ms(tokenized - t0),
+                infer: infer_ms,
+                decode: ms(done - inferred),
+                total: ms(done - received),
+            };
+            let reply = Reply { id: reply_id, device, backend, serving: role, result, timing };
+            let payload = encoding.map(|e| e.encode(&reply.to_value()));
+            Ok::<_, pipeline::PipelineError>((reply, payload))
+        };
+        let (reply, payload) = match self.workshop.run(client, decided).await {
+            Ok(Ok(decided)) => decided,
+            Ok(Err(e)) => return Err(error(e.code(), e.to_string())),
+            Err(stopping) => return Err(error(ErrorCode::Internal, stopping.to_string())),
+        };
+        if let Ok(mut i) = self.interval.lock() {
+            i.record(&reply.timing);
+        }
+        tracing::debug!(total_ms = reply.timing.total, infer_ms = reply.timing.infer, "answered");
+        Ok((reply, payload))
     }
 }
 

@@ -60,6 +60,11 @@ pub(super) struct Estimator {
     /// Recent per-row (per-round) times, by role (`role_index`): the CPU fallback is not timed
     /// by the NPU's speed, nor the NPU by the CPU's.
     per_row: [VecDeque<Duration>; 2],
+    /// The same samples in order, kept as they come and go: the estimate (their 99th
+    /// percentile) is read for every call the engine sends, and sorting them each time cost
+    /// more of the service thread than the rest of the engine's bookkeeping together (perf,
+    /// beside a flood).
+    sorted: [Vec<Duration>; 2],
     /// The health call's measured per-row time, by role.
     seed: [Option<Duration>; 2],
 }
@@ -74,10 +79,15 @@ fn role_index(role: Role) -> usize {
 impl Estimator {
     /// Records the per-row (per-round) time of a call `role` answered.
     pub(super) fn record(&mut self, role: Role, sample: Duration) {
-        let samples = &mut self.per_row[role_index(role)];
+        let (samples, sorted) = (&mut self.per_row[role_index(role)], &mut self.sorted[role_index(role)]);
         samples.push_back(sample);
-        if samples.len() > RECENT {
-            samples.pop_front();
+        let at = sorted.partition_point(|s| *s < sample);
+        sorted.insert(at, sample);
+        if samples.len() > RECENT
+            && let Some(old) = samples.pop_front()
+            && let Ok(at) = sorted.binary_search(&old)
+        {
+            sorted.remove(at);
         }
     }
 
@@ -88,10 +98,8 @@ impl Estimator {
 
     /// The per-row estimate the deadline of `role`'s calls is derived from, if anything is known.
     pub(super) fn estimate(&self, policy: &Policy, role: Role) -> Option<Duration> {
-        let samples = &self.per_row[role_index(role)];
-        if samples.len() >= MIN_SAMPLES {
-            let mut sorted: Vec<Duration> = samples.iter().copied().collect();
-            sorted.sort();
+        let sorted = &self.sorted[role_index(role)];
+        if sorted.len() >= MIN_SAMPLES {
             let i = ((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1;
             return Some(sorted[i]);
         }
@@ -163,4 +171,42 @@ pub(super) fn rounds(policy: &Policy, rows: usize, role: Role) -> u32 {
 /// measured against.
 pub(super) fn cost(policy: &Policy, size: Size, role: Role) -> f64 {
     f64::from(rounds(policy, size.rows, role)) * size.units() / size.rows.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_is_the_99th_percentile_of_the_recent_samples_as_they_come_and_go() {
+        let policy = Policy::default();
+        let mut e = Estimator::default();
+        let mut recent: [VecDeque<Duration>; 2] = Default::default();
+        // A repeatable sequence with repeats (equal samples) and both roles, well past the window.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for n in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let role = if x.is_multiple_of(5) { Role::Fallback } else { Role::Primary };
+            let sample = Duration::from_micros(x % 97 + if n > 1000 { 500 } else { 0 });
+            e.record(role, sample);
+            let window = &mut recent[role_index(role)];
+            window.push_back(sample);
+            if window.len() > RECENT {
+                window.pop_front();
+            }
+            for role in [Role::Primary, Role::Fallback] {
+                let window = &recent[role_index(role)];
+                let want = (window.len() >= MIN_SAMPLES).then(|| {
+                    let mut sorted: Vec<Duration> = window.iter().copied().collect();
+                    sorted.sort();
+                    sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1]
+                });
+                if want.is_some() {
+                    assert_eq!(e.estimate(&policy, role), want, "after {n} samples, {role:?}");
+                }
+            }
+        }
+    }
 }
