@@ -15,10 +15,10 @@
 //! behind its own, where no order can be changed (measured: 0.7 s for each question of another
 //! client, BENCHMARKS.md). So the agent announces the most MQTT allows (`mqtt.receive_maximum`)
 //! and the wait happens here, where it is fair: the waiting room hands each free place to its
-//! clients in turn ([`Turns`]), the engine's call queue takes their calls in turn, and
-//! the service thread's own work on them is done in turn (`workshop`). When the room is full, a question of a client that holds
-//! less of it than another does not find it full: the newest waiting question of the client
-//! holding the most gives way, refused `overloaded` ([`Full::GaveWay`]; the room's fair share,
+//! clients in turn ([`Turns`]), the engine's call queue takes their calls in turn, and the
+//! service thread's own work on them is done in turn (`workshop`). When the room is full, a
+//! question of a client that holds less of it than another does not find it full: the newest
+//! waiting question of the client holding the most gives way, refused `overloaded` ([`Full::GaveWay`]; the room's fair share,
 //! as a fair-queueing router drops from its longest queue). The flood's client alone is refused.
 //!
 //! The places themselves are a semaphore the service holds (its tasks wait on it), the budget

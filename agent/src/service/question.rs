@@ -8,8 +8,8 @@
 //! waiting for it in turn, keeps only its rows' part once laid out and gives that back when
 //! answered. A small request is laid out on the service's thread, in the workshop in its
 //! client's turn (a hand-over to another thread would cost more than its tokenizing), and its
-//! reply decided and encoded there too; a large one is laid out in the blocking pool. While a question waits for the engine,
-//! others are tokenizing: the worker is never idle for host work. Delivering the outcome is the
+//! reply decided and encoded there too; a large one is laid out in the blocking pool. While a
+//! question waits for the engine, others are tokenizing: the worker is never idle for host work. Delivering the outcome is the
 //! caller's (`delivery`).
 
 use std::collections::HashMap;
@@ -195,11 +195,11 @@ impl Questions {
                     device = %self.device,
                     questions = request.questions.len(),
                 );
-                let answer =
-                    self.answer(*request, deadline, received, (share, aside), (client, asker), Some(reply_to.encoding));
+                let encoding = reply_to.encoding;
+                let encoded = move |reply: Reply| encoding.encode(&reply.to_value());
+                let answer = self.answer(*request, deadline, received, (share, aside), (client, asker), encoded);
                 match tracing::Instrument::instrument(answer, span).await {
-                    Ok((reply, payload)) => {
-                        let payload = payload.unwrap_or_else(|| reply_to.encoding.encode(&reply.to_value()));
+                    Ok(payload) => {
                         if let Some(o) = original {
                             self.replies
                                 .lock()
@@ -265,8 +265,8 @@ impl Questions {
             device = %self.device,
             questions = request.questions.len(),
         );
-        let answer = self.answer(request, None, received, (share, aside), (client, asker), None);
-        let outcome = tracing::Instrument::instrument(answer, span).await.map(|(reply, _)| reply);
+        let answer = self.answer(request, None, received, (share, aside), (client, asker), |reply| reply);
+        let outcome = tracing::Instrument::instrument(answer, span).await;
         match &outcome {
             Ok(_) => self.counters.answered(),
             Err(error) => {
@@ -277,18 +277,18 @@ impl Questions {
         outcome
     }
 
-    /// Answers an admitted request of `client`'s: the reply (and, given its `encoding`, its
-    /// bytes), or the error to reply with. The thread's own work on it is done in the
-    /// workshop, in `client`'s turns.
-    async fn answer(
+    /// Answers an admitted request of `client`'s: the reply as `deliver` makes it (the bytes of
+    /// an MQTT reply, the `Reply` itself for another door), or the error to reply with. The
+    /// thread's own work on it, `deliver` included, is done in the workshop in `client`'s turns.
+    async fn answer<T: Send + 'static>(
         &self,
         request: laya_topics::Request,
         deadline: Option<Instant>,
         received: Instant,
         (mut share, aside): (flow::Share, bool),
         (client, asker): (ClientKey, Asker),
-        encoding: Option<Encoding>,
-    ) -> Result<(Reply, Option<Vec<u8>>), ErrorReply> {
+        deliver: impl FnOnce(Reply) -> T + Send + 'static,
+    ) -> Result<T, ErrorReply> {
         let id = request.id.clone();
         let error = |code, message: String| ErrorReply { id: id.clone(), code, message };
         // The bundle and engine this question started with, whatever a reload does meanwhile.
@@ -359,6 +359,7 @@ impl Questions {
         let (backend, role) = answered_by;
         let backend = if backend.is_empty() { serving.backend.clone() } else { backend };
         let (bundle, device, reply_id) = (serving.bundle.clone(), self.device.clone(), id.clone());
+        let interval = self.interval.clone();
         let decided = move || {
             let result = pipeline::finish(&bundle, &prepared, outputs)?;
             let done = Instant::now();
@@ -370,20 +371,24 @@ impl Questions {
                 decode: ms(done - inferred),
                 total: ms(done - received),
             };
-            let reply = Reply { id: reply_id, device, backend, serving: role, result, timing };
-            let payload = encoding.map(|e| e.encode(&reply.to_value()));
-            Ok::<_, pipeline::PipelineError>((reply, payload))
+            if let Ok(mut i) = interval.lock() {
+                i.record(&timing);
+            }
+            tracing::debug!(total_ms = timing.total, infer_ms = timing.infer, "answered");
+            Ok::<_, pipeline::PipelineError>(deliver(Reply {
+                id: reply_id,
+                device,
+                backend,
+                serving: role,
+                result,
+                timing,
+            }))
         };
-        let (reply, payload) = match self.workshop.run(client, decided).await {
-            Ok(Ok(decided)) => decided,
-            Ok(Err(e)) => return Err(error(e.code(), e.to_string())),
-            Err(stopping) => return Err(error(ErrorCode::Internal, stopping.to_string())),
-        };
-        if let Ok(mut i) = self.interval.lock() {
-            i.record(&reply.timing);
+        match self.workshop.run(client, decided).await {
+            Ok(Ok(delivered)) => Ok(delivered),
+            Ok(Err(e)) => Err(error(e.code(), e.to_string())),
+            Err(stopping) => Err(error(ErrorCode::Internal, stopping.to_string())),
         }
-        tracing::debug!(total_ms = reply.timing.total, infer_ms = reply.timing.infer, "answered");
-        Ok((reply, payload))
     }
 }
 
