@@ -39,16 +39,19 @@ impl Workshop {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Does `job` for `client` in `client`'s turn: its result.
+    /// Does `job` for `client` in `client`'s turn, in the caller's span: its result.
     pub async fn run<R: Send + 'static>(
         &self,
         client: ClientKey,
         job: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, Closed> {
         let (done, result) = oneshot::channel();
+        // The job is the caller's work: its log lines are in the caller's span (the question's).
+        let span = tracing::Span::current();
         self.jobs().push(
             client,
             Box::new(move || {
+                let _entered = span.enter();
                 let _ = done.send(job());
             }),
         );
