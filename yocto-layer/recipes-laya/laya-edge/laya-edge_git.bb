@@ -14,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "387d1e118430431112359e431008f2a948ebb9d8"
+SRCREV = "ce594f986715ce544525e6eda36ea26c182073a5"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
