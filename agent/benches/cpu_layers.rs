@@ -7,7 +7,7 @@
 //!     LAYA_BENCH_MODEL=/tmp/laya-large4 RAYON_NUM_THREADS=1 cargo bench -p laya-edge --bench cpu_layers
 //!
 //! LAYA_BENCH_PEAK_GFLOPS: the machine's fp32 peak for the threads used, printed beside each
-//! figure as a share (BENCHMARKS.md says how it was found for the development machine).
+//! figure as a share (`tools/bench/fma_peak.c` measures one core's 256-bit FMA peak).
 //!
 //! Each figure is the process's CPU time (all threads), the best of the runs: on a machine shared
 //! with other work, wall time at 1 thread measures the neighbours as much as the model.
