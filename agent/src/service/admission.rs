@@ -66,6 +66,14 @@ pub enum ClientKey {
     Unnamed,
 }
 
+#[cfg(test)]
+impl ClientKey {
+    /// The client named `name` (the tests' clients).
+    pub fn named(name: &str) -> ClientKey {
+        ClientKey::Named(name.into())
+    }
+}
+
 /// The verdict.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -511,11 +519,10 @@ mod tests {
     fn a_question_is_told_apart_by_the_client_level_of_its_response_topic() {
         let a = admission();
         let with = |t| Incoming { response_topic: Some(t), ..msg(b"") };
-        let named = |n: &str| ClientKey::Named(n.into());
-        assert_eq!(a.client_of(&with("laya/v1/reply/app-1/k1")), named("app-1"));
-        assert_eq!(a.client_of(&with("laya/v1/reply/app-1/k2/deeper")), named("app-1"));
-        assert_eq!(a.client_of(&with("laya/v1/reply/app-2/k1")), named("app-2"));
-        assert_eq!(a.client_of(&with("factory/valves")), named("factory/valves"));
+        assert_eq!(a.client_of(&with("laya/v1/reply/app-1/k1")), ClientKey::named("app-1"));
+        assert_eq!(a.client_of(&with("laya/v1/reply/app-1/k2/deeper")), ClientKey::named("app-1"));
+        assert_eq!(a.client_of(&with("laya/v1/reply/app-2/k1")), ClientKey::named("app-2"));
+        assert_eq!(a.client_of(&with("factory/valves")), ClientKey::named("factory/valves"));
         assert_eq!(a.client_of(&msg(b"")), ClientKey::Unnamed);
     }
 

@@ -60,7 +60,7 @@ impl Gate {
     /// `place` (the question's place in `limits.queue`) is given back before the acknowledgement:
     /// the broker sends the next question as soon as it has the PUBACK, and that question must
     /// find its place free (or its turn in the waiting room), not be refused `overloaded`.
-    /// `client` (whose question it is) takes its turn at the connection ([`flow::Outlet`]).
+    /// `client` (whose question it is) takes its turn at the connection ([`Turnstile`]).
     pub async fn deliver<P>(&self, client: ClientKey, publish: &Publish, out: Option<Outbound>, place: Option<P>) {
         let _pass = self.way_out.pass(client).await;
         let closed = self.closed.read().await;
@@ -137,7 +137,7 @@ mod tests {
         let deliver = |client: &str, n: usize| {
             let gate = gate.clone();
             let to = ReplyTo { topic: format!("{client}/{n}"), correlation: None, encoding: Encoding::Json };
-            let client = ClientKey::Named(client.into());
+            let client = ClientKey::named(client);
             let mut question = Publish::new("laya/v1/dev1/ask", QoS::AtLeastOnce, vec![], None);
             question.pkid = n as u16 + 1;
             tokio::spawn(async move {

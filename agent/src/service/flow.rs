@@ -18,8 +18,9 @@
 //! clients in turn ([`Turns`]), the engine's call queue takes their calls in turn, and the
 //! service thread's own work on them is done in turn (`workshop`). When the room is full, a
 //! question of a client that holds less of it than another does not find it full: the newest
-//! waiting question of the client holding the most gives way, refused `overloaded` ([`Full::GaveWay`]; the room's fair share,
-//! as a fair-queueing router drops from its longest queue). The flood's client alone is refused.
+//! waiting question of the client holding the most gives way, refused `overloaded`
+//! ([`Full::GaveWay`]; the room's fair share, as a fair-queueing router drops from its longest
+//! queue). The flood's client alone is refused.
 //!
 //! The places themselves are a semaphore the service holds (its tasks wait on it), the budget
 //! one of its own; this module decides, counts and is unit-tested without a broker.
@@ -613,10 +614,6 @@ mod tests {
         }
     }
 
-    fn client(name: &str) -> ClientKey {
-        ClientKey::Named(name.into())
-    }
-
     fn waits(e: Entered<&'static str>) -> Vec<&'static str> {
         match e {
             Entered::Waits(gave_way) => gave_way,
@@ -627,22 +624,22 @@ mod tests {
     #[test]
     fn a_question_waits_while_the_room_has_bytes_for_it_and_a_client_alone_may_fill_it() {
         let mut room = Room::new(100, 1000);
-        assert_eq!(waits(room.enter(client("a"), 60, "a1")), Vec::<&str>::new());
-        assert_eq!(waits(room.enter(client("a"), 40, "a2")), Vec::<&str>::new());
-        assert_eq!((room.len(), room.bytes(), room.held_by(&client("a"))), (2, 100, 100));
+        assert_eq!(waits(room.enter(ClientKey::named("a"), 60, "a1")), Vec::<&str>::new());
+        assert_eq!(waits(room.enter(ClientKey::named("a"), 40, "a2")), Vec::<&str>::new());
+        assert_eq!((room.len(), room.bytes(), room.held_by(&ClientKey::named("a"))), (2, 100, 100));
         // Full to the byte: the next one of the same client, however small, is refused.
-        assert_eq!(room.enter(client("a"), 1, "a3"), Entered::Refused("a3"));
+        assert_eq!(room.enter(ClientKey::named("a"), 1, "a3"), Entered::Refused("a3"));
         assert_eq!((room.len(), room.bytes()), (2, 100));
     }
 
     #[test]
     fn a_question_larger_than_the_whole_room_is_refused_at_once_and_makes_no_one_give_way() {
         let mut room = Room::new(100, 1000);
-        waits(room.enter(client("a"), 50, "a1"));
-        assert_eq!(room.enter(client("b"), 101, "b1"), Entered::Refused("b1"));
+        waits(room.enter(ClientKey::named("a"), 50, "a1"));
+        assert_eq!(room.enter(ClientKey::named("b"), 101, "b1"), Entered::Refused("b1"));
         assert_eq!((room.len(), room.bytes()), (1, 50));
         // A room of no bytes takes nothing.
-        assert_eq!(Room::new(0, 1000).enter(client("a"), waiting_charge(0), "x"), Entered::Refused("x"));
+        assert_eq!(Room::new(0, 1000).enter(ClientKey::named("a"), waiting_charge(0), "x"), Entered::Refused("x"));
     }
 
     #[test]
@@ -656,7 +653,7 @@ mod tests {
     fn a_question_that_gets_its_place_frees_its_bytes_and_clients_are_served_in_turn() {
         let mut room = Room::new(100, 1000);
         for (c, item) in [("f", "f1"), ("f", "f2"), ("f", "f3"), ("o", "o1"), ("o", "o2")] {
-            waits(room.enter(client(c), 10, item));
+            waits(room.enter(ClientKey::named(c), 10, item));
         }
         let mut order = Vec::new();
         while let Some((c, item)) = room.take() {
@@ -664,14 +661,17 @@ mod tests {
             assert_eq!(room.bytes(), room.len() * 10, "{c:?}");
         }
         assert_eq!(order, ["f1", "o1", "f2", "o2", "f3"]);
-        assert_eq!((room.bytes(), room.held_by(&client("f")), room.held_by(&client("o"))), (0, 0, 0));
+        assert_eq!(
+            (room.bytes(), room.held_by(&ClientKey::named("f")), room.held_by(&ClientKey::named("o"))),
+            (0, 0, 0)
+        );
         assert!(room.is_empty());
     }
 
     #[test]
     fn a_client_holds_at_most_half_the_places_and_waits_beside_free_ones_for_the_rest() {
         let mut room = Room::new(1000, 4);
-        let (flood, other) = (client("flood"), client("other"));
+        let (flood, other) = (ClientKey::named("flood"), ClientKey::named("other"));
         assert!(room.seat(&flood) && room.seat(&flood), "two places of four");
         assert!(!room.seat(&flood), "a third is beyond its share");
         assert_eq!(room.seated(&flood), 2);
@@ -697,19 +697,19 @@ mod tests {
     fn in_a_full_room_the_newest_questions_of_the_client_holding_the_most_give_way_to_anothers() {
         let mut room = Room::new(100, 1000);
         for item in ["f1", "f2", "f3", "f4"] {
-            waits(room.enter(client("flood"), 25, item));
+            waits(room.enter(ClientKey::named("flood"), 25, item));
         }
         // The flood's own next question finds the room full: refused.
-        assert_eq!(room.enter(client("flood"), 25, "f5"), Entered::Refused("f5"));
+        assert_eq!(room.enter(ClientKey::named("flood"), 25, "f5"), Entered::Refused("f5"));
         // Another client's does not: the flood's newest give way, as many as it takes.
-        assert_eq!(waits(room.enter(client("other"), 40, "o1")), ["f4", "f3"]);
-        assert_eq!(waits(room.enter(client("other"), 10, "o2")), Vec::<&str>::new(), "it fits");
-        assert_eq!((room.held_by(&client("flood")), room.held_by(&client("other"))), (50, 50));
+        assert_eq!(waits(room.enter(ClientKey::named("other"), 40, "o1")), ["f4", "f3"]);
+        assert_eq!(waits(room.enter(ClientKey::named("other"), 10, "o2")), Vec::<&str>::new(), "it fits");
+        assert_eq!((room.held_by(&ClientKey::named("flood")), room.held_by(&ClientKey::named("other"))), (50, 50));
         // Equal shares: no one holds more than the newcomer would, so nothing gives way.
-        assert_eq!(room.enter(client("other"), 25, "o3"), Entered::Refused("o3"));
-        assert_eq!(room.enter(client("flood"), 25, "f6"), Entered::Refused("f6"));
+        assert_eq!(room.enter(ClientKey::named("other"), 25, "o3"), Entered::Refused("o3"));
+        assert_eq!(room.enter(ClientKey::named("flood"), 25, "f6"), Entered::Refused("f6"));
         // A third client: the heaviest give way (between equals, the first by name).
-        assert_eq!(waits(room.enter(client("third"), 20, "t1")), ["f2"]);
+        assert_eq!(waits(room.enter(ClientKey::named("third"), 20, "t1")), ["f2"]);
         let order: Vec<&str> = std::iter::from_fn(|| room.take().map(|(_, item)| item)).collect();
         assert_eq!(order, ["f1", "o1", "t1", "o2"], "the flood kept its turn with its oldest");
     }
@@ -717,34 +717,34 @@ mod tests {
     #[test]
     fn nothing_gives_way_unless_enough_does() {
         let mut room = Room::new(100, 1000);
-        waits(room.enter(client("a"), 40, "a1"));
-        waits(room.enter(client("a"), 20, "a2"));
-        waits(room.enter(client("b"), 40, "b1"));
+        waits(room.enter(ClientKey::named("a"), 40, "a1"));
+        waits(room.enter(ClientKey::named("a"), 20, "a2"));
+        waits(room.enter(ClientKey::named("b"), 40, "b1"));
         // c's 50 bytes: a (60) holds more than c would and could give a2 (20), but then holds
         // 40, no more than c would, and 20 is not enough: all of it or none of it.
-        assert_eq!(room.enter(client("c"), 50, "c1"), Entered::Refused("c1"));
-        assert_eq!((room.len(), room.bytes(), room.held_by(&client("a"))), (3, 100, 60));
+        assert_eq!(room.enter(ClientKey::named("c"), 50, "c1"), Entered::Refused("c1"));
+        assert_eq!((room.len(), room.bytes(), room.held_by(&ClientKey::named("a"))), (3, 100, 60));
     }
 
     #[test]
     fn a_client_whose_last_question_gave_way_leaves_the_round_and_one_with_more_keeps_its_turn() {
         let mut turns = Turns::default();
-        turns.push(client("a"), "a1");
-        turns.push(client("b"), "b1");
-        turns.push(client("a"), "a2");
-        assert_eq!(turns.pop_newest(&client("a")), Some("a2"));
-        assert_eq!(turns.newest(&client("a")).collect::<Vec<_>>(), [&"a1"]);
-        assert_eq!(turns.pop_newest(&client("b")), Some("b1"));
-        assert_eq!(turns.pop_newest(&client("b")), None);
+        turns.push(ClientKey::named("a"), "a1");
+        turns.push(ClientKey::named("b"), "b1");
+        turns.push(ClientKey::named("a"), "a2");
+        assert_eq!(turns.pop_newest(&ClientKey::named("a")), Some("a2"));
+        assert_eq!(turns.newest(&ClientKey::named("a")).collect::<Vec<_>>(), [&"a1"]);
+        assert_eq!(turns.pop_newest(&ClientKey::named("b")), Some("b1"));
+        assert_eq!(turns.pop_newest(&ClientKey::named("b")), None);
         assert_eq!((turns.pop(), turns.pop(), turns.len()), (Some("a1"), None, 0));
     }
 
     #[test]
     fn each_client_is_its_own_asker_to_the_engine() {
         let flow = Flow::new(1);
-        assert_eq!(flow.asker(&client("a")), flow.asker(&client("a")));
-        assert_ne!(flow.asker(&client("a")), flow.asker(&client("b")));
-        assert_ne!(flow.asker(&ClientKey::Unnamed), flow.asker(&client("")));
+        assert_eq!(flow.asker(&ClientKey::named("a")), flow.asker(&ClientKey::named("a")));
+        assert_ne!(flow.asker(&ClientKey::named("a")), flow.asker(&ClientKey::named("b")));
+        assert_ne!(flow.asker(&ClientKey::Unnamed), flow.asker(&ClientKey::named("")));
     }
 
     #[test]
@@ -754,7 +754,7 @@ mod tests {
         flow.replied();
         assert!(!flow.trim_now(3), "a question is still in progress");
         let mut room = Room::new(100, 1000);
-        waits(room.enter(client("a"), 10, "a1"));
+        waits(room.enter(ClientKey::named("a"), 10, "a1"));
         flow.waiting(&room);
         assert_eq!((flow.waiting_questions(), flow.waiting_bytes()), (1, 10));
         assert!(!flow.trim_now(4), "a question is waiting");
@@ -798,17 +798,17 @@ mod tests {
     fn clients_take_turns_in_the_waiting_room_whatever_order_their_questions_came_in() {
         let mut turns = Turns::default();
         for i in 1..=4 {
-            turns.push(client("flood"), format!("f{i}"));
+            turns.push(ClientKey::named("flood"), format!("f{i}"));
         }
-        turns.push(client("b"), "b1".into());
+        turns.push(ClientKey::named("b"), "b1".into());
         turns.push(ClientKey::Unnamed, "u1".into());
-        turns.push(client("b"), "b2".into());
+        turns.push(ClientKey::named("b"), "b2".into());
         assert_eq!(turns.len(), 7);
         let mut order = Vec::new();
         order.extend(turns.pop());
         order.extend(turns.pop());
         // A client that comes back after its queue emptied joins at the back of the round.
-        turns.push(client("c"), "c1".into());
+        turns.push(ClientKey::named("c"), "c1".into());
         while let Some(next) = turns.pop() {
             order.push(next);
         }
@@ -819,7 +819,7 @@ mod tests {
 
     #[test]
     fn replies_go_a_few_at_a_time_and_past_that_their_clients_take_turns() {
-        let (flood, other) = (ClientKey::Named("flood".into()), ClientKey::Named("other".into()));
+        let (flood, other) = (ClientKey::named("flood"), ClientKey::named("other"));
         let mut out = Outlet::new(2);
         assert_eq!(out.ready(flood.clone(), 1), Some(1));
         assert_eq!(out.ready(flood.clone(), 2), Some(2));

@@ -126,7 +126,7 @@ impl Handler {
         let h = self.clone();
         match arrival {
             Arrival::Mqtt { p, received } => tokio::spawn(async move {
-                let out = h.questions.handle(&p, received, client.clone(), asker).await;
+                let out = h.questions.handle(&p, received, (client.clone(), asker)).await;
                 h.gate.deliver(client, &p, out, Some(seat)).await;
             }),
             Arrival::Asked(asked) => tokio::spawn(async move {

@@ -9,8 +9,8 @@
 //! answered. A small request is laid out on the service's thread, in the workshop in its
 //! client's turn (a hand-over to another thread would cost more than its tokenizing), and its
 //! reply decided and encoded there too; a large one is laid out in the blocking pool. While a
-//! question waits for the engine, others are tokenizing: the worker is never idle for host work. Delivering the outcome is the
-//! caller's (`delivery`).
+//! question waits for the engine, others are tokenizing: the worker is never idle for host work.
+//! Delivering the outcome is the caller's (`delivery`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -139,8 +139,7 @@ impl Questions {
         &self,
         publish: &Publish,
         received: Instant,
-        client: ClientKey,
-        asker: Asker,
+        (client, asker): (ClientKey, Asker),
     ) -> Option<Outbound> {
         let incoming = incoming(publish);
         // Its part of the budget before it is decoded, kept (its rows' part) until answered.

@@ -99,19 +99,15 @@ mod tests {
 
     use super::*;
 
-    fn named(c: &str) -> ClientKey {
-        ClientKey::Named(c.into())
-    }
-
     #[tokio::test(flavor = "current_thread")]
     async fn another_clients_task_passes_second_not_behind_a_flood_woken_before_it() {
         let gate = Arc::new(Turnstile::new(1));
         let order = Arc::new(Mutex::new(Vec::new()));
-        let held = gate.pass(named("flood")).await;
+        let held = gate.pass(ClientKey::named("flood")).await;
         let step = |client: &'static str, n: usize| {
             let (gate, order) = (gate.clone(), order.clone());
             tokio::spawn(async move {
-                let _pass = gate.pass(named(client)).await;
+                let _pass = gate.pass(ClientKey::named(client)).await;
                 order.lock().unwrap().push(format!("{client}{n}"));
             })
         };
@@ -134,17 +130,17 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_task_that_ends_while_it_waits_hands_its_turn_on() {
         let gate = Arc::new(Turnstile::new(1));
-        let held = gate.pass(named("a")).await;
+        let held = gate.pass(ClientKey::named("a")).await;
         let gone = tokio::spawn({
             let gate = gate.clone();
             async move {
-                let _pass = gate.pass(named("b")).await;
+                let _pass = gate.pass(ClientKey::named("b")).await;
             }
         });
         let next = tokio::spawn({
             let gate = gate.clone();
             async move {
-                let _pass = gate.pass(named("c")).await;
+                let _pass = gate.pass(ClientKey::named("c")).await;
             }
         });
         while gate.counts() != (1, 2) {

@@ -79,7 +79,8 @@ impl Workshop {
     }
 
     /// Jobs waiting.
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
         self.jobs().len()
     }
 }
@@ -88,10 +89,6 @@ impl Workshop {
 mod tests {
     use super::*;
 
-    fn named(c: &str) -> ClientKey {
-        ClientKey::Named(c.into())
-    }
-
     #[tokio::test(flavor = "current_thread")]
     async fn another_clients_job_is_done_second_not_behind_a_flood_handed_in_before_it() {
         let workshop = Arc::new(Workshop::default());
@@ -99,7 +96,7 @@ mod tests {
         let job = |client: &'static str, n: usize| {
             let (workshop, order) = (workshop.clone(), order.clone());
             tokio::spawn(async move {
-                workshop.run(named(client), move || order.lock().unwrap().push(format!("{client}{n}"))).await
+                workshop.run(ClientKey::named(client), move || order.lock().unwrap().push(format!("{client}{n}"))).await
             })
         };
         // The flood's jobs, then the other client's, all handed in before the workshop runs.
@@ -127,7 +124,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         for n in 0..3 {
-            assert_eq!(workshop.run(named("a"), move || n * 2).await, Ok(n * 2));
+            assert_eq!(workshop.run(ClientKey::named("a"), move || n * 2).await, Ok(n * 2));
         }
         serving.abort();
     }
