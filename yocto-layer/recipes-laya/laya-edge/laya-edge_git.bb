@@ -14,7 +14,7 @@
 # layer is from the same commit.)
 PV = "0.1.0+git"
 SRC_URI = "git://${LAYA_EDGE_REPO};branch=main"
-SRCREV = "ce594f986715ce544525e6eda36ea26c182073a5"
+SRCREV = "614fb694d11953c849d0b3e9a3caa2826e01ad2e"
 
 # A release recipe, once one is buildable, wins over this one.
 DEFAULT_PREFERENCE = "-1"
