@@ -129,7 +129,16 @@ case " $* " in
 *" -- "*) test_args=("$@" --include-ignored) ;;
 *) test_args=("$@" -- --include-ignored) ;;
 esac
-RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}" cargo test --workspace --locked "${test_args[@]}"
+# The output also goes to a log: when a test fails, what it panicked with is repeated at the end,
+# where a CI page that keeps only the head and the tail of a long run still shows it.
+test_log="$(mktemp)"
+if ! RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}" cargo test --workspace --locked "${test_args[@]}" 2>&1 | tee "$test_log"; then
+    echo "== cargo test failed; what the failing tests panicked with:"
+    grep -E -A6 "^---- .* stdout ----$|panicked at" "$test_log" | grep -v -E "^ +[0-9]+: |^ +at " | head -n 200 || true
+    rm -f "$test_log"
+    exit 1
+fi
+rm -f "$test_log"
 step "cargo test" "$t"
 
 # The boards are aarch64: the agent cross-built and its end-to-end tests run under qemu-user,

@@ -4,8 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
-use super::{free_port, temp_dir, wait_for_port};
+use super::{free_port, temp_dir};
 
 /// A mosquitto process with a config of our own, persistence on.
 pub struct Broker {
@@ -14,6 +15,8 @@ pub struct Broker {
     dir: PathBuf,
     /// Config lines before the first listener (`per_listener_settings true` must go there).
     head: String,
+    /// Config lines after it.
+    extra: String,
 }
 
 impl Broker {
@@ -22,13 +25,23 @@ impl Broker {
     }
 
     /// A broker whose config starts with `head` (before the plain listener on `port`).
+    ///
+    /// The port is one the kernel had free a moment before, and another test may take it in that
+    /// moment: its own listener, or one of its brokers. That broker would answer on the port, and
+    /// this test's agent and clients would talk to another test's broker and see its replies. So
+    /// the broker is only taken once its own process holds the listener; else it starts again on
+    /// another port.
     pub fn start_with_head(name: &str, head: &str, extra: &str) -> Broker {
         let dir = temp_dir(name);
-        let port = free_port();
-        let mut b = Broker { child: None, port, dir, head: head.to_owned() };
-        b.write_conf(extra);
-        b.launch();
-        b
+        let mut b = Broker { child: None, port: 0, dir, head: head.to_owned(), extra: extra.to_owned() };
+        for _ in 0..5 {
+            b.port = free_port();
+            b.write_conf();
+            if b.try_launch() {
+                return b;
+            }
+        }
+        panic!("no mosquitto of this test's came up on five ports; its last log:\n{}", b.log());
     }
 
     /// The broker's directory (its config, log and persistence files).
@@ -36,29 +49,24 @@ impl Broker {
         &self.dir
     }
 
-    pub fn write_conf(&self, extra: &str) {
+    fn write_conf(&self) {
         let conf = format!(
             // `user root`: when the tests run as root (CI), mosquitto would otherwise switch to its
             // own user and could not write the persistence files or read the test keys.
-            "{}\nuser root\nlistener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{extra}\n",
+            "{}\nuser root\nlistener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{}\n",
             self.head,
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            self.extra,
         );
         std::fs::write(self.dir.join("mosquitto.conf"), conf).expect("conf");
     }
 
-    pub fn launch(&mut self) {
-        let log = std::fs::File::create(self.dir.join("mosquitto.log")).expect("log");
-        let child = Command::new(mosquitto())
-            .arg("-c")
-            .arg(self.dir.join("mosquitto.conf"))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("mosquitto starts (apt-get install mosquitto)");
-        self.child = Some(child);
-        wait_for_port(self.port);
+    /// Starts mosquitto on the config: true once it holds the listener on `port`, false if it
+    /// exited (the port, or another listener of `extra`, was taken).
+    fn try_launch(&mut self) -> bool {
+        self.child = launch(&self.dir, self.port);
+        self.child.is_some()
     }
 
     /// Stops the broker cleanly (it saves its sessions) and starts it again on the same port.
@@ -67,7 +75,17 @@ impl Broker {
             let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
             let _ = c.wait();
         }
-        self.launch();
+        // The port was free while the broker was down: another test may hold it for a moment.
+        let t = Instant::now();
+        while !self.try_launch() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "port {} taken while the broker was down: {}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn url(&self) -> String {
@@ -103,24 +121,9 @@ pub struct ShippedBroker {
 impl ShippedBroker {
     pub fn start(name: &str, users: &[(&str, &str)]) -> ShippedBroker {
         let dir = temp_dir(name);
-        let port = free_port();
         let root = test_kit::workspace();
         let conf = std::fs::read_to_string(root.join("config/mosquitto.conf")).expect("config/mosquitto.conf");
         std::fs::copy(root.join("config/mosquitto.acl"), dir.join("mosquitto.acl")).expect("the ACL file");
-        let mut out = String::from("user root\n");
-        for line in conf.lines() {
-            let key = line.split_whitespace().next().unwrap_or("");
-            out += &match key {
-                "listener" => format!("listener {port} 127.0.0.1"),
-                "persistence_location" => format!("persistence_location {}/", dir.display()),
-                "password_file" => format!("password_file {}", dir.join("passwd").display()),
-                "acl_file" => format!("acl_file {}", dir.join("mosquitto.acl").display()),
-                "log_dest" => "log_dest stderr".to_owned(),
-                _ => line.to_owned(),
-            };
-            out.push('\n');
-        }
-        std::fs::write(dir.join("mosquitto.conf"), out).expect("conf");
         let passwd = dir.join("passwd");
         for (user, password) in users {
             let ok = Command::new("mosquitto_passwd")
@@ -130,16 +133,29 @@ impl ShippedBroker {
                 .expect("mosquitto_passwd runs");
             assert!(ok.success());
         }
-        let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log");
-        let child = Command::new(mosquitto())
-            .arg("-c")
-            .arg(dir.join("mosquitto.conf"))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("mosquitto starts");
-        wait_for_port(port);
-        ShippedBroker { child, port, dir }
+        // On another port if another test took this one first (as `Broker::start_with_head`).
+        for _ in 0..5 {
+            let port = free_port();
+            let mut out = String::from("user root\n");
+            for line in conf.lines() {
+                let key = line.split_whitespace().next().unwrap_or("");
+                out += &match key {
+                    "listener" => format!("listener {port} 127.0.0.1"),
+                    "persistence_location" => format!("persistence_location {}/", dir.display()),
+                    "password_file" => format!("password_file {}", passwd.display()),
+                    "acl_file" => format!("acl_file {}", dir.join("mosquitto.acl").display()),
+                    "log_dest" => "log_dest stderr".to_owned(),
+                    _ => line.to_owned(),
+                };
+                out.push('\n');
+            }
+            std::fs::write(dir.join("mosquitto.conf"), out).expect("conf");
+            if let Some(child) = launch(&dir, port) {
+                return ShippedBroker { child, port, dir };
+            }
+        }
+        let log = std::fs::read_to_string(dir.join("mosquitto.log")).unwrap_or_default();
+        panic!("the shipped broker came up on none of five ports; its last log:\n{log}");
     }
 
     pub fn url(&self) -> String {
@@ -168,6 +184,54 @@ impl Drop for ShippedBroker {
     }
 }
 
+/// Starts mosquitto on `dir`'s `mosquitto.conf`, logging to `dir`'s `mosquitto.log`, and waits
+/// until its own process holds the listener on `port`: the child, or `None` if it exited first (a
+/// port of its config was taken). A port that answers is not enough: another test's broker, or
+/// anything else, may be the one listening on it.
+fn launch(dir: &Path, port: u16) -> Option<Child> {
+    let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log");
+    let mut child = Command::new(mosquitto())
+        .arg("-c")
+        .arg(dir.join("mosquitto.conf"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("mosquitto starts (apt-get install mosquitto)");
+    let t = Instant::now();
+    loop {
+        if child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
+        if holds_listener(child.id(), port) {
+            return Some(child);
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(dir.join("mosquitto.log")).unwrap_or_default();
+            panic!("mosquitto never listened on {port} in 10 s; its log:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` holds the TCP socket listening on 127.0.0.1:`port` (Linux's
+/// `/proc/net/tcp`: the listener's inode, among the process's descriptors).
+pub fn holds_listener(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let local = format!("0100007F:{port:04X}");
+    // Columns: sl, local_address, rem_address, st (0A: listening), ..., inode (the tenth).
+    let inode = table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let listening = cols.get(1) == Some(&local.as_str()) && cols.get(3) == Some(&"0A");
+        if listening { cols.get(9).map(|i| (*i).to_owned()) } else { None }
+    });
+    let Some(inode) = inode else { return false };
+    let socket = PathBuf::from(format!("socket:[{inode}]"));
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == socket))
+}
+
 pub fn mosquitto() -> PathBuf {
     for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
         if Path::new(p).exists() {
@@ -175,4 +239,24 @@ pub fn mosquitto() -> PathBuf {
         }
     }
     "mosquitto".into()
+}
+
+/// The harness's own check: a port another process listens on is not taken for the broker's
+/// (the listener answers, and a check that only connects would go on with it); the broker starts
+/// on another port instead.
+#[test]
+fn a_broker_never_takes_another_processs_listener_for_its_own() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let port = squatter.local_addr().expect("its address").port();
+    assert!(holds_listener(std::process::id(), port), "this process holds its own listener");
+    let dir = temp_dir("squatted");
+    std::fs::write(dir.join("mosquitto.conf"), format!("user root\nlistener {port} 127.0.0.1\n")).expect("conf");
+    assert!(launch(&dir, port).is_none(), "mosquitto exits: the port is taken");
+    let log = std::fs::read_to_string(dir.join("mosquitto.log")).unwrap_or_default();
+    assert!(log.contains("Address already in use"), "{log}");
+    let broker = Broker::start("squatted-next", "");
+    assert_ne!(broker.port, port);
+    let pid = broker.child.as_ref().map(Child::id).expect("running");
+    assert!(holds_listener(pid, broker.port) && !holds_listener(pid, port));
+    let _ = std::fs::remove_dir_all(&dir);
 }
