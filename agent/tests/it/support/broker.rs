@@ -13,10 +13,6 @@ pub struct Broker {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
-    /// Config lines before the first listener (`per_listener_settings true` must go there).
-    head: String,
-    /// Config lines after it.
-    extra: String,
 }
 
 impl Broker {
@@ -24,49 +20,24 @@ impl Broker {
         Broker::start_with_head(name, "", extra)
     }
 
-    /// A broker whose config starts with `head` (before the plain listener on `port`).
-    ///
-    /// The port is one the kernel had free a moment before, and another test may take it in that
-    /// moment: its own listener, or one of its brokers. That broker would answer on the port, and
-    /// this test's agent and clients would talk to another test's broker and see its replies. So
-    /// the broker is only taken once its own process holds the listener; else it starts again on
-    /// another port.
+    /// A broker whose config starts with `head` (lines before the plain listener on `port`:
+    /// `per_listener_settings true` must go there) and ends with `extra`.
     pub fn start_with_head(name: &str, head: &str, extra: &str) -> Broker {
         let dir = temp_dir(name);
-        let mut b = Broker { child: None, port: 0, dir, head: head.to_owned(), extra: extra.to_owned() };
-        for _ in 0..5 {
-            b.port = free_port();
-            b.write_conf();
-            if b.try_launch() {
-                return b;
-            }
-        }
-        panic!("no mosquitto of this test's came up on five ports; its last log:\n{}", b.log());
+        let (child, port) = launch_on_a_free_port(&dir, |port| {
+            format!(
+                // `user root`: when the tests run as root (CI), mosquitto would otherwise switch
+                // to its own user and could not write the persistence files or read the test keys.
+                "{head}\nuser root\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{extra}\n",
+                dir.display(),
+            )
+        });
+        Broker { child: Some(child), port, dir }
     }
 
     /// The broker's directory (its config, log and persistence files).
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    fn write_conf(&self) {
-        let conf = format!(
-            // `user root`: when the tests run as root (CI), mosquitto would otherwise switch to its
-            // own user and could not write the persistence files or read the test keys.
-            "{}\nuser root\nlistener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 100000\n{}\n",
-            self.head,
-            self.port,
-            self.dir.display(),
-            self.extra,
-        );
-        std::fs::write(self.dir.join("mosquitto.conf"), conf).expect("conf");
-    }
-
-    /// Starts mosquitto on the config: true once it holds the listener on `port`, false if it
-    /// exited (the port, or another listener of `extra`, was taken).
-    fn try_launch(&mut self) -> bool {
-        self.child = launch(&self.dir, self.port);
-        self.child.is_some()
     }
 
     /// Stops the broker cleanly (it saves its sessions) and starts it again on the same port.
@@ -77,7 +48,11 @@ impl Broker {
         }
         // The port was free while the broker was down: another test may hold it for a moment.
         let t = Instant::now();
-        while !self.try_launch() {
+        loop {
+            self.child = launch(&self.dir, self.port);
+            if self.child.is_some() {
+                return;
+            }
             assert!(
                 t.elapsed() < Duration::from_secs(10),
                 "port {} taken while the broker was down: {}",
@@ -133,9 +108,7 @@ impl ShippedBroker {
                 .expect("mosquitto_passwd runs");
             assert!(ok.success());
         }
-        // On another port if another test took this one first (as `Broker::start_with_head`).
-        for _ in 0..5 {
-            let port = free_port();
+        let (child, port) = launch_on_a_free_port(&dir, |port| {
             let mut out = String::from("user root\n");
             for line in conf.lines() {
                 let key = line.split_whitespace().next().unwrap_or("");
@@ -149,13 +122,9 @@ impl ShippedBroker {
                 };
                 out.push('\n');
             }
-            std::fs::write(dir.join("mosquitto.conf"), out).expect("conf");
-            if let Some(child) = launch(&dir, port) {
-                return ShippedBroker { child, port, dir };
-            }
-        }
-        let log = std::fs::read_to_string(dir.join("mosquitto.log")).unwrap_or_default();
-        panic!("the shipped broker came up on none of five ports; its last log:\n{log}");
+            out
+        });
+        ShippedBroker { child, port, dir }
     }
 
     pub fn url(&self) -> String {
@@ -182,6 +151,25 @@ impl Drop for ShippedBroker {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Writes `dir`'s `mosquitto.conf` (`conf` of the port) for a free port and starts mosquitto on it
+/// ([`launch`]): the child and its port.
+///
+/// The port is one the kernel had free a moment before, and another test may take it in that
+/// moment: its own listener, or one of its brokers. That broker would answer on the port, and this
+/// test's agent and clients would talk to another test's broker and see its replies. So the broker
+/// is only taken once its own process holds the listener; else it starts again on another port.
+fn launch_on_a_free_port(dir: &Path, conf: impl Fn(u16) -> String) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        std::fs::write(dir.join("mosquitto.conf"), conf(port)).expect("conf");
+        if let Some(child) = launch(dir, port) {
+            return (child, port);
+        }
+    }
+    let log = std::fs::read_to_string(dir.join("mosquitto.log")).unwrap_or_default();
+    panic!("no mosquitto of this test's came up on five ports; its last log:\n{log}");
 }
 
 /// Starts mosquitto on `dir`'s `mosquitto.conf`, logging to `dir`'s `mosquitto.log`, and waits
